@@ -1,0 +1,1 @@
+//! memveil's benchmark workloads and report.

@@ -1,0 +1,1 @@
+//! What memory protection a host really offers, with the evidence for each answer.

@@ -1,0 +1,1 @@
+//! Secret memory: memfd_secret allocations that wipe on drop, with a reported protection level.

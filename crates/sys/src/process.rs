@@ -1,0 +1,71 @@
+//! Process-wide settings: dumpability, resource limits, capabilities.
+
+use std::io;
+
+/// Sets `PR_SET_DUMPABLE`: with `false`, no core dump is written and other
+/// unprivileged processes of the same user can no longer ptrace this one or
+/// read its `/proc/PID/mem`.
+///
+/// # Errors
+/// The error of `prctl(2)`.
+pub fn set_dumpable(dumpable: bool) -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes an integer argument and touches no memory.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(dumpable), 0, 0, 0) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The soft and hard `RLIMIT_MEMLOCK` in bytes (`u64::MAX` for unlimited).
+///
+/// # Errors
+/// The error of `getrlimit(2)`.
+pub fn memlock_limit() -> io::Result<(u64, u64)> {
+    rlimit(libc::RLIMIT_MEMLOCK)
+}
+
+/// Sets `RLIMIT_CORE` to zero (no core files for this process).
+///
+/// # Errors
+/// The error of `setrlimit(2)`.
+pub fn disable_core_dumps() -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for the duration of the call.
+    let r = unsafe { libc::setrlimit(libc::RLIMIT_CORE, &lim) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn rlimit(res: libc::__rlimit_resource_t) -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out pointer for the duration of the call.
+    let r = unsafe { libc::getrlimit(res, &mut lim) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Whether the effective capability set holds `CAP_IPC_LOCK` (bit 14), which
+/// lifts `RLIMIT_MEMLOCK`. Read from `/proc/self/status`.
+#[must_use]
+pub fn has_cap_ipc_lock() -> bool {
+    effective_caps().is_some_and(|c| c & (1 << 14) != 0)
+}
+
+/// The effective capability mask from `/proc/self/status`, if readable.
+#[must_use]
+pub fn effective_caps() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
+    u64::from_str_radix(line.trim_start_matches("CapEff:").trim(), 16).ok()
+}
