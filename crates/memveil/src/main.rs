@@ -1,1 +1,46 @@
-fn main() {}
+//! `memveil`: the command-line front end. It parses flags, calls a library
+//! crate and prints; errors become exit codes here and nowhere else.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// memveil protects data in use on Linux hosts: a software multi-key memory
+/// encryption engine, a key vault in secret memory, an entropy service and a
+/// probe of what the host offers.
+#[derive(Parser)]
+#[command(name = "memveil", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What memory protection this host really offers, with evidence.
+    Probe(cmd::probe::Args),
+    /// Entropy: read streams, run the FIPS 140-2 battery, serve EGD, feed the kernel.
+    Rng(cmd::rng::Args),
+    /// Run the benchmark suite and write a report.
+    Bench(cmd::bench::Args),
+    /// Walk through the multi-key engine (TME-MK model) on a small memory.
+    Engine(cmd::engine::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Probe(a) => cmd::probe::run(a),
+        Command::Rng(a) => cmd::rng::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Engine(a) => cmd::engine::run(a),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("memveil: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -14,6 +14,6 @@ pub mod cpu;
 pub mod mem;
 pub mod process;
 
-pub use cpu::{cpuid, has_feature, rdrand64, rdseed64, read_msr, CpuFeature, CpuidResult};
 pub use cpu::getrandom;
+pub use cpu::{cpuid, has_feature, rdrand64, rdseed64, read_msr, CpuFeature, CpuidResult};
 pub use mem::{memfd_secret, page_size, Mapping, Protection};

@@ -233,7 +233,9 @@ mod tests {
 
     #[test]
     fn anonymous_rejects_unaligned() {
-        let e = Mapping::anonymous(100, Protection::ReadWrite).err().expect("error");
+        let e = Mapping::anonymous(100, Protection::ReadWrite)
+            .err()
+            .expect("error");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 

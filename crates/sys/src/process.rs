@@ -10,7 +10,15 @@ use std::io;
 /// The error of `prctl(2)`.
 pub fn set_dumpable(dumpable: bool) -> io::Result<()> {
     // SAFETY: PR_SET_DUMPABLE takes an integer argument and touches no memory.
-    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(dumpable), 0, 0, 0) };
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_DUMPABLE,
+            libc::c_ulong::from(dumpable),
+            0,
+            0,
+            0,
+        )
+    };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }

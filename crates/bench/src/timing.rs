@@ -1,0 +1,43 @@
+//! Small timing helpers shared by the workloads.
+
+use std::time::{Duration, Instant};
+
+/// Runs `f` `reps` times and returns the fastest duration (the least
+/// disturbed by other tenants of a shared machine).
+pub fn best_of<F: FnMut()>(reps: usize, mut f: F) -> Duration {
+    let mut best = Duration::MAX;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed());
+    }
+    best
+}
+
+/// Bytes per second as GB/s (10^9).
+#[must_use]
+pub fn gbps(bytes: usize, d: Duration) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let b = bytes as f64;
+    b / d.as_secs_f64() / 1e9
+}
+
+/// Mean and a percentile (0..=100) of samples in nanoseconds.
+#[must_use]
+pub fn mean_and_percentile(samples: &mut [u64], pct: f64) -> (f64, f64) {
+    if samples.is_empty() {
+        return (0.0, 0.0);
+    }
+    samples.sort_unstable();
+    #[allow(clippy::cast_precision_loss)]
+    let mean = samples.iter().map(|&s| s as f64).sum::<f64>() / samples.len() as f64;
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let idx = (((samples.len() - 1) as f64) * pct / 100.0).round() as usize;
+    #[allow(clippy::cast_precision_loss)]
+    let p = samples[idx.min(samples.len() - 1)] as f64;
+    (mean, p)
+}

@@ -1,0 +1,74 @@
+//! `memveil bench`: runs the benchmark parts and writes the report.
+
+use anyhow::Context as _;
+use memveil_bench::{BenchOpts, Size, PARTS};
+use std::path::PathBuf;
+
+/// Flags of `memveil bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Run only this part (repeatable). Parts: engine, vault, rng, shield (as built).
+    #[arg(long)]
+    only: Vec<String>,
+    /// Use the full sizes the issues name instead of the default small run.
+    #[arg(long)]
+    full: bool,
+    /// Also write the JSON figures to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Report folder (default: bench-report-<unix time> in the current directory).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+/// Runs `memveil bench`.
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let size = if args.full { Size::Full } else { Size::Small };
+    let opts = BenchOpts::new(size, Box::new(|m| eprintln!("{m}")));
+    let parts: Vec<String> = if args.only.is_empty() {
+        PARTS.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        args.only.clone()
+    };
+    let mut sections = Vec::new();
+    let mut failed = Vec::new();
+    for p in &parts {
+        opts.say(&format!("part {p}: starting"));
+        match memveil_bench::run_part(p, &opts) {
+            Ok(s) => sections.push(s),
+            Err(e) => {
+                eprintln!("memveil bench: part {p} failed: {e}");
+                failed.push(p.clone());
+            }
+        }
+    }
+    let dir = args.out.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        PathBuf::from(format!("bench-report-{t}"))
+    });
+    let header = memveil_bench::host_header(size);
+    memveil_bench::write_report(&dir, &sections, &header)?;
+    if let Some(j) = &args.json {
+        let v = memveil_bench::report::to_json(&sections);
+        std::fs::write(j, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("writing {}", j.display()))?;
+    }
+    for s in &sections {
+        for f in &s.figures {
+            let ratio = f
+                .ratio
+                .map_or_else(String::new, |r| format!("  ratio {r:.3}"));
+            println!("{:<40} {:>12.3} {}{}", f.figure, f.value, f.unit, ratio);
+        }
+    }
+    println!("report written to {}", dir.display());
+    if failed.is_empty() {
+        Ok(0)
+    } else {
+        eprintln!("memveil bench: parts failed: {}", failed.join(", "));
+        Ok(1)
+    }
+}

@@ -1,0 +1,7 @@
+//! One module per subcommand; each has `Args` (clap) and `run(Args) -> anyhow::Result<u8>`
+//! returning the process exit code.
+
+pub mod bench;
+pub mod engine;
+pub mod probe;
+pub mod rng;
