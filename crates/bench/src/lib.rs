@@ -8,8 +8,12 @@
 //! The report is written as `report.md` (with SVG plots beside it) and
 //! `report.json` (one record per figure, stable ids) into a folder.
 
+pub mod engine;
 pub mod report;
+pub mod rng;
+pub mod shield;
 pub mod timing;
+pub mod vault;
 
 pub use report::{write_report, Figure, Plot, Section, Series};
 
@@ -84,14 +88,18 @@ pub enum BenchError {
 }
 
 /// The parts `--only` accepts, in run order.
-pub const PARTS: &[&str] = &["engine"];
+pub const PARTS: &[&str] = &["engine", "vault", "rng", "shield"];
 
 /// Runs one part by name.
 ///
 /// # Errors
 /// `BenchError::Part` for an unknown part or a workload that cannot run.
-pub fn run_part(name: &str, _opts: &BenchOpts) -> Result<Section, BenchError> {
+pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
     match name {
+        "engine" => engine::run(opts),
+        "vault" => vault::run(opts),
+        "rng" => rng::run(opts),
+        "shield" => shield::run(opts),
         other => Err(BenchError::Part {
             part: "bench",
             msg: format!("unknown part {other:?}; parts are: {}", PARTS.join(", ")),

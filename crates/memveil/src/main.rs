@@ -22,6 +22,10 @@ enum Command {
     Probe(cmd::probe::Args),
     /// Entropy: read streams, run the FIPS 140-2 battery, serve EGD, feed the kernel.
     Rng(cmd::rng::Args),
+    /// Key vault: serve keys from secret memory, manage keys, encrypt and decrypt.
+    Vault(cmd::vault::Args),
+    /// Run an unmodified program with its heap kept encrypted.
+    Run(cmd::run::Args),
     /// Run the benchmark suite and write a report.
     Bench(cmd::bench::Args),
     /// Walk through the multi-key engine (TME-MK model) on a small memory.
@@ -33,6 +37,8 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Probe(a) => cmd::probe::run(a),
         Command::Rng(a) => cmd::rng::run(a),
+        Command::Vault(a) => cmd::vault::run(a),
+        Command::Run(a) => cmd::run::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Engine(a) => cmd::engine::run(a),
     };

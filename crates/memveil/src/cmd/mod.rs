@@ -5,3 +5,5 @@ pub mod bench;
 pub mod engine;
 pub mod probe;
 pub mod rng;
+pub mod run;
+pub mod vault;

@@ -1,0 +1,14 @@
+//! The `engine` part of the benchmark suite.
+
+use crate::{BenchError, BenchOpts, Section};
+
+/// Runs the `engine` workloads.
+///
+/// # Errors
+/// `BenchError::Part` when a workload cannot run.
+pub fn run(_opts: &BenchOpts) -> Result<Section, BenchError> {
+    Err(BenchError::Part {
+        part: "engine",
+        msg: "not built yet".into(),
+    })
+}
