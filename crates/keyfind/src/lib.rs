@@ -1,0 +1,1 @@
+//! Finds AES key schedules in memory images, process memory and core dumps.

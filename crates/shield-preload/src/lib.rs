@@ -1,0 +1,1 @@
+//! LD_PRELOAD library that puts an unmodified program's heap under memveil-shield.
