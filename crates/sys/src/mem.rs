@@ -80,7 +80,7 @@ impl Mapping {
         flags: libc::c_int,
         fd: libc::c_int,
     ) -> io::Result<NonNull<u8>> {
-        if len == 0 || len % page_size() != 0 {
+        if len == 0 || !len.is_multiple_of(page_size()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("mapping length {len} is not a positive multiple of the page size"),
@@ -139,7 +139,8 @@ impl Mapping {
     fn check_range(&self, offset: usize, len: usize) -> io::Result<()> {
         let ps = page_size();
         let end = offset.checked_add(len);
-        if offset % ps != 0 || len % ps != 0 || end.is_none_or(|e| e > self.len) {
+        if !offset.is_multiple_of(ps) || !len.is_multiple_of(ps) || end.is_none_or(|e| e > self.len)
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
