@@ -6,8 +6,10 @@
 //! (AES-GCM, 96-bit nonces, 128-bit tags).
 //!
 //! The backend is RustCrypto's `aes` 0.9 (runtime-detected AES-NI, VAES when
-//! the CPU has it, constant-time fixslice software otherwise) with XTS written
-//! here over its batched block API, and RustCrypto's `aes-gcm`. The choice was
+//! the CPU has it, constant-time fixslice software otherwise) and RustCrypto's
+//! `aes-gcm`, plus one fused AES-NI XTS kernel of our own (module `ni`, the only
+//! `unsafe` here) for the page-encryption hot path; without AES-NI, XTS runs
+//! over RustCrypto's batched block API. The choice was
 //! made by measurement; see `BENCHMARKS.md` ("Cipher backend").
 //!
 //! What this crate refuses to do: return key bytes (key objects have no
@@ -15,10 +17,12 @@
 //! two halves are equal (IEEE 1619 / FIPS 140 IG A.9), or accept lengths a mode
 //! cannot process. Key objects wipe their schedules on drop (`zeroize`) and are
 //! plain data, so callers can place them in secret memory.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod block;
 mod gcm;
+mod ni;
 mod xts;
 
 pub use block::Aes;
@@ -66,12 +70,9 @@ pub enum CipherError {
 pub fn backend() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("vaes") && std::is_x86_feature_detected!("avx512f") {
-            return "RustCrypto aes 0.9 (VAES-512) + memveil XTS";
-        }
         if std::is_x86_feature_detected!("aes") {
-            return "RustCrypto aes 0.9 (AES-NI) + memveil XTS";
+            return "memveil AES-NI XTS kernel + RustCrypto aes 0.9 / aes-gcm 0.11 (AES-NI)";
         }
     }
-    "RustCrypto aes 0.9 (software fixslice, constant time) + memveil XTS"
+    "RustCrypto aes 0.9 / aes-gcm 0.11 (software fixslice, constant time); XTS over its batch API"
 }
