@@ -90,8 +90,8 @@ mod tests {
         // _IOC(dir, type, nr, size) = dir<<30 | size<<16 | type<<8 | nr
         let ioc =
             |dir: u64, nr: u64, size: u64| (dir << 30) | (size << 16) | (u64::from(b'R') << 8) | nr;
-        assert_eq!(u64::from(RNDGETENTCNT), ioc(2, 0, 4));
-        assert_eq!(u64::from(RNDADDENTROPY), ioc(1, 3, 8));
+        assert_eq!(RNDGETENTCNT, ioc(2, 0, 4));
+        assert_eq!(RNDADDENTROPY, ioc(1, 3, 8));
     }
 
     #[test]
