@@ -1,1 +1,491 @@
-//! Software multi-key memory encryption engine: the model of Intel TME-MK and AMD SME/TSME.
+//! A software multi-key memory-encryption engine: the model of Intel TME-MK
+//! (and TME), AMD SME and TSME, as DESIGN.md §1 describes them.
+//!
+//! - **Physical memory** of N 4 KiB frames holds ciphertext (the "DRAM"). Each
+//!   page is encrypted with AES-XTS (128-bit keys by default) whose tweak is the
+//!   page's *physical address*, so the same plaintext at two addresses gives
+//!   two ciphertexts and ciphertext moved to another frame decrypts to garbage.
+//! - **Addresses carry the KeyID** in the top `keyid_bits` bits of a 46-bit
+//!   physical address (as MKTME steals the top bits of MAXPHYADDR); in SME mode
+//!   bit 47 is the C-bit that marks a page encrypted. See [`Address`].
+//! - **The key table** has `2^keyid_bits` KeyIDs. KeyID 0 is the platform (TME)
+//!   key, random at start-up and never readable. Others are programmed with the
+//!   four PCONFIG `MKTME_KEY_PROGRAM` commands ([`Command`]) and answer with its
+//!   six status codes ([`Status`]). Keys live only in secret memory; no API
+//!   returns key bytes. An unprogrammed or cleared KeyID uses the platform key.
+//! - **A bounded write-back plaintext cache** (the analogue of the CPU caches,
+//!   kept in secret memory) serves byte-granular reads and writes; a page is
+//!   decrypted when it enters and encrypted when it leaves.
+//! - **Aliasing rule.** Hardware does not keep one frame coherent across two
+//!   KeyIDs; software must flush. memveil defines it instead: the cache holds a
+//!   frame under one (KeyID, encryption) view at a time; touching the frame
+//!   through another view first writes back and evicts the old one (an implicit
+//!   flush, counted in [`Stats::alias_flushes`]). So no access ever returns
+//!   stale plaintext: it returns exactly what a flush-then-access would give
+//!   (garbage when the keys differ).
+//! - **Reprogramming a KeyID** first writes back and evicts that KeyID's cached
+//!   pages under the old key. Data written under a key that is then cleared or
+//!   replaced stays ciphertext under a key that no longer exists: crypto-erase.
+//! - **Domains** ([`Domain`]) are views that may use only their own KeyIDs (a
+//!   VM's private KeyID and the KeyIDs of pages it shares); the engine itself
+//!   is the manager (hypervisor) and may use any.
+//!
+//! What this crate refuses to do: return or print key bytes, accept XTS keys
+//! with equal halves, keep keys outside secret memory without the caller's
+//! explicit acceptance of the weaker level, or panic on any address, KeyID,
+//! command or key it is given.
+#![forbid(unsafe_code)]
+
+mod cache;
+mod domain;
+mod keytable;
+
+pub use cache::Stats;
+pub use domain::Domain;
+pub use keytable::{cpu_entropy, Algorithm, Command, EntropyFn, KeyProgram, ProgramError, Status};
+
+use std::sync::{Mutex, PoisonError};
+
+use memveil_secmem::{Level, Policy, SecmemError};
+
+use cache::Memory;
+use keytable::KeyTable;
+
+/// Bytes per page (frame).
+pub const PAGE: usize = 4096;
+/// Physical address width modelled (MAXPHYADDR of an Ice Lake server).
+pub const MAX_PHYS_BITS: u32 = 46;
+/// Position of the SME C-bit (above MAXPHYADDR, as on AMD EPYC parts).
+pub const C_BIT: u32 = 47;
+
+/// Whether memory is encrypted page by page (SME) or as a whole (TSME/TME).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Per-page: a page is encrypted only when its address has the C-bit set;
+    /// the KeyID then picks the key. Pages without the C-bit are plaintext.
+    Sme,
+    /// Every page is encrypted whatever its C-bit (TSME; also Intel TME/TME-MK,
+    /// where KeyID 0 is the platform key). The default.
+    Tsme,
+}
+
+/// Engine configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Physical memory in 4 KiB frames.
+    pub frames: usize,
+    /// KeyID bits (1..=15). Hardware: 6 on Ice Lake servers (63 usable KeyIDs).
+    pub keyid_bits: u32,
+    /// SME or TSME.
+    pub mode: Mode,
+    /// Capacity of the plaintext cache in pages.
+    pub cache_pages: usize,
+    /// Cipher of the platform key (KeyID 0).
+    pub platform_algorithm: Algorithm,
+    /// Which secret-memory levels are accepted for keys and the cache.
+    pub policy: Policy,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            frames: 1024,
+            keyid_bits: 6,
+            mode: Mode::Tsme,
+            cache_pages: 64,
+            platform_algorithm: Algorithm::AesXts128,
+            policy: Policy::secret_only(),
+        }
+    }
+}
+
+/// Errors of the engine's data path and set-up (key programming answers with
+/// a [`Status`] instead, as PCONFIG does).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// An address beyond installed memory.
+    #[error("address {addr:#x}: physical address {phys:#x} is beyond installed memory ({limit:#x} bytes)")]
+    AddressOutOfRange {
+        /// The full address given.
+        addr: u64,
+        /// Its physical part.
+        phys: u64,
+        /// Installed bytes.
+        limit: u64,
+    },
+    /// Address bits that are neither memory, KeyID nor (in SME) the C-bit.
+    #[error("address {addr:#x} sets reserved bits {bits:#x} (KeyID occupies bits {lo}..{hi}, C-bit is bit {c})")]
+    ReservedBits {
+        /// The address.
+        addr: u64,
+        /// The offending bits.
+        bits: u64,
+        /// First KeyID bit.
+        lo: u32,
+        /// One past the last KeyID bit.
+        hi: u32,
+        /// C-bit position.
+        c: u32,
+    },
+    /// A domain used a KeyID it was not given.
+    #[error("domain {domain:?} may not use KeyID {keyid} (its KeyIDs: {allowed:?})")]
+    KeyIdNotPermitted {
+        /// Domain name.
+        domain: String,
+        /// The KeyID in the address.
+        keyid: u16,
+        /// KeyIDs it may use.
+        allowed: Vec<u16>,
+    },
+    /// A domain touched a frame that is not mapped to it.
+    #[error("domain {domain:?} has no mapping for frame {frame}")]
+    FrameNotMapped {
+        /// Domain name.
+        domain: String,
+        /// The frame.
+        frame: usize,
+    },
+    /// A configuration value out of range.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// Secret memory for keys or the cache could not be had.
+    #[error(transparent)]
+    Secmem(#[from] SecmemError),
+    /// The platform key could not be generated.
+    #[error("platform key: {0}")]
+    PlatformKey(String),
+}
+
+/// A decoded engine address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Address {
+    /// Physical byte address (without KeyID and C-bit).
+    pub phys: u64,
+    /// KeyID.
+    pub keyid: u16,
+    /// C-bit (meaningful in SME mode).
+    pub c_bit: bool,
+}
+
+/// The engine: key table, physical memory and plaintext cache.
+pub struct Engine {
+    cfg: Config,
+    keys: KeyTable,
+    mem: Mutex<Memory>,
+}
+
+impl Engine {
+    /// Builds an engine: generates the platform key, allocates the key table and
+    /// the plaintext cache in secret memory, and fills memory with the platform
+    /// key's encryption of zero pages lazily (frames start as zeros on "DRAM",
+    /// which decrypt to garbage under any key, as freshly powered DRAM does).
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] for out-of-range settings; [`EngineError::Secmem`]
+    /// when secret memory is unavailable under the policy or `RLIMIT_MEMLOCK`
+    /// is exhausted.
+    pub fn new(cfg: Config) -> Result<Self, EngineError> {
+        Self::with_entropy(cfg, Box::new(cpu_entropy))
+    }
+
+    /// [`Engine::new`] with another key-entropy source (e.g. memveil-drng's
+    /// conditioned output, or a failing source in tests).
+    ///
+    /// # Errors
+    /// As [`Engine::new`].
+    pub fn with_entropy(cfg: Config, entropy: EntropyFn) -> Result<Self, EngineError> {
+        if !(1..=15).contains(&cfg.keyid_bits) {
+            return Err(EngineError::Config(format!(
+                "keyid_bits {} not in 1..=15",
+                cfg.keyid_bits
+            )));
+        }
+        if cfg.frames == 0 || cfg.cache_pages == 0 {
+            return Err(EngineError::Config(
+                "frames and cache_pages must be at least 1".into(),
+            ));
+        }
+        let mem_bits = MAX_PHYS_BITS - cfg.keyid_bits;
+        let bytes = u64::try_from(cfg.frames)
+            .ok()
+            .and_then(|f| f.checked_mul(PAGE as u64))
+            .ok_or_else(|| EngineError::Config("frames overflow".into()))?;
+        if bytes > 1u64 << mem_bits {
+            return Err(EngineError::Config(format!(
+                "{} frames do not fit the {mem_bits} address bits left by {} KeyID bits",
+                cfg.frames, cfg.keyid_bits
+            )));
+        }
+        let keys = KeyTable::new(cfg.keyid_bits, cfg.platform_algorithm, cfg.policy, entropy)?;
+        let mem = Memory::new(cfg.frames, cfg.cache_pages, cfg.policy)?;
+        Ok(Self {
+            cfg,
+            keys,
+            mem: Mutex::new(mem),
+        })
+    }
+
+    /// The configuration in force.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The protection level of the memory holding keys and plaintext.
+    #[must_use]
+    pub fn level(&self) -> Level {
+        self.keys.level()
+    }
+
+    /// Highest KeyID (`2^bits - 1`); KeyIDs 1..=max are programmable.
+    #[must_use]
+    pub fn max_keyid(&self) -> u16 {
+        self.keys.max_keyid()
+    }
+
+    /// Builds an address from its parts (no range check; accesses check).
+    #[must_use]
+    pub fn address(&self, phys: u64, keyid: u16, c_bit: bool) -> u64 {
+        let shift = MAX_PHYS_BITS - self.cfg.keyid_bits;
+        phys | (u64::from(keyid) << shift) | (u64::from(c_bit) << C_BIT)
+    }
+
+    /// Splits an address into physical part, KeyID and C-bit.
+    ///
+    /// # Errors
+    /// [`EngineError::ReservedBits`] for bits above the C-bit or between
+    /// MAXPHYADDR and the C-bit.
+    pub fn decode(&self, addr: u64) -> Result<Address, EngineError> {
+        let lo = MAX_PHYS_BITS - self.cfg.keyid_bits;
+        let allowed = ((1u64 << MAX_PHYS_BITS) - 1) | (1 << C_BIT);
+        let bad = addr & !allowed;
+        if bad != 0 {
+            return Err(EngineError::ReservedBits {
+                addr,
+                bits: bad,
+                lo,
+                hi: MAX_PHYS_BITS,
+                c: C_BIT,
+            });
+        }
+        let keyid = u16::try_from((addr >> lo) & ((1 << self.cfg.keyid_bits) - 1)).unwrap_or(0);
+        Ok(Address {
+            phys: addr & ((1 << lo) - 1),
+            keyid,
+            c_bit: addr >> C_BIT & 1 == 1,
+        })
+    }
+
+    /// Programs a KeyID, as PCONFIG's `MKTME_KEY_PROGRAM` leaf does. Cached
+    /// pages of that KeyID are written back under the old key first.
+    ///
+    /// # Errors
+    /// A [`ProgramError`] whose [`ProgramError::status`] is the PCONFIG status.
+    pub fn program(&self, req: &KeyProgram<'_>) -> Result<(), ProgramError> {
+        let _busy = self.keys.begin()?;
+        let slot = self.keys.prepare(req)?;
+        // Hold the memory lock across write-back and swap, so no page of this
+        // KeyID can enter the cache under the old key in between.
+        let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        m.flush_keyid(&self.keys, req.keyid);
+        self.keys.install(req.keyid, slot);
+        Ok(())
+    }
+
+    /// `program` answering with the raw status code, as PCONFIG puts it in RAX.
+    pub fn program_status(&self, req: &KeyProgram<'_>) -> Status {
+        match self.program(req) {
+            Ok(()) => Status::ProgSuccess,
+            Err(e) => e.status(),
+        }
+    }
+
+    fn check(&self, addr: u64, len: usize) -> Result<Address, EngineError> {
+        let a = self.decode(addr)?;
+        let limit = (self.cfg.frames * PAGE) as u64;
+        let end = a.phys.checked_add(len as u64);
+        if end.is_none_or(|e| e > limit) {
+            return Err(EngineError::AddressOutOfRange {
+                addr,
+                phys: a.phys,
+                limit,
+            });
+        }
+        Ok(a)
+    }
+
+    fn encrypted(&self, a: &Address) -> bool {
+        match self.cfg.mode {
+            Mode::Tsme => true,
+            Mode::Sme => a.c_bit,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `addr` (any alignment, may cross pages).
+    /// Reading through the wrong KeyID gives garbage, never an error.
+    ///
+    /// # Errors
+    /// Address errors only.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        let a = self.check(addr, buf.len())?;
+        let enc = self.encrypted(&a);
+        let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        m.read(&self.keys, a.phys, a.keyid, enc, buf);
+        Ok(())
+    }
+
+    /// Writes `data` at `addr` (any alignment, may cross pages).
+    ///
+    /// # Errors
+    /// Address errors only.
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), EngineError> {
+        let a = self.check(addr, data.len())?;
+        let enc = self.encrypted(&a);
+        let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        m.write(&self.keys, a.phys, a.keyid, enc, data);
+        Ok(())
+    }
+
+    /// Writes back every dirty cached page and empties the cache (WBINVD).
+    pub fn flush(&self) {
+        let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        m.flush_all(&self.keys);
+    }
+
+    /// What a physical attacker sees: the raw bytes of `frame` in "DRAM"
+    /// (ciphertext, or plaintext for bypassed pages). Dirty cached data is not
+    /// included, as a cold-boot image would not include CPU caches.
+    ///
+    /// # Errors
+    /// [`EngineError::AddressOutOfRange`] for a frame beyond memory.
+    pub fn dram_frame(&self, frame: usize) -> Result<Vec<u8>, EngineError> {
+        self.check((frame * PAGE) as u64, PAGE)?;
+        let m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(m.dram(frame).to_vec())
+    }
+
+    /// A physical attacker's relocation: copies the raw "DRAM" bytes of frame
+    /// `src` over frame `dst`, behind the cache's back (any cached copy of
+    /// `dst` is dropped, as a DMA write would invalidate it).
+    ///
+    /// # Errors
+    /// [`EngineError::AddressOutOfRange`] for frames beyond memory.
+    pub fn dram_copy(&self, src: usize, dst: usize) -> Result<(), EngineError> {
+        self.check((src * PAGE) as u64, PAGE)?;
+        self.check((dst * PAGE) as u64, PAGE)?;
+        let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        m.dram_copy(src, dst);
+        Ok(())
+    }
+
+    /// Encrypts frames `[first, first+count)` in place under `keyid` with
+    /// `threads` threads, treating their DRAM content as plaintext: the
+    /// manager's bulk conversion of pages to a domain's key. Cached copies are
+    /// written back first.
+    ///
+    /// # Errors
+    /// Address errors.
+    pub fn encrypt_frames(
+        &self,
+        first: usize,
+        count: usize,
+        keyid: u16,
+        threads: usize,
+    ) -> Result<(), EngineError> {
+        self.bulk(first, count, keyid, threads, true)
+    }
+
+    /// The inverse of [`Engine::encrypt_frames`]: decrypts frames in place
+    /// under `keyid`, leaving plaintext in DRAM (conversion to bypass).
+    ///
+    /// # Errors
+    /// Address errors.
+    pub fn decrypt_frames(
+        &self,
+        first: usize,
+        count: usize,
+        keyid: u16,
+        threads: usize,
+    ) -> Result<(), EngineError> {
+        self.bulk(first, count, keyid, threads, false)
+    }
+
+    fn bulk(
+        &self,
+        first: usize,
+        count: usize,
+        keyid: u16,
+        threads: usize,
+        enc: bool,
+    ) -> Result<(), EngineError> {
+        self.check((first * PAGE) as u64, count * PAGE)?;
+        if keyid > self.max_keyid() {
+            return Err(EngineError::Config(format!(
+                "KeyID {keyid} above {}",
+                self.max_keyid()
+            )));
+        }
+        let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        m.flush_all(&self.keys);
+        m.bulk(&self.keys, first, count, keyid, threads.max(1), enc);
+        Ok(())
+    }
+
+    /// Cache and cipher counters.
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        let m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        m.stats()
+    }
+
+    /// Bytes the engine uses beyond the data itself: key table and cache
+    /// (secret memory) and bookkeeping.
+    #[must_use]
+    pub fn overhead(&self) -> Overhead {
+        let m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        Overhead {
+            key_table_bytes: self.keys.secret_bytes(),
+            cache_bytes: m.cache_bytes(),
+            metadata_bytes: m.metadata_bytes() + std::mem::size_of::<Self>(),
+        }
+    }
+}
+
+/// Memory the engine uses beyond the data.
+#[derive(Debug, Clone, Copy)]
+pub struct Overhead {
+    /// Secret memory of the key table (all KeyIDs and the platform key).
+    pub key_table_bytes: usize,
+    /// Secret memory of the plaintext cache.
+    pub cache_bytes: usize,
+    /// Ordinary memory for cache tags and counters.
+    pub metadata_bytes: usize,
+}
+
+impl Overhead {
+    /// Total bytes.
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.key_table_bytes + self.cache_bytes + self.metadata_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_programming_is_device_busy() {
+        let e = Engine::new(Config {
+            frames: 4,
+            policy: Policy::allow(Level::Locked),
+            ..Config::default()
+        })
+        .expect("engine");
+        let held = e.keys.begin().expect("first programmer");
+        assert_eq!(e.program_status(&KeyProgram::clear(1)), Status::DeviceBusy);
+        drop(held);
+        assert_eq!(e.program_status(&KeyProgram::clear(1)), Status::ProgSuccess);
+    }
+}

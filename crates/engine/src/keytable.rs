@@ -1,0 +1,423 @@
+//! The key table and PCONFIG's `MKTME_KEY_PROGRAM` leaf.
+
+use std::fmt;
+use std::sync::{Mutex, RwLock, RwLockReadGuard, TryLockError};
+
+use memveil_cipher::Xts;
+use memveil_secmem::{Level, Policy, SecretBox, SecretPool};
+
+use crate::EngineError;
+
+/// Encryption algorithms, with their `ENC_ALG` bit as in `IA32_TME_CAPABILITY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// AES-XTS with 128-bit keys (bit 0). The default.
+    AesXts128,
+    /// AES-XTS with 256-bit keys (bit 2).
+    AesXts256,
+}
+
+impl Algorithm {
+    /// The one-hot `KEYID_CTRL.ENC_ALG` value.
+    #[must_use]
+    pub fn bits(self) -> u16 {
+        match self {
+            Algorithm::AesXts128 => 1 << 0,
+            Algorithm::AesXts256 => 1 << 2,
+        }
+    }
+
+    /// Decodes a one-hot `ENC_ALG` value.
+    #[must_use]
+    pub fn from_bits(bits: u16) -> Option<Self> {
+        match bits {
+            1 => Some(Algorithm::AesXts128),
+            4 => Some(Algorithm::AesXts256),
+            _ => None,
+        }
+    }
+
+    /// Bytes of each of the two XTS keys.
+    #[must_use]
+    pub fn key_len(self) -> usize {
+        match self {
+            Algorithm::AesXts128 => 16,
+            Algorithm::AesXts256 => 32,
+        }
+    }
+}
+
+/// The four `MKTME_KEY_PROGRAM` commands (`KEYID_CTRL.COMMAND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Command {
+    /// `KEYID_SET_KEY_DIRECT` (0): the caller supplies data key and tweak key.
+    SetKeyDirect = 0,
+    /// `KEYID_SET_KEY_RANDOM` (1): keys from the CPU DRNG, optionally XORed
+    /// with caller entropy.
+    SetKeyRandom = 1,
+    /// `KEYID_CLEAR_KEY` (2): the KeyID falls back to the platform key.
+    ClearKey = 2,
+    /// `KEYID_NO_ENCRYPT` (3): bypass, memory under this KeyID is plaintext.
+    NoEncrypt = 3,
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Command::SetKeyDirect => "KEYID_SET_KEY_DIRECT",
+            Command::SetKeyRandom => "KEYID_SET_KEY_RANDOM",
+            Command::ClearKey => "KEYID_CLEAR_KEY",
+            Command::NoEncrypt => "KEYID_NO_ENCRYPT",
+        })
+    }
+}
+
+/// PCONFIG status codes (returned in RAX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// 0: the KeyID was programmed.
+    ProgSuccess = 0,
+    /// 1: unknown command, or a malformed request (in memveil: key fields of
+    /// the wrong length, or XTS key halves that are equal).
+    InvalidProgCmd = 1,
+    /// 2: the DRNG did not deliver entropy for `KEYID_SET_KEY_RANDOM`; retry.
+    EntropyError = 2,
+    /// 3: KeyID 0 (platform key) or above the configured maximum.
+    InvalidKeyId = 3,
+    /// 4: an algorithm the engine does not offer.
+    InvalidEncAlg = 4,
+    /// 5: another programming operation is in progress; retry.
+    DeviceBusy = 5,
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Status::ProgSuccess => "PROG_SUCCESS",
+            Status::InvalidProgCmd => "INVALID_PROG_CMD",
+            Status::EntropyError => "ENTROPY_ERROR",
+            Status::InvalidKeyId => "INVALID_KEYID",
+            Status::InvalidEncAlg => "INVALID_ENC_ALG",
+            Status::DeviceBusy => "DEVICE_BUSY",
+        })
+    }
+}
+
+/// One `MKTME_KEY_PROGRAM` request. Fields are raw, as software writes them
+/// into the PCONFIG structure, so malformed requests can be expressed.
+pub struct KeyProgram<'a> {
+    /// The KeyID to program (1..=max).
+    pub keyid: u16,
+    /// `KEYID_CTRL.COMMAND` (see [`Command`]).
+    pub command: u8,
+    /// `KEYID_CTRL.ENC_ALG`, one-hot (see [`Algorithm::bits`]).
+    pub enc_alg: u16,
+    /// Data key (DIRECT) or entropy to mix (RANDOM; may be empty).
+    pub key_field_1: &'a [u8],
+    /// Tweak key (DIRECT) or entropy to mix (RANDOM; may be empty).
+    pub key_field_2: &'a [u8],
+}
+
+impl<'a> KeyProgram<'a> {
+    /// `KEYID_SET_KEY_DIRECT`.
+    #[must_use]
+    pub fn direct(keyid: u16, alg: Algorithm, data_key: &'a [u8], tweak_key: &'a [u8]) -> Self {
+        Self {
+            keyid,
+            command: Command::SetKeyDirect as u8,
+            enc_alg: alg.bits(),
+            key_field_1: data_key,
+            key_field_2: tweak_key,
+        }
+    }
+
+    /// `KEYID_SET_KEY_RANDOM`, with optional caller entropy (empty slices for none).
+    #[must_use]
+    pub fn random(keyid: u16, alg: Algorithm, entropy_1: &'a [u8], entropy_2: &'a [u8]) -> Self {
+        Self {
+            keyid,
+            command: Command::SetKeyRandom as u8,
+            enc_alg: alg.bits(),
+            key_field_1: entropy_1,
+            key_field_2: entropy_2,
+        }
+    }
+
+    /// `KEYID_CLEAR_KEY`.
+    #[must_use]
+    pub fn clear(keyid: u16) -> Self {
+        Self {
+            keyid,
+            command: Command::ClearKey as u8,
+            enc_alg: 0,
+            key_field_1: &[],
+            key_field_2: &[],
+        }
+    }
+
+    /// `KEYID_NO_ENCRYPT`.
+    #[must_use]
+    pub fn no_encrypt(keyid: u16) -> Self {
+        Self {
+            keyid,
+            command: Command::NoEncrypt as u8,
+            enc_alg: 0,
+            key_field_1: &[],
+            key_field_2: &[],
+        }
+    }
+}
+
+/// Why a programming request failed; [`ProgramError::status`] is the PCONFIG code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProgramError {
+    /// Unknown command.
+    #[error("INVALID_PROG_CMD: unknown command {0} (0 SET_KEY_DIRECT, 1 SET_KEY_RANDOM, 2 CLEAR_KEY, 3 NO_ENCRYPT)")]
+    UnknownCommand(u8),
+    /// Malformed key fields.
+    #[error("INVALID_PROG_CMD: {0}")]
+    BadKey(String),
+    /// The DRNG failed.
+    #[error("ENTROPY_ERROR: {0}; retry the request")]
+    Entropy(String),
+    /// KeyID out of range.
+    #[error("INVALID_KEYID: KeyID {keyid} is not programmable (KeyID 0 is the platform key; usable 1..={max})")]
+    InvalidKeyId {
+        /// The KeyID.
+        keyid: u16,
+        /// Highest KeyID.
+        max: u16,
+    },
+    /// Algorithm not offered.
+    #[error(
+        "INVALID_ENC_ALG: ENC_ALG {0:#x} is not one of 0x1 (AES-XTS-128) or 0x4 (AES-XTS-256)"
+    )]
+    InvalidAlgorithm(u16),
+    /// Another programming operation is in progress.
+    #[error("DEVICE_BUSY: another key programming operation is in progress; retry")]
+    Busy,
+    /// Secret memory for the key could not be had.
+    #[error("INVALID_PROG_CMD: no secret memory for the key: {0}")]
+    NoSecretMemory(String),
+}
+
+impl ProgramError {
+    /// The PCONFIG status code of this error.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        match self {
+            ProgramError::UnknownCommand(_)
+            | ProgramError::BadKey(_)
+            | ProgramError::NoSecretMemory(_) => Status::InvalidProgCmd,
+            ProgramError::Entropy(_) => Status::EntropyError,
+            ProgramError::InvalidKeyId { .. } => Status::InvalidKeyId,
+            ProgramError::InvalidAlgorithm(_) => Status::InvalidEncAlg,
+            ProgramError::Busy => Status::DeviceBusy,
+        }
+    }
+}
+
+/// A source of key entropy: fills the buffer or says why it could not.
+pub type EntropyFn = Box<dyn Fn(&mut [u8]) -> Result<(), String> + Send + Sync>;
+
+/// The default entropy source: the CPU DRNG (RDRAND, 10 retries per word as
+/// the DRNG guide advises) when CPUID reports it, else `getrandom(2)`.
+/// RDRAND present but failing is an error (PCONFIG's ENTROPY_ERROR), never a
+/// silent switch.
+pub fn cpu_entropy(buf: &mut [u8]) -> Result<(), String> {
+    if !memveil_sys::has_feature(memveil_sys::CpuFeature::Rdrand) {
+        return memveil_sys::getrandom(buf).map_err(|e| format!("getrandom: {e}"));
+    }
+    for chunk in buf.chunks_mut(8) {
+        let w = (0..10)
+            .find_map(|_| memveil_sys::rdrand64())
+            .ok_or("RDRAND returned no data after 10 retries")?;
+        chunk.copy_from_slice(&w.to_le_bytes()[..chunk.len()]);
+    }
+    Ok(())
+}
+
+pub(crate) enum Slot {
+    /// Unprogrammed or cleared: the platform key.
+    Platform,
+    /// A programmed key.
+    Key(SecretBox<Option<Xts>>),
+    /// `KEYID_NO_ENCRYPT`.
+    Bypass,
+}
+
+pub(crate) struct Slots {
+    platform: SecretBox<Option<Xts>>,
+    slots: Vec<Slot>,
+}
+
+impl Slots {
+    /// The cipher for an access through `keyid`; `None` means plaintext.
+    pub(crate) fn cipher(&self, keyid: u16, encrypted: bool) -> Option<&Xts> {
+        if !encrypted {
+            return None;
+        }
+        match self.slots.get(usize::from(keyid)) {
+            Some(Slot::Key(k)) => k.as_ref(),
+            Some(Slot::Bypass) => None,
+            Some(Slot::Platform) | None => self.platform.as_ref(),
+        }
+    }
+}
+
+pub(crate) struct KeyTable {
+    pool: SecretPool,
+    slots: RwLock<Slots>,
+    busy: Mutex<()>,
+    max_keyid: u16,
+    entropy: EntropyFn,
+}
+
+fn make_xts(
+    pool: &SecretPool,
+    k1: &[u8],
+    k2: &[u8],
+) -> Result<SecretBox<Option<Xts>>, ProgramError> {
+    let b = pool
+        .alloc(|| Xts::new(k1, k2).ok())
+        .map_err(|e| ProgramError::NoSecretMemory(e.to_string()))?;
+    if b.is_none() {
+        return Err(ProgramError::BadKey(
+            "XTS data key and tweak key must be distinct and of the algorithm's length".into(),
+        ));
+    }
+    Ok(b)
+}
+
+impl KeyTable {
+    pub(crate) fn new(
+        keyid_bits: u32,
+        platform_alg: Algorithm,
+        policy: Policy,
+        entropy: EntropyFn,
+    ) -> Result<Self, EngineError> {
+        let max_keyid = u16::try_from((1u32 << keyid_bits) - 1)
+            .map_err(|_| EngineError::Config(format!("keyid_bits {keyid_bits} too large")))?;
+        let per_key = std::mem::size_of::<Option<Xts>>().div_ceil(64) * 64;
+        let pool = SecretPool::new((usize::from(max_keyid) + 2) * per_key + 4096, policy)?;
+        let n = platform_alg.key_len();
+        let mut raw = pool.alloc_bytes(2 * n)?;
+        entropy(&mut raw).map_err(EngineError::PlatformKey)?;
+        let (a, b) = raw.split_at(n);
+        let platform =
+            make_xts(&pool, a, b).map_err(|e| EngineError::PlatformKey(e.to_string()))?;
+        drop(raw);
+        let slots = (0..=max_keyid).map(|_| Slot::Platform).collect();
+        Ok(Self {
+            pool,
+            slots: RwLock::new(Slots { platform, slots }),
+            busy: Mutex::new(()),
+            max_keyid,
+            entropy,
+        })
+    }
+
+    pub(crate) fn level(&self) -> Level {
+        self.pool.level()
+    }
+
+    pub(crate) fn max_keyid(&self) -> u16 {
+        self.max_keyid
+    }
+
+    pub(crate) fn secret_bytes(&self) -> usize {
+        self.pool.size()
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Slots> {
+        self.slots
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes the programming lock, or DEVICE_BUSY.
+    pub(crate) fn begin(&self) -> Result<std::sync::MutexGuard<'_, ()>, ProgramError> {
+        match self.busy.try_lock() {
+            Ok(g) => Ok(g),
+            Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(ProgramError::Busy),
+        }
+    }
+
+    /// Validates a request and builds the new slot (keys in secret memory).
+    pub(crate) fn prepare(&self, req: &KeyProgram<'_>) -> Result<Slot, ProgramError> {
+        if req.keyid == 0 || req.keyid > self.max_keyid {
+            return Err(ProgramError::InvalidKeyId {
+                keyid: req.keyid,
+                max: self.max_keyid,
+            });
+        }
+        let alg =
+            || Algorithm::from_bits(req.enc_alg).ok_or(ProgramError::InvalidAlgorithm(req.enc_alg));
+        match req.command {
+            0 => {
+                let alg = alg()?;
+                let n = alg.key_len();
+                if req.key_field_1.len() != n || req.key_field_2.len() != n {
+                    return Err(ProgramError::BadKey(format!(
+                        "{alg:?} takes a {n}-byte data key and a {n}-byte tweak key, got {} and {}",
+                        req.key_field_1.len(),
+                        req.key_field_2.len()
+                    )));
+                }
+                Ok(Slot::Key(make_xts(
+                    &self.pool,
+                    req.key_field_1,
+                    req.key_field_2,
+                )?))
+            }
+            1 => {
+                let alg = alg()?;
+                let n = alg.key_len();
+                for f in [req.key_field_1, req.key_field_2] {
+                    if !(f.is_empty() || f.len() == n || f.len() == 64) {
+                        return Err(ProgramError::BadKey(format!(
+                            "entropy fields must be empty, {n} bytes or 64 bytes, got {}",
+                            f.len()
+                        )));
+                    }
+                }
+                let mut raw = self
+                    .pool
+                    .alloc_bytes(2 * n)
+                    .map_err(|e| ProgramError::NoSecretMemory(e.to_string()))?;
+                (self.entropy)(&mut raw).map_err(ProgramError::Entropy)?;
+                let (a, b) = raw.split_at_mut(n);
+                for (dst, src) in [(a, req.key_field_1), (b, req.key_field_2)] {
+                    for (d, s) in dst.iter_mut().zip(src.iter()) {
+                        *d ^= s;
+                    }
+                }
+                let (a, b) = raw.split_at(n);
+                if a == b {
+                    return Err(ProgramError::Entropy(
+                        "the DRNG returned equal key halves".into(),
+                    ));
+                }
+                Ok(Slot::Key(make_xts(&self.pool, a, b)?))
+            }
+            2 => Ok(Slot::Platform),
+            3 => Ok(Slot::Bypass),
+            c => Err(ProgramError::UnknownCommand(c)),
+        }
+    }
+
+    /// Installs a prepared slot; the old key is wiped as it drops.
+    pub(crate) fn install(&self, keyid: u16, slot: Slot) {
+        let mut s = self
+            .slots
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(x) = s.slots.get_mut(usize::from(keyid)) {
+            *x = slot;
+        }
+    }
+}
