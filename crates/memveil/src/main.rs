@@ -28,8 +28,6 @@ enum Command {
     Run(cmd::run::Args),
     /// Run the benchmark suite and write a report.
     Bench(cmd::bench::Args),
-    /// Walk through the multi-key engine (TME-MK model) on a small memory.
-    Engine(cmd::engine::Args),
 }
 
 fn main() -> ExitCode {
@@ -40,7 +38,6 @@ fn main() -> ExitCode {
         Command::Vault(a) => cmd::vault::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Bench(a) => cmd::bench::run(a),
-        Command::Engine(a) => cmd::engine::run(a),
     };
     match r {
         Ok(code) => ExitCode::from(code),

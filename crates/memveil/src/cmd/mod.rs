@@ -2,7 +2,6 @@
 //! returning the process exit code.
 
 pub mod bench;
-pub mod engine;
 pub mod probe;
 pub mod rng;
 pub mod run;
