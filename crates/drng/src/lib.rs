@@ -27,8 +27,10 @@
 
 pub mod condition;
 pub mod drbg;
+pub mod egd;
 pub mod fips;
 pub mod health;
+pub mod serve;
 pub mod source;
 
 use std::io;
