@@ -41,3 +41,33 @@ pub fn mean_and_percentile(samples: &mut [u64], pct: f64) -> (f64, f64) {
     let p = samples[idx.min(samples.len() - 1)] as f64;
     (mean, p)
 }
+
+/// Runs `openssl speed -evp ALG -bytes N -seconds S -mr` and returns the
+/// bytes per second it reports (the `+F:` line of its machine-readable output).
+///
+/// # Errors
+/// A message naming the missing `openssl` binary (package `openssl`) or the
+/// output that could not be parsed.
+pub fn openssl_speed(alg: &str, bytes: usize, seconds: u32) -> Result<f64, String> {
+    let out = std::process::Command::new("openssl")
+        .args([
+            "speed",
+            "-evp",
+            alg,
+            "-bytes",
+            &bytes.to_string(),
+            "-seconds",
+            &seconds.to_string(),
+            "-mr",
+        ])
+        .output()
+        .map_err(|e| {
+            format!("running `openssl speed`: {e} (install the Debian package `openssl`)")
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.starts_with("+F:"))
+        .and_then(|l| l.rsplit(':').next())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .ok_or_else(|| format!("`openssl speed -evp {alg}` printed no +F: line: {text}"))
+}

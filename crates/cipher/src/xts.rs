@@ -44,6 +44,19 @@ impl Xts {
         })
     }
 
+    /// [`Xts::new`] without the fused AES-NI kernel: the portable path over
+    /// RustCrypto's batch API that hosts without AES-NI take. For the
+    /// benchmark that justifies the kernel; not for production use.
+    ///
+    /// # Errors
+    /// As [`Xts::new`].
+    #[doc(hidden)]
+    pub fn new_portable(data_key: &[u8], tweak_key: &[u8]) -> Result<Self, CipherError> {
+        let mut x = Self::new(data_key, tweak_key)?;
+        x.ni = None;
+        Ok(x)
+    }
+
     /// Builds an XTS key from the combined key (32 or 64 bytes: data key then
     /// tweak key), as NIST and OpenSSL write it.
     ///

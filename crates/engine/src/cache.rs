@@ -60,6 +60,8 @@ pub(crate) struct Memory {
     dirty: Vec<bool>,
     referenced: Vec<bool>,
     index: HashMap<usize, usize>,
+    /// Slots holding nothing, so a miss never scans for one.
+    free: Vec<usize>,
     hand: usize,
     stats: Stats,
 }
@@ -95,6 +97,7 @@ impl Memory {
             dirty: vec![false; cache_pages],
             referenced: vec![false; cache_pages],
             index: HashMap::with_capacity(cache_pages),
+            free: (0..cache_pages).rev().collect(),
             hand: 0,
             stats: Stats {
                 frames: frames as u64,
@@ -115,24 +118,31 @@ impl Memory {
         };
         self.index.remove(&tag.frame);
         self.stats.cached_pages -= 1;
+        let mut sealed = false;
         if self.dirty[s] {
             let slots = keys.read();
             let x = slots.cipher(tag.keyid, tag.enc);
+            sealed = x.is_some();
             let page = &mut self.cache.bytes()[s * PAGE..(s + 1) * PAGE];
             seal(x, tag.frame, page);
             self.dram[tag.frame * PAGE..(tag.frame + 1) * PAGE].copy_from_slice(page);
             self.stats.writebacks += 1;
         }
+        if !sealed {
+            // Plaintext leaves the cache wiped (a sealed page was encrypted in
+            // place and holds only ciphertext).
+            self.slot_bytes(s).fill(0);
+        }
         self.dirty[s] = false;
-        self.slot_bytes(s).fill(0);
+        self.free.push(s);
     }
 
     fn victim(&mut self, keys: &KeyTable) -> usize {
         let n = self.tags.len();
-        if let Some(free) = self.tags.iter().position(Option::is_none) {
-            return free;
-        }
         loop {
+            if let Some(free) = self.free.pop() {
+                return free;
+            }
             let s = self.hand;
             self.hand = (self.hand + 1) % n;
             if self.referenced[s] {
@@ -140,7 +150,6 @@ impl Memory {
             } else {
                 self.evict(keys, s);
                 self.stats.evictions += 1;
-                return s;
             }
         }
     }
@@ -246,6 +255,7 @@ impl Memory {
             self.dirty[s] = false;
             self.stats.cached_pages -= 1;
             self.slot_bytes(s).fill(0);
+            self.free.push(s);
         }
         self.dram
             .copy_within(src * PAGE..(src + 1) * PAGE, dst * PAGE);
