@@ -253,6 +253,8 @@ pub enum RngTestEnd {
     Drained,
     /// The input ended before the bootstrap bits; no statistics.
     TooShort,
+    /// Reading the bootstrap bits failed (rngtest exits 1, no statistics).
+    BootstrapReadError(String),
     /// `blockcount` blocks were tested.
     BlockCount,
     /// Reading failed.
@@ -312,7 +314,7 @@ pub fn run_rngtest(
     let mut test_time = Duration::ZERO;
     let finish = |counters: FipsCounters, end: RngTestEnd, test_time: Duration| {
         let exit_code = match &end {
-            RngTestEnd::TooShort => EXIT_FAIL,
+            RngTestEnd::TooShort | RngTestEnd::BootstrapReadError(_) => EXIT_FAIL,
             RngTestEnd::ReadError(_) | RngTestEnd::WriteError(_) => EXIT_IOERR,
             _ if counters.failures > 0 || counters.successes == 0 => EXIT_FAIL,
             _ => 0,
@@ -331,7 +333,11 @@ pub fn run_rngtest(
             ReadEnd::Full => {}
             ReadEnd::Eof => return finish(counters, RngTestEnd::TooShort, test_time),
             ReadEnd::Err(e) => {
-                return finish(counters, RngTestEnd::ReadError(e.to_string()), test_time)
+                return finish(
+                    counters,
+                    RngTestEnd::BootstrapReadError(e.to_string()),
+                    test_time,
+                )
             }
         }
     }
@@ -339,7 +345,11 @@ pub fn run_rngtest(
         ReadEnd::Full => {}
         ReadEnd::Eof => return finish(counters, RngTestEnd::TooShort, test_time),
         ReadEnd::Err(e) => {
-            return finish(counters, RngTestEnd::ReadError(e.to_string()), test_time)
+            return finish(
+                counters,
+                RngTestEnd::BootstrapReadError(e.to_string()),
+                test_time,
+            )
         }
     }
     let mut tester = FipsTester::new(u32::from_le_bytes(boot));
