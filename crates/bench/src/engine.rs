@@ -12,7 +12,7 @@ use openssl::cipher::Cipher;
 use openssl::cipher_ctx::CipherCtx;
 
 use crate::timing::{best_of, gbps, openssl_speed};
-use crate::{BenchError, BenchOpts, Figure, Section};
+use crate::{BenchError, BenchOpts, Figure, Plot, Section, Series};
 
 fn err(msg: impl Into<String>) -> BenchError {
     BenchError::Part {
@@ -432,11 +432,27 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         o.metadata_bytes,
         frac * 100.0
     );
+    let line = |name: &str, a: f64, b: f64| Series {
+        name: name.into(),
+        points: vec![(1.0, a), (2.0, b)],
+    };
+    let plot = Plot {
+        file: "engine_page_encryption.svg".into(),
+        title: "Page encryption over 64 MiB (AES-128-XTS)".into(),
+        x_label: "threads".into(),
+        y_label: "GB/s".into(),
+        series: vec![
+            line("engine encrypt", enc1, enc2),
+            line("engine decrypt", dec1, dec2),
+            line("OpenSSL EVP (1 thread)", ossl, ossl),
+            line("memcpy (1 thread)", memcpy, memcpy),
+        ],
+    };
     Ok(Section {
         part: "engine".into(),
         title: "Engine: software TME-MK".into(),
         markdown: md,
         figures: figs,
-        plots: vec![],
+        plots: vec![plot],
     })
 }
