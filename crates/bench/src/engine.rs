@@ -52,6 +52,43 @@ fn openssl_pages(buf: &mut [u8], enc: bool) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// AES-256-GCM over 4 KiB messages, 16 MiB in all: (memveil backend, OpenSSL) in GB/s.
+fn gcm_4k(reps: usize) -> Result<(f64, f64), BenchError> {
+    let total = 16 << 20;
+    let mut buf = vec![0x33u8; total];
+    let g = memveil_cipher::Gcm::new(&KEY).map_err(|x| err(x.to_string()))?;
+    let ours = best_of(reps, || {
+        for (i, m) in buf.chunks_mut(PAGE).enumerate() {
+            let mut nonce = [0u8; 12];
+            nonce[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            std::hint::black_box(g.seal(&nonce, &[], m));
+        }
+    });
+    let mut ctx = CipherCtx::new().map_err(|e| err(e.to_string()))?;
+    ctx.encrypt_init(Some(Cipher::aes_256_gcm()), Some(&KEY), None)
+        .map_err(|e| err(e.to_string()))?;
+    let mut tag = [0u8; 16];
+    let mut failed = None;
+    let ossl = best_of(reps, || {
+        for (i, m) in buf.chunks_mut(PAGE).enumerate() {
+            let mut nonce = [0u8; 12];
+            nonce[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            let r = ctx
+                .encrypt_init(None, None, Some(&nonce))
+                .and_then(|()| ctx.cipher_update_inplace(m, PAGE))
+                .and_then(|_| ctx.cipher_final(&mut []))
+                .and_then(|_| ctx.tag(&mut tag));
+            if let Err(e) = r {
+                failed = Some(err(e.to_string()));
+            }
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok((rate(total, ours), rate(total, ossl)))
+}
+
 fn rate(bytes: usize, d: Duration) -> f64 {
     gbps(bytes, d)
 }
@@ -259,6 +296,7 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     });
     let portable_rate = rate(bytes, pt);
     let speed = openssl_speed("aes-128-xts", 4096, opts.pick(1, 3)).map_err(err)?;
+    let (gcm_ours, gcm_ossl) = gcm_4k(reps)?;
 
     figs.push(
         Figure::vs(
@@ -328,6 +366,13 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         engine1,
         "GB/s",
         "portable XTS over RustCrypto's batch API vs the fused AES-NI kernel (backend choice)",
+    ));
+    figs.push(Figure::vs(
+        "cipher.gcm256_4k_vs_openssl",
+        gcm_ours,
+        gcm_ossl,
+        "GB/s",
+        "AES-256-GCM seal of 4 KiB messages: RustCrypto aes-gcm (the backend) vs OpenSSL EVP",
     ));
     figs.push(Figure::plain(
         "engine.openssl_speed_xts128_4k",
