@@ -309,10 +309,15 @@ impl CtrDrbg {
         };
         let full = out.len() / BLOCK_BYTES;
         let (body, tail) = out.split_at_mut(full * BLOCK_BYTES);
-        for (i, blk) in body.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-            blk.copy_from_slice(&self.v.wrapping_add(i as u128 + 1).to_be_bytes());
+        // Counter blocks are written and encrypted a chunk at a time so the
+        // chunk is still in L1 when the cipher reads it back.
+        for (j, chunk) in body.chunks_mut(CHUNK_BYTES).enumerate() {
+            let first = self
+                .v
+                .wrapping_add((j * (CHUNK_BYTES / BLOCK_BYTES)) as u128);
+            write_counters(chunk, first);
+            self.aes.ecb_encrypt(chunk)?;
         }
-        self.aes.ecb_encrypt(body)?;
         self.v = self.v.wrapping_add(full as u128);
         if !tail.is_empty() {
             self.v = self.v.wrapping_add(1);
@@ -324,6 +329,31 @@ impl CtrDrbg {
         self.update(&addl)?;
         self.reseed_counter += 1;
         Ok(())
+    }
+}
+
+/// Bytes of counter blocks written and encrypted at a time.
+const CHUNK_BYTES: usize = 16 << 10;
+
+/// Writes the big-endian counter blocks `first+1, first+2, ...` into `buf`
+/// (whole blocks). The common case — no carry out of the low 64 bits within
+/// the buffer — stores two 64-bit halves per block.
+fn write_counters(buf: &mut [u8], first: u128) {
+    #[allow(clippy::cast_possible_truncation)]
+    let (hi, lo) = ((first >> 64) as u64, first as u64);
+    let n = (buf.len() / BLOCK_BYTES) as u64;
+    if lo.checked_add(n).is_some() {
+        let hb = hi.to_be_bytes();
+        let mut c = lo;
+        for blk in buf.chunks_exact_mut(BLOCK_BYTES) {
+            c += 1;
+            blk[..8].copy_from_slice(&hb);
+            blk[8..].copy_from_slice(&c.to_be_bytes());
+        }
+    } else {
+        for (i, blk) in buf.chunks_exact_mut(BLOCK_BYTES).enumerate() {
+            blk.copy_from_slice(&first.wrapping_add(i as u128 + 1).to_be_bytes());
+        }
     }
 }
 
@@ -514,6 +544,47 @@ mod tests {
         ));
         d.reseed(&[3; 32], &[]).expect("reseed");
         d.generate(&mut b, &[]).expect("after reseed");
+    }
+
+    #[test]
+    fn counters_carry_across_64_bits() {
+        let mut fast = vec![0u8; 64];
+        write_counters(&mut fast, (7u128 << 64) | 10);
+        let mut wrap = vec![0u8; 64];
+        write_counters(&mut wrap, (7u128 << 64) | u128::from(u64::MAX - 1));
+        let get = |b: &[u8], i: usize| {
+            let mut x = [0u8; 16];
+            x.copy_from_slice(&b[i * 16..i * 16 + 16]);
+            u128::from_be_bytes(x)
+        };
+        for i in 0..4 {
+            assert_eq!(get(&fast, i), (7u128 << 64) + 11 + i as u128);
+            assert_eq!(
+                get(&wrap, i),
+                (7u128 << 64) + u128::from(u64::MAX) + i as u128
+            );
+        }
+        let mut top = vec![0u8; 32];
+        write_counters(&mut top, u128::MAX);
+        assert_eq!(get(&top, 0), 0);
+        assert_eq!(get(&top, 1), 1);
+    }
+
+    #[test]
+    fn large_requests_match_block_by_block_ctr() {
+        // The chunked generate equals AES-256 of successive counters.
+        let mut a = CtrDrbg::instantiate(DfMode::UseDf, &[5; 32], &[6; 16], &[]).expect("a");
+        let v0 = a.v;
+        let mut out = vec![0u8; MAX_REQUEST_BYTES];
+        // Reference: single blocks through the same key schedule.
+        let mut reference = vec![0u8; MAX_REQUEST_BYTES];
+        for (i, blk) in reference.chunks_exact_mut(16).enumerate() {
+            let mut b = v0.wrapping_add(i as u128 + 1).to_be_bytes();
+            a.aes.encrypt_block(&mut b);
+            blk.copy_from_slice(&b);
+        }
+        a.generate(&mut out, &[]).expect("gen");
+        assert!(out == reference);
     }
 
     #[test]
