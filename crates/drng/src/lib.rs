@@ -30,6 +30,7 @@ pub mod drbg;
 pub mod egd;
 pub mod fips;
 pub mod health;
+pub mod kernel;
 pub mod serve;
 pub mod source;
 
