@@ -225,3 +225,30 @@ fn bad_flags_are_refused() {
     let out = memveil(&["rng", "test", "--json", "--pipe"], &[], Some(&[0; 10]));
     assert_eq!(out.status.code(), Some(10));
 }
+
+#[test]
+fn binary_is_refused_on_a_terminal_unless_forced() {
+    // util-linux `script` gives the command a pseudo-terminal as stdout.
+    let run = |extra: &str| {
+        Command::new("script")
+            .args([
+                "-qec",
+                &format!("{BIN} rng read --bytes 16 {extra}"),
+                "/dev/null",
+            ])
+            .stdin(Stdio::null())
+            .output()
+    };
+    let Ok(out) = run("") else {
+        eprintln!(
+            "SKIP binary_is_refused_on_a_terminal_unless_forced: util-linux `script` not found"
+        );
+        return;
+    };
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("refusing to write binary random data to a terminal"));
+    let forced = run("--force --quiet").expect("script");
+    assert_eq!(forced.status.code(), Some(0));
+    assert!(forced.stdout.len() >= 16);
+}
