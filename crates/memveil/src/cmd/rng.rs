@@ -9,6 +9,9 @@ use anyhow::Context as _;
 use memveil_drng::fips::{run_rngtest, RngTestEnd, RngTestOptions, TEST_NAMES};
 use memveil_drng::{DrngError, SourceKind, Stream, StreamKind, StreamOptions};
 
+#[path = "rng_serve.rs"]
+mod serve_cmd;
+
 /// Flags of `memveil rng`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,6 +27,12 @@ enum Verb {
     /// Run the FIPS 140-2 battery on a stream exactly as rngtest does
     /// (statistics on stderr, rngtest's exit codes).
     Test(TestArgs),
+    /// Serve entropy to many consumers over the EGD protocol (Unix socket,
+    /// loopback TCP), each its own stream, fair shares, counters.
+    Serve(serve_cmd::ServeArgs),
+    /// Feed seed-grade entropy into the kernel pool (RNDADDENTROPY), as rngd
+    /// does, with a conservative credit policy.
+    FeedKernel(serve_cmd::FeedArgs),
 }
 
 /// Flags of `memveil rng read`.
@@ -96,6 +105,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     match args.verb {
         Verb::Read(a) => read(a),
         Verb::Test(a) => test(a),
+        Verb::Serve(a) => serve_cmd::serve(a),
+        Verb::FeedKernel(a) => serve_cmd::feed_kernel(a),
     }
 }
 

@@ -1,0 +1,213 @@
+//! `memveil rng serve` and `memveil rng feed-kernel` (included by `rng.rs`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use memveil_drng::egd::Limits;
+use memveil_drng::kernel::{FeedError, FeedPolicy, Feeder};
+use memveil_drng::serve::{Listen, Output, SeedSpec, ServeConfig, Server};
+use memveil_drng::SourceKind;
+
+/// Flags of `memveil rng serve`.
+#[derive(clap::Args)]
+pub(super) struct ServeArgs {
+    /// Serve EGD on a Unix socket at PATH (repeatable). QEMU:
+    /// `-chardev socket,id=c0,path=PATH -object rng-egd,id=rng0,chardev=c0
+    /// -device virtio-rng-pci,rng=rng0`.
+    #[arg(long, value_name = "PATH")]
+    unix: Vec<PathBuf>,
+    /// Serve EGD on TCP ADDR:PORT (repeatable; loopback only unless
+    /// --allow-remote).
+    #[arg(long, value_name = "ADDR:PORT")]
+    tcp: Vec<SocketAddr>,
+    /// Accept non-loopback TCP addresses. EGD has no authentication: anyone
+    /// who can connect can drain entropy.
+    #[arg(long)]
+    allow_remote: bool,
+    /// Permission bits of the Unix sockets, octal.
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    unix_mode: u32,
+    /// Seed source: seed (RDRAND reduced 512:1 by AES-CBC-MAC), rdseed,
+    /// getrandom.
+    #[arg(long, default_value = "seed", value_parser = SeedSpec::parse)]
+    source: SeedSpec,
+    /// Fallback seed source used if the previous one is unavailable or gets
+    /// quarantined (repeatable, in order). Without it a failed source stops
+    /// serving.
+    #[arg(long, value_parser = SeedSpec::parse)]
+    fallback: Vec<SeedSpec>,
+    /// What consumers get: drbg (own CTR_DRBG AES-256 stream each, seeded
+    /// from the pool) or seed (seed-grade bytes straight from the pool).
+    #[arg(long, default_value = "drbg")]
+    output: Output,
+    /// Reseed each consumer's DRBG before every request.
+    #[arg(long)]
+    prediction_resistance: bool,
+    /// DRBG reseed interval, in requests.
+    #[arg(long, default_value_t = 1024)]
+    reseed_interval: u64,
+    /// Per-consumer rate limit in bytes per second (suffixes K, M).
+    #[arg(long, value_name = "BYTES", value_parser = super::parse_size)]
+    rate_limit: Option<u64>,
+    /// Consumers served at once; more are accepted and closed.
+    #[arg(long, default_value_t = 256)]
+    max_consumers: usize,
+    /// Largest blocking read served per EGD command (1..=255).
+    #[arg(long, default_value_t = 255)]
+    max_request: u8,
+    /// Seed producer threads.
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    /// Unix socket that answers every connection with the counters as JSON
+    /// (e.g. `socat - UNIX-CONNECT:PATH`).
+    #[arg(long, value_name = "PATH")]
+    stats: Option<PathBuf>,
+    /// Print a one-line counter summary on stderr every SECS seconds (0: off).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    stats_interval: u64,
+    /// Stop after SECS seconds and print the counters as JSON on stdout
+    /// (default: serve until killed).
+    #[arg(long, value_name = "SECS")]
+    duration: Option<f64>,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode like 600 or 660"))
+}
+
+pub(super) fn serve(a: ServeArgs) -> anyhow::Result<u8> {
+    let mut listen: Vec<Listen> = a.unix.into_iter().map(Listen::Unix).collect();
+    listen.extend(a.tcp.into_iter().map(Listen::Tcp));
+    let mut sources = vec![a.source];
+    sources.extend(a.fallback);
+    if let Some(d) = a.duration {
+        if !(d.is_finite() && d > 0.0) {
+            anyhow::bail!("--duration {d}: give a positive number of seconds");
+        }
+    }
+    let cfg = ServeConfig {
+        listen,
+        allow_remote: a.allow_remote,
+        unix_mode: a.unix_mode,
+        sources,
+        output: a.output,
+        prediction_resistance: a.prediction_resistance,
+        reseed_interval: a.reseed_interval,
+        rate_limit: a.rate_limit,
+        max_consumers: a.max_consumers,
+        limits: Limits {
+            max_read: a.max_request,
+        },
+        producers: a.producers,
+        stats_socket: a.stats,
+        stats_interval: (a.stats_interval > 0).then(|| Duration::from_secs(a.stats_interval)),
+        stats_format: Arc::new(|s| {
+            let mut j = serde_json::to_string_pretty(s).unwrap_or_default();
+            j.push('\n');
+            j
+        }),
+        ..ServeConfig::default()
+    };
+    let mut srv = Server::start(cfg)?;
+    match a.duration {
+        Some(d) => {
+            std::thread::sleep(Duration::from_secs_f64(d));
+            let st = srv.stats();
+            srv.shutdown();
+            println!("{}", serde_json::to_string_pretty(&st)?);
+        }
+        None => srv.wait(),
+    }
+    Ok(0)
+}
+
+/// Flags of `memveil rng feed-kernel`.
+#[derive(clap::Args)]
+pub(super) struct FeedArgs {
+    /// Seed-grade input: seed (RDRAND 512:1) or rdseed. getrandom is refused
+    /// (it is the kernel pool: circular).
+    #[arg(long, default_value = "seed", value_parser = parse_feed_source)]
+    source: SourceKind,
+    /// Bytes per batch (16..=4096).
+    #[arg(long, default_value_t = 64)]
+    bytes: usize,
+    /// Bits credited per byte fed (0..=8; 0 mixes without crediting).
+    #[arg(long, default_value_t = memveil_drng::kernel::DEFAULT_CREDIT_BITS_PER_BYTE)]
+    credit_bits_per_byte: u32,
+    /// Seconds between batches.
+    #[arg(long, default_value_t = 60.0)]
+    interval: f64,
+    /// Feed one batch and exit.
+    #[arg(long)]
+    once: bool,
+    /// The kernel's random device.
+    #[arg(long, default_value = "/dev/random")]
+    device: PathBuf,
+    /// Print the report as JSON on stdout at exit.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_feed_source(s: &str) -> Result<SourceKind, String> {
+    match s {
+        "seed" => Ok(SourceKind::Rdrand),
+        "rdseed" => Ok(SourceKind::Rdseed),
+        "getrandom" => Ok(SourceKind::Getrandom),
+        o => Err(format!(
+            "unknown source {o:?}; feed-kernel takes seed or rdseed"
+        )),
+    }
+}
+
+pub(super) fn feed_kernel(a: FeedArgs) -> anyhow::Result<u8> {
+    if !(a.interval.is_finite() && a.interval > 0.0) {
+        anyhow::bail!(
+            "--interval {}: give a positive number of seconds",
+            a.interval
+        );
+    }
+    let policy = FeedPolicy {
+        source: a.source,
+        batch_bytes: a.bytes,
+        credit_bits_per_byte: a.credit_bits_per_byte,
+        device: a.device,
+    };
+    let mut f = Feeder::open(policy)?;
+    let log = |m: &str| eprintln!("memveil rng feed-kernel: {m}");
+    eprintln!(
+        "memveil rng feed-kernel: {} start-up samples passed the health tests; feeding {} \
+         with {} bits credited per byte",
+        f.report().startup_samples,
+        f.report().source,
+        f.report().credit_bits_per_byte
+    );
+    let r: Result<(), FeedError> = if a.once {
+        f.feed_once().map(|b| {
+            log(&format!(
+                "fed {} bytes, credited {} bits; kernel entropy count {} -> {}",
+                b.bytes,
+                b.bits_credited,
+                count(b.entropy_before),
+                count(b.entropy_after)
+            ));
+        })
+    } else {
+        let stop = AtomicBool::new(false);
+        f.run(Duration::from_secs_f64(a.interval), &stop, &log)
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(f.report())?);
+    }
+    r?;
+    Ok(0)
+}
+
+fn count(c: Option<i32>) -> String {
+    c.map_or_else(|| "?".into(), |n| n.to_string())
+}
