@@ -332,6 +332,14 @@ impl CtrDrbg {
     }
 }
 
+impl Drop for CtrDrbg {
+    fn drop(&mut self) {
+        // The key schedule wipes itself (memveil-cipher); V is wiped here.
+        self.v.zeroize();
+        self.reseed_counter = 0;
+    }
+}
+
 /// Bytes of counter blocks written and encrypted at a time.
 const CHUNK_BYTES: usize = 16 << 10;
 

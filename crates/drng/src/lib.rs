@@ -354,9 +354,8 @@ mod tests {
             assert_eq!(s.bytes_served(), 1000);
             assert!(s.name().contains("faulty(test-pattern)"), "{}", s.name());
             ctl.set(Fault::Stuck(42));
-            // The DRBG only notices at its next reseed; force one with PR off
-            // by asking for more than a reseed interval would allow is slow,
-            // so only raw and seed streams are checked for the stop here.
+            // A DRBG draws no entropy between reseeds; its stop on a fault is
+            // shown with prediction resistance in the next test.
             if kind != StreamKind::Drbg {
                 let e = s.fill(&mut buf).expect_err("stuck source must stop");
                 assert!(matches!(e, DrngError::Quarantined { .. }), "{e}");
