@@ -29,6 +29,7 @@
 //!   on a read or write error.
 
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -243,6 +244,10 @@ pub struct RngTestOptions {
     /// Pipe mode: discard 32 more bits at start and copy passing blocks to
     /// the output.
     pub pipe: bool,
+    /// Stop cleanly when this flag is raised (rngtest's SIGINT/SIGTERM
+    /// handling): the run ends after the current read with the counters so
+    /// far; during the bootstrap read it ends like a too-short input.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 /// How a run ended.
@@ -257,10 +262,19 @@ pub enum RngTestEnd {
     BootstrapReadError(String),
     /// `blockcount` blocks were tested.
     BlockCount,
+    /// The stop flag was raised (SIGINT/SIGTERM).
+    Stopped,
     /// Reading failed.
     ReadError(String),
     /// Writing (pipe mode) failed.
     WriteError(String),
+}
+
+/// A flag raised by SIGINT/SIGTERM (handlers installed on first call), for
+/// [`RngTestOptions::stop`]; `None` if the handlers could not be installed.
+#[must_use]
+pub fn interrupt_flag() -> Option<&'static AtomicBool> {
+    memveil_sys::stopflag::stop_on_interrupt().ok()
 }
 
 /// The result of an rngtest-style run.
@@ -283,10 +297,20 @@ pub struct RngTestOutcome {
 enum ReadEnd {
     Full,
     Eof,
+    Stopped,
     Err(io::Error),
 }
 
-fn xread(input: &mut dyn Read, buf: &mut [u8], counters: &mut FipsCounters) -> ReadEnd {
+fn stopped(stop: Option<&AtomicBool>) -> bool {
+    stop.is_some_and(|s| s.load(Ordering::SeqCst))
+}
+
+fn xread(
+    input: &mut dyn Read,
+    buf: &mut [u8],
+    counters: &mut FipsCounters,
+    stop: Option<&AtomicBool>,
+) -> ReadEnd {
     let mut off = 0;
     while off < buf.len() {
         match input.read(&mut buf[off..]) {
@@ -295,7 +319,11 @@ fn xread(input: &mut dyn Read, buf: &mut [u8], counters: &mut FipsCounters) -> R
                 off += n;
                 counters.bits_received += 8 * n as u64;
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                if stopped(stop) {
+                    return ReadEnd::Stopped;
+                }
+            }
             Err(e) => return ReadEnd::Err(e),
         }
     }
@@ -329,9 +357,11 @@ pub fn run_rngtest(
     };
     let mut boot = [0u8; 4];
     if opts.pipe {
-        match xread(input, &mut boot, &mut counters) {
+        match xread(input, &mut boot, &mut counters, opts.stop) {
             ReadEnd::Full => {}
-            ReadEnd::Eof => return finish(counters, RngTestEnd::TooShort, test_time),
+            ReadEnd::Eof | ReadEnd::Stopped => {
+                return finish(counters, RngTestEnd::TooShort, test_time)
+            }
             ReadEnd::Err(e) => {
                 return finish(
                     counters,
@@ -341,9 +371,11 @@ pub fn run_rngtest(
             }
         }
     }
-    match xread(input, &mut boot, &mut counters) {
+    match xread(input, &mut boot, &mut counters, opts.stop) {
         ReadEnd::Full => {}
-        ReadEnd::Eof => return finish(counters, RngTestEnd::TooShort, test_time),
+        ReadEnd::Eof | ReadEnd::Stopped => {
+            return finish(counters, RngTestEnd::TooShort, test_time)
+        }
         ReadEnd::Err(e) => {
             return finish(
                 counters,
@@ -356,9 +388,13 @@ pub fn run_rngtest(
     let mut block = [0u8; FIPS_BLOCK_BYTES];
     let mut blocks = 0u64;
     loop {
-        match xread(input, &mut block, &mut counters) {
+        if stopped(opts.stop) {
+            return finish(counters, RngTestEnd::Stopped, test_time);
+        }
+        match xread(input, &mut block, &mut counters, opts.stop) {
             ReadEnd::Full => {}
             ReadEnd::Eof => return finish(counters, RngTestEnd::Drained, test_time),
+            ReadEnd::Stopped => return finish(counters, RngTestEnd::Stopped, test_time),
             ReadEnd::Err(e) => {
                 return finish(counters, RngTestEnd::ReadError(e.to_string()), test_time)
             }
@@ -439,6 +475,7 @@ mod tests {
             RngTestOptions {
                 blockcount: 4,
                 pipe: true,
+                stop: None,
             },
         );
         assert_eq!(o.end, RngTestEnd::BlockCount);

@@ -265,6 +265,7 @@ fn blockcount_option() {
         RngTestOptions {
             blockcount: 7,
             pipe: false,
+            stop: None,
         },
     );
     assert_eq!(ours, theirs);

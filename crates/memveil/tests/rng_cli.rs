@@ -252,3 +252,67 @@ fn binary_is_refused_on_a_terminal_unless_forced() {
     assert_eq!(forced.status.code(), Some(0));
     assert!(forced.stdout.len() >= 16);
 }
+
+/// Feeds `data` to `cmd` through a pipe kept open, then sends SIGINT and
+/// returns (stderr counters, exit code): rngtest prints its statistics and
+/// exits by them when interrupted.
+fn interrupted(mut cmd: Command, data: &[u8], prefix: &str) -> (Vec<(String, u64)>, i32) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(data).expect("feed");
+    stdin.flush().expect("flush");
+    // Wait until the process has read everything (rchar in /proc/PID/io),
+    // so the signal lands while it blocks on the open pipe.
+    let io = format!("/proc/{}/io", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let rchar = std::fs::read_to_string(&io)
+            .ok()
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    l.strip_prefix("rchar: ")
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                })
+            })
+            .unwrap_or(0);
+        if rchar >= data.len() || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let out = child.wait_with_output().expect("wait");
+    drop(stdin);
+    (
+        counters(&out.stderr, prefix),
+        out.status.code().expect("exit code"),
+    )
+}
+
+#[test]
+fn sigint_ends_the_run_with_statistics_like_rngtest() {
+    let good = read("drbg", "25004", &["--quiet"], &[]).stdout;
+    let mut data = good.clone();
+    data.extend_from_slice(&[1, 2, 3]); // a partial block in flight
+    let mut ours = Command::new(BIN);
+    ours.args(["rng", "test"]);
+    let (o, oc) = interrupted(ours, &data, "memveil rng test: ");
+    let (t, tc) = interrupted(Command::new("rngtest"), &data, "rngtest: ");
+    assert_eq!(o, t);
+    assert_eq!(oc, tc);
+    let successes = o
+        .iter()
+        .find(|(k, _)| k == "FIPS 140-2 successes")
+        .map(|x| x.1);
+    assert!(matches!(successes, Some(9 | 10)), "{o:?}");
+}

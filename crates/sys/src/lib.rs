@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod mem;
 pub mod process;
 pub mod rnd;
+pub mod stopflag;
 
 pub use cpu::getrandom;
 pub use cpu::{cpuid, has_feature, rdrand64, rdseed64, read_msr, CpuFeature, CpuidResult};

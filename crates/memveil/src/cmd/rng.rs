@@ -189,9 +189,12 @@ fn test(a: TestArgs) -> anyhow::Result<u8> {
         eprintln!("memveil rng test: FIPS 140-2 battery as rngtest (rng-tools 5) runs it\n");
         eprintln!("{PREFIX}starting FIPS tests...");
     }
+    // Like rngtest: SIGINT/SIGTERM end the run with the statistics so far.
+    let stop = memveil_drng::fips::interrupt_flag();
     let opts = RngTestOptions {
         blockcount: a.blockcount,
         pipe: a.pipe,
+        stop,
     };
     let mut stdout = std::io::stdout().lock();
     let out = if a.pipe {
