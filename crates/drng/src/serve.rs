@@ -435,6 +435,9 @@ pub struct ServerStats {
 struct Demand {
     want: usize,
     got: Zeroizing<Vec<u8>>,
+    /// Woken when this demand is complete (one condvar per waiter, so a
+    /// completion wakes one thread, not all of them).
+    done: Arc<Condvar>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -461,8 +464,6 @@ struct Pool {
 struct Shared {
     cfg: ServeConfig,
     pool: Mutex<Pool>,
-    /// Consumers wait here for their demand.
-    served: Condvar,
     /// Producers wait here for demand or buffer space.
     wanted: Condvar,
     shutdown: AtomicBool,
@@ -522,11 +523,13 @@ impl Shared {
             out.copy_from_slice(&got);
             return Ok(());
         }
+        let wake = Arc::new(Condvar::new());
         p.demands.insert(
             id,
             Demand {
                 want: out.len(),
                 got,
+                done: Arc::clone(&wake),
             },
         );
         p.queue.push_back(id);
@@ -551,8 +554,7 @@ impl Shared {
                 p.queue.retain(|&q| q != id);
                 return Err(s);
             }
-            p = self
-                .served
+            p = wake
                 .wait_timeout(p, TICK)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
@@ -609,7 +611,7 @@ impl Shared {
             if d.got.len() < d.want {
                 p.queue.push_back(id);
             } else {
-                self.served.notify_all();
+                d.done.notify_one();
             }
         }
     }
@@ -680,12 +682,14 @@ impl Shared {
         let mut p = lock(&self.pool);
         p.health = Health::Failed;
         p.active = n;
+        for d in p.demands.values() {
+            d.done.notify_one();
+        }
         drop(p);
         self.log(
             "no healthy entropy source left: no byte will be served; blocking readers are \
              disconnected; restart the daemon once the source is fixed",
         );
-        self.served.notify_all();
     }
 
     fn producer(self: &Arc<Self>) {
@@ -1231,7 +1235,6 @@ impl Server {
                 seeds: 0,
                 wiped: 0,
             }),
-            served: Condvar::new(),
             wanted: Condvar::new(),
             shutdown: AtomicBool::new(false),
             started: Instant::now(),
@@ -1406,7 +1409,9 @@ impl Server {
         if self.shared.shutdown.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.shared.served.notify_all();
+        for d in lock(&self.shared.pool).demands.values() {
+            d.done.notify_one();
+        }
         self.shared.wanted.notify_all();
         for p in &self.unix_paths {
             drop(UnixStream::connect(p));
