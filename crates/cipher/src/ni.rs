@@ -14,8 +14,8 @@
 use std::arch::x86_64::{
     __m128i, _mm_aesdec_si128, _mm_aesdeclast_si128, _mm_aesenc_si128, _mm_aesenclast_si128,
     _mm_aesimc_si128, _mm_aeskeygenassist_si128, _mm_and_si128, _mm_loadu_si128, _mm_set_epi32,
-    _mm_shuffle_epi32, _mm_slli_epi32, _mm_slli_si128, _mm_srai_epi32, _mm_storeu_si128,
-    _mm_xor_si128,
+    _mm_set_epi64x, _mm_shuffle_epi32, _mm_slli_epi32, _mm_slli_si128, _mm_srai_epi32,
+    _mm_storeu_si128, _mm_xor_si128,
 };
 
 use zeroize::Zeroize;
@@ -138,10 +138,7 @@ fn mul_alpha(t: __m128i) -> __m128i {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "aes,sse2")]
 fn xts_kernel(keys: &[[u8; 16]; 15], rounds: usize, enc: bool, t: &mut [u8; 16], data: &mut [u8]) {
-    let mut rk = [load(&keys[0]); 15];
-    for (r, k) in rk.iter_mut().zip(keys.iter()).take(rounds + 1) {
-        *r = load(k);
-    }
+    let rk = round_keys(keys, rounds);
     let mut tw = load(t);
     let (chunks, rest) = data.as_chunks_mut::<128>();
     for chunk in chunks {
@@ -197,7 +194,178 @@ fn xts_kernel(keys: &[[u8; 16]; 15], rounds: usize, enc: bool, t: &mut [u8; 16],
     store(t, tw);
 }
 
+/// Loads round keys `0..=rounds` into registers.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "sse2")]
+fn round_keys(keys: &[[u8; 16]; 15], rounds: usize) -> [__m128i; 15] {
+    let mut rk = [load(&keys[0]); 15];
+    for (r, k) in rk.iter_mut().zip(keys.iter()).take(rounds + 1) {
+        *r = load(k);
+    }
+    rk
+}
+
+/// Encrypts (or decrypts) eight blocks held in registers with round keys `rk`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "aes,sse2")]
+fn rounds8(rk: &[__m128i; 15], rounds: usize, enc: bool, x: &mut [__m128i; 8]) {
+    for v in x.iter_mut() {
+        *v = _mm_xor_si128(*v, rk[0]);
+    }
+    if enc {
+        for r in &rk[1..rounds] {
+            for v in x.iter_mut() {
+                *v = _mm_aesenc_si128(*v, *r);
+            }
+        }
+        for v in x.iter_mut() {
+            *v = _mm_aesenclast_si128(*v, rk[rounds]);
+        }
+    } else {
+        for r in &rk[1..rounds] {
+            for v in x.iter_mut() {
+                *v = _mm_aesdec_si128(*v, *r);
+            }
+        }
+        for v in x.iter_mut() {
+            *v = _mm_aesdeclast_si128(*v, rk[rounds]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "aes,sse2")]
+fn round1(rk: &[__m128i; 15], rounds: usize, enc: bool, v: __m128i) -> __m128i {
+    let mut b = _mm_xor_si128(v, rk[0]);
+    for r in &rk[1..rounds] {
+        b = if enc {
+            _mm_aesenc_si128(b, *r)
+        } else {
+            _mm_aesdec_si128(b, *r)
+        };
+    }
+    if enc {
+        _mm_aesenclast_si128(b, rk[rounds])
+    } else {
+        _mm_aesdeclast_si128(b, rk[rounds])
+    }
+}
+
+/// ECB over whole blocks, eight in flight.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "aes,sse2")]
+fn ecb_kernel(keys: &[[u8; 16]; 15], rounds: usize, enc: bool, data: &mut [u8]) {
+    let rk = round_keys(keys, rounds);
+    let (chunks, rest) = data.as_chunks_mut::<128>();
+    for chunk in chunks {
+        let (blocks, _) = chunk.as_chunks_mut::<16>();
+        let mut x = [rk[0]; 8];
+        for (v, b) in x.iter_mut().zip(blocks.iter()) {
+            *v = load(b);
+        }
+        rounds8(&rk, rounds, enc, &mut x);
+        for (v, b) in x.iter().zip(blocks.iter_mut()) {
+            store(b, *v);
+        }
+    }
+    let (blocks, _) = rest.as_chunks_mut::<16>();
+    for b in blocks {
+        let v = round1(&rk, rounds, enc, load(b));
+        store(b, v);
+    }
+}
+
+/// The counter block (big-endian bytes of `c`) built in a register, without
+/// a round trip through memory (a 16-byte load of two 8-byte stores stalls
+/// store forwarding).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "sse2")]
+fn ctr_block(c: u128) -> __m128i {
+    // Intended truncations: the two 64-bit halves of the counter.
+    #[allow(clippy::cast_possible_truncation)]
+    let (hi, lo) = ((c >> 64) as u64, c as u64);
+    // Bytes 0..8 of the block are `hi` big-endian: the low lane holds them
+    // byte-swapped; likewise `lo` in the high lane.
+    _mm_set_epi64x(lo.swap_bytes().cast_signed(), hi.swap_bytes().cast_signed())
+}
+
+/// CTR keystream from the big-endian 128-bit counter `ctr`, XORed into
+/// `data` (`xor`) or written over it; `ctr` is advanced past the blocks used.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "aes,sse2")]
+fn ctr_kernel(keys: &[[u8; 16]; 15], rounds: usize, ctr: &mut u128, data: &mut [u8], xor: bool) {
+    let rk = round_keys(keys, rounds);
+    let mut c = *ctr;
+    let (chunks, rest) = data.as_chunks_mut::<128>();
+    for chunk in chunks {
+        let (blocks, _) = chunk.as_chunks_mut::<16>();
+        let mut x = [rk[0]; 8];
+        // Intended truncation: the low 64 bits, advanced without carries
+        // while they cannot overflow within these eight blocks.
+        #[allow(clippy::cast_possible_truncation)]
+        let lo = c as u64;
+        if lo <= u64::MAX - 8 {
+            #[allow(clippy::cast_possible_truncation)]
+            let hi = ((c >> 64) as u64).swap_bytes().cast_signed();
+            for (j, v) in (0u64..).zip(x.iter_mut()) {
+                *v = _mm_set_epi64x((lo + j).swap_bytes().cast_signed(), hi);
+            }
+            c = c.wrapping_add(8);
+        } else {
+            for v in &mut x {
+                *v = ctr_block(c);
+                c = c.wrapping_add(1);
+            }
+        }
+        rounds8(&rk, rounds, true, &mut x);
+        if xor {
+            for (v, b) in x.iter().zip(blocks.iter_mut()) {
+                store(b, _mm_xor_si128(*v, load(b)));
+            }
+        } else {
+            for (v, b) in x.iter().zip(blocks.iter_mut()) {
+                store(b, *v);
+            }
+        }
+    }
+    for piece in rest.chunks_mut(16) {
+        let mut ks = [0u8; 16];
+        store(&mut ks, round1(&rk, rounds, true, ctr_block(c)));
+        c = c.wrapping_add(1);
+        for (d, k) in piece.iter_mut().zip(ks.iter()) {
+            *d = if xor { *d ^ k } else { *k };
+        }
+        ks.zeroize();
+    }
+    *ctr = c;
+}
+
 impl NiKeys {
+    /// ECB over whole blocks of `data` (a multiple of 16 bytes).
+    pub(crate) fn ecb(&self, data: &mut [u8], enc: bool) {
+        let keys = if enc { &self.enc } else { &self.dec };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a NiKeys exists only when `new` saw AES-NI on this CPU.
+        unsafe {
+            ecb_kernel(keys, self.rounds, enc, data);
+        }
+    }
+
+    /// CTR over `data` of any length from counter `ctr` (big-endian); XORs
+    /// the keystream in, or writes it over `data` when `xor` is false.
+    pub(crate) fn ctr(&self, ctr: u128, data: &mut [u8], xor: bool) {
+        let mut c = ctr;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a NiKeys exists only when `new` saw AES-NI on this CPU.
+        unsafe {
+            ctr_kernel(&self.enc, self.rounds, &mut c, data, xor);
+        }
+    }
+
     /// Expands `key` (16 or 32 bytes) when the CPU has AES-NI; `None` otherwise.
     pub(crate) fn new(key: &[u8]) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
