@@ -12,6 +12,7 @@
 
 pub mod cpu;
 pub mod mem;
+pub mod probe;
 pub mod process;
 pub mod rnd;
 pub mod stopflag;

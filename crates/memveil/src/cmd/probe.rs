@@ -1,10 +1,72 @@
-//! `memveil probe`.
+//! `memveil probe`: what memory protection this host really offers.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use memveil_probe::{collect, decode, render, CollectOptions, HostFacts};
 
 /// Flags of `memveil probe`.
+///
+/// Exit status: 0 when no check failed (warnings allowed), 2 when at least
+/// one check failed, 1 when the probe itself could not run (bad flags, an
+/// unreadable or invalid --replay file, an unwritable --record file).
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(
+    after_help = "Exit status: 0 no check failed (warnings allowed); 2 at least one check failed; 1 the probe could not run.\n\
+Each item says how it was known (CPUID leaf and bit, MSR field, file, kernel log line) or why it is unknown. See docs/probe.md."
+)]
+pub struct Args {
+    /// Print the report as JSON.
+    #[arg(long, conflicts_with = "prometheus")]
+    json: bool,
+    /// Print the report in the Prometheus text format (for node_exporter's
+    /// textfile collector: write to a temporary file, then rename to *.prom).
+    #[arg(long)]
+    prometheus: bool,
+    /// Run `modprobe msr` if /dev/cpu/0/msr is missing, so the TME and SYSCFG
+    /// registers can be read (needs root). Without it the probe never loads a
+    /// module.
+    #[arg(long)]
+    load_msr: bool,
+    /// Also write the raw facts gathered (CPUID, MSRs, cpuinfo, kernel log,
+    /// files, attempts) to FILE as JSON, to replay or attach to a bug report.
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    record: Option<PathBuf>,
+    /// Decode facts recorded earlier (by --record, or a test fixture) instead
+    /// of probing this host.
+    #[arg(long, value_name = "FILE")]
+    replay: Option<PathBuf>,
+    /// 64-bit samples of RDRAND and RDSEED to run through the SP 800-90B
+    /// health tests.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    rng_samples: usize,
+}
 
 /// Runs `memveil probe`.
-pub fn run(_args: Args) -> anyhow::Result<u8> {
-    anyhow::bail!("memveil probe is not built yet")
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let facts = match &args.replay {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read recorded facts {}", p.display()))?;
+            HostFacts::from_json(&text).with_context(|| format!("in {}", p.display()))?
+        }
+        None => collect(&CollectOptions {
+            load_msr: args.load_msr,
+            rng_samples: args.rng_samples,
+        }),
+    };
+    if let Some(p) = &args.record {
+        std::fs::write(p, facts.to_json() + "\n")
+            .with_context(|| format!("cannot write recorded facts to {}", p.display()))?;
+    }
+    let report = decode(&facts);
+    let out = if args.json {
+        render::json(&report) + "\n"
+    } else if args.prometheus {
+        render::prometheus(&report)
+    } else {
+        render::human(&report)
+    };
+    print!("{out}");
+    Ok(report.exit_code())
 }

@@ -1,0 +1,121 @@
+//! `memveil probe` as a user runs it: outputs, exit codes, bad input.
+
+use std::process::Command;
+
+fn memveil() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memveil"))
+}
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../probe/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn replay_exit_codes_follow_the_checks() {
+    // No failed check: 0.
+    let o = memveil()
+        .args(["probe", "--replay", &fixture("sev-snp-guest.json")])
+        .output()
+        .expect("run");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("[PASS] memory-encryption"), "{out}");
+    assert!(out.contains("SEV-SNP"));
+    // memfd_secret missing on that kernel: a failed check, 2.
+    let o = memveil()
+        .args(["probe", "--replay", &fixture("icelake-tme-mk-enabled.json")])
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("[FAIL] memfd-secret"));
+}
+
+#[test]
+fn json_and_prometheus_outputs() {
+    let o = memveil()
+        .args(["probe", "--json", "--replay", &fixture("tsme-only.json")])
+        .output()
+        .expect("run");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json on stdout");
+    let item = v["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["id"] == "amd.tsme.active"))
+        .expect("tsme item");
+    assert_eq!(item["value"], serde_json::Value::Bool(true));
+    let syscfg = v["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["id"] == "amd.syscfg"))
+        .expect("syscfg item");
+    assert!(syscfg["value"]["unknown"]
+        .as_str()
+        .is_some_and(|s| s.contains("modprobe msr")));
+
+    let o = memveil()
+        .args([
+            "probe",
+            "--prometheus",
+            "--replay",
+            &fixture("tsme-only.json"),
+        ])
+        .output()
+        .expect("run");
+    let p = String::from_utf8_lossy(&o.stdout);
+    assert!(p.starts_with("# HELP memveil_probe_info"), "{p}");
+    assert!(p.contains("memveil_probe_item{item=\"amd.tsme.active\"} 1\n"));
+}
+
+#[test]
+fn bad_replay_file_is_a_clear_error_with_exit_1() {
+    let dir = std::env::temp_dir().join(format!("memveil-probe-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"schema\": 1, \"cpuid\": 7}").expect("write");
+    let o = memveil()
+        .args(["probe", "--replay"])
+        .arg(&bad)
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("not valid") && err.contains("--record"),
+        "{err}"
+    );
+    let o = memveil()
+        .args(["probe", "--replay"])
+        .arg(dir.join("missing.json"))
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read recorded facts"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn record_then_replay_gives_the_same_report() {
+    let dir = std::env::temp_dir().join(format!("memveil-probe-rec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let rec = dir.join("facts.json");
+    let live = memveil()
+        .args(["probe", "--json", "--rng-samples", "512", "--record"])
+        .arg(&rec)
+        .output()
+        .expect("run");
+    assert!(matches!(live.status.code(), Some(0 | 2)));
+    let replay = memveil()
+        .args(["probe", "--json", "--replay"])
+        .arg(&rec)
+        .output()
+        .expect("run");
+    assert_eq!(live.status.code(), replay.status.code());
+    assert_eq!(live.stdout, replay.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+}
