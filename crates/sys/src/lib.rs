@@ -11,10 +11,12 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cpu;
+pub mod ipc;
 pub mod mem;
 pub mod probe;
 pub mod process;
 pub mod rnd;
+pub mod stack_thread;
 pub mod stopflag;
 
 pub use cpu::getrandom;

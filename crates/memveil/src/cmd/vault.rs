@@ -1,10 +1,15 @@
-//! `memveil vault`.
+//! `memveil vault`: the key vault daemon (`serve`) and the verbs for people
+//! (create/import/list/rotate/destroy/grant/revoke keys, encrypt/decrypt,
+//! status). The flags and verbs live in `memveil_vault::cli`, shared with
+//! the stand-alone `memveil-vault` binary.
 
 /// Flags of `memveil vault`.
-#[derive(clap::Args)]
-pub struct Args {}
+pub type Args = memveil_vault::cli::Args;
 
 /// Runs `memveil vault`.
-pub fn run(_args: Args) -> anyhow::Result<u8> {
-    anyhow::bail!("memveil vault is not built yet")
+///
+/// # Errors
+/// Whatever the vault or the client reports, with its cause and fix.
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    memveil_vault::cli::run(args).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -1,0 +1,481 @@
+//! The command line of the vault (`memveil vault …`, also the
+//! `memveil-vault` binary): `serve` and the verbs for people.
+#![forbid(unsafe_code)]
+
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use memveil_secmem::{Level, Policy, SecretPool};
+
+use crate::client::{Client, Crypt};
+use crate::keystore::{KdfParams, KekSource};
+use crate::proto::{perm, KeyInfo, KeyKind, Mode};
+use crate::server::{Config, Quotas, Server};
+
+/// Errors of the command line, already worded for people.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+
+fn default_socket() -> PathBuf {
+    std::env::var_os("MEMVEIL_VAULT_SOCKET")
+        .map_or_else(|| PathBuf::from("/run/memveil/vault.sock"), PathBuf::from)
+}
+
+/// `memveil vault`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Control socket (default: $MEMVEIL_VAULT_SOCKET or /run/memveil/vault.sock).
+    #[arg(long, global = true)]
+    pub socket: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// Verbs.
+#[derive(clap::Subcommand, Debug)]
+pub enum Cmd {
+    /// Run the vault in the foreground (logs to stderr; prints a ready line; sd_notify READY=1).
+    Serve(ServeArgs),
+    /// Show the vault's status and protection level.
+    Status,
+    /// Generate a key inside the vault.
+    Create {
+        /// Key name.
+        name: String,
+        /// aes128, aes256, xts128, xts256.
+        #[arg(long, default_value = "aes256")]
+        kind: KeyKind,
+        /// Seal the key to disk so it survives restarts.
+        #[arg(long)]
+        persistent: bool,
+    },
+    /// Import a key from a file (raw bytes or hex). One way: keys never come back out.
+    Import {
+        /// Key name.
+        name: String,
+        /// aes128, aes256, xts128, xts256.
+        #[arg(long, default_value = "aes256")]
+        kind: KeyKind,
+        /// File holding the key.
+        #[arg(long)]
+        key_file: PathBuf,
+        /// Seal the key to disk.
+        #[arg(long)]
+        persistent: bool,
+    },
+    /// List the keys this user owns or is granted.
+    List,
+    /// Add a new random version of a key (old versions still decrypt).
+    Rotate {
+        /// Key name.
+        name: String,
+    },
+    /// Wipe a key and all its versions.
+    Destroy {
+        /// Key name.
+        name: String,
+    },
+    /// Grant a user permissions on a key (e = encrypt, d = decrypt, a = admin).
+    Grant {
+        /// Key name.
+        name: String,
+        /// User id.
+        uid: u32,
+        /// Letters from "eda".
+        perms: String,
+    },
+    /// Remove a user from a key's ACL.
+    Revoke {
+        /// Key name.
+        name: String,
+        /// User id.
+        uid: u32,
+    },
+    /// Encrypt a file or stdin to a file or stdout.
+    Encrypt(CryptArgs),
+    /// Decrypt what `encrypt` wrote.
+    Decrypt(CryptArgs),
+}
+
+/// Flags of encrypt/decrypt.
+#[derive(clap::Args, Debug)]
+pub struct CryptArgs {
+    /// Key name.
+    #[arg(long)]
+    pub key: String,
+    /// ecb, cbc, ctr, xts, gcm (encrypt only; decrypt reads it from the header).
+    #[arg(long, default_value = "gcm")]
+    pub mode: Mode,
+    /// Input file (default stdin).
+    #[arg(short, long)]
+    pub input: Option<PathBuf>,
+    /// Output file (default stdout).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+/// Flags of `serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// State directory for the sealed keystore (persistent keys).
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// File holding the keystore passphrase (stretched with Argon2id).
+    #[arg(long, conflicts_with = "key_file")]
+    pub passphrase_file: Option<PathBuf>,
+    /// File holding a 32-byte keystore key (raw or 64 hex digits).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Accept a weaker protection level when memfd_secret is unavailable ("locked": mlock only, readable by root).
+    #[arg(long, value_name = "LEVEL")]
+    pub allow_level: Option<String>,
+    /// Argon2id memory for a new keystore, KiB.
+    #[arg(long, default_value_t = 65536)]
+    pub kdf_memory_kib: u32,
+    /// Argon2id iterations for a new keystore.
+    #[arg(long, default_value_t = 3)]
+    pub kdf_iterations: u32,
+    /// Keys one uid may own.
+    #[arg(long, default_value_t = 256)]
+    pub max_keys: usize,
+    /// Lanes per client connection.
+    #[arg(long, default_value_t = 8)]
+    pub max_lanes: usize,
+    /// Registered buffers per client connection.
+    #[arg(long, default_value_t = 64)]
+    pub max_buffers: usize,
+    /// Secret pool for key objects, KiB.
+    #[arg(long, default_value_t = 2048)]
+    pub pool_kib: usize,
+    /// Socket file mode (octal).
+    #[arg(long, default_value = "666")]
+    pub socket_mode: String,
+    /// Microseconds a lane worker spins before sleeping.
+    #[arg(long, default_value_t = 50)]
+    pub spin_us: u64,
+}
+
+/// Builds the daemon configuration from flags.
+///
+/// # Errors
+/// A bad flag value, worded for people.
+pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
+    let mut c = Config::new(socket);
+    c.policy = match a.allow_level.as_deref() {
+        None | Some("secret") => Policy::secret_only(),
+        Some(l) => Policy::allow(l.parse::<Level>()?),
+    };
+    c.state.clone_from(&a.state);
+    c.kek = match (&a.passphrase_file, &a.key_file) {
+        (Some(p), _) => Some(KekSource::PassphraseFile(p.clone())),
+        (_, Some(k)) => Some(KekSource::KeyFile(k.clone())),
+        _ => None,
+    };
+    c.kdf = KdfParams {
+        m_kib: a.kdf_memory_kib,
+        t: a.kdf_iterations,
+        p: 1,
+    };
+    c.quotas = Quotas {
+        keys_per_uid: a.max_keys,
+        lanes: a.max_lanes,
+        buffers: a.max_buffers,
+        ..Quotas::default()
+    };
+    c.pool_bytes = a.pool_kib.saturating_mul(1024);
+    c.socket_mode = u32::from_str_radix(&a.socket_mode, 8)
+        .map_err(|_| format!("--socket-mode {:?} is not an octal mode", a.socket_mode))?;
+    c.spin = Duration::from_micros(a.spin_us);
+    Ok(c)
+}
+
+fn print_key(out: &mut impl std::io::Write, k: &KeyInfo) -> std::io::Result<()> {
+    let acl: Vec<String> = k
+        .acl
+        .iter()
+        .map(|(u, p)| format!("{u}:{}", perms_str(*p)))
+        .collect();
+    writeln!(
+        out,
+        "{}\tid={}\tkind={}\towner={}\tversions={}\t{}\tacl={}",
+        k.name,
+        k.id,
+        k.kind,
+        k.owner,
+        k.versions,
+        if k.persistent {
+            "persistent"
+        } else {
+            "ephemeral"
+        },
+        if acl.is_empty() {
+            "-".into()
+        } else {
+            acl.join(",")
+        }
+    )
+}
+
+fn perms_str(p: u8) -> String {
+    let mut s = String::new();
+    for (b, c) in [
+        (perm::ENCRYPT, 'e'),
+        (perm::DECRYPT, 'd'),
+        (perm::ADMIN, 'a'),
+    ] {
+        if p & b != 0 {
+            s.push(c);
+        }
+    }
+    s
+}
+
+fn parse_perms(s: &str) -> Result<u8, CliError> {
+    let mut p = 0;
+    for c in s.chars() {
+        p |= match c {
+            'e' => perm::ENCRYPT,
+            'd' => perm::DECRYPT,
+            'a' => perm::ADMIN,
+            _ => return Err(format!("unknown permission {c:?}: use letters from \"eda\"").into()),
+        };
+    }
+    if p == 0 {
+        return Err("no permission given: use letters from \"eda\"".into());
+    }
+    Ok(p)
+}
+
+/// Header of files written by `encrypt`: magic, format, mode, padded flag,
+/// reserved, key version (u32), IV/nonce/tweak (16), GCM tag (16).
+const MAGIC: &[u8; 4] = b"MVVE";
+const HDR: usize = 4 + 4 + 4 + 16 + 16;
+
+fn read_input(p: Option<&PathBuf>) -> Result<Vec<u8>, CliError> {
+    let mut v = Vec::new();
+    match p {
+        Some(p) => {
+            v = std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?;
+        }
+        None => {
+            std::io::stdin().read_to_end(&mut v)?;
+        }
+    }
+    Ok(v)
+}
+
+fn write_output(p: Option<&PathBuf>, parts: &[&[u8]]) -> Result<(), CliError> {
+    match p {
+        Some(p) => {
+            let mut f =
+                std::fs::File::create(p).map_err(|e| format!("creating {}: {e}", p.display()))?;
+            for b in parts {
+                f.write_all(b)?;
+            }
+        }
+        None => {
+            let mut o = std::io::stdout().lock();
+            for b in parts {
+                o.write_all(b)?;
+            }
+            o.flush()?;
+        }
+    }
+    Ok(())
+}
+
+fn encrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
+    let k = c.key_info(&a.key)?;
+    if !k.kind.serves(a.mode) {
+        return Err(format!(
+            "key {:?} is {}; it does not serve mode {}",
+            k.name,
+            k.kind,
+            a.mode.name()
+        )
+        .into());
+    }
+    let mut data = read_input(a.input.as_ref())?;
+    let pad = match a.mode {
+        Mode::Ecb | Mode::Cbc => true,
+        Mode::Xts => data.len() < 16,
+        Mode::Ctr | Mode::Gcm => false,
+    };
+    if pad {
+        let n = 16 - data.len() % 16;
+        data.extend(std::iter::repeat_n(u8::try_from(n).unwrap_or(16), n));
+    }
+    let mut iv = [0u8; 16];
+    memveil_sys::getrandom(&mut iv)?;
+    if a.mode == Mode::Gcm {
+        iv[12..].fill(0);
+    }
+    let mut hdr = [0u8; HDR];
+    hdr[..4].copy_from_slice(MAGIC);
+    hdr[4] = 1;
+    hdr[5] = a.mode.code();
+    hdr[6] = u8::from(pad);
+    hdr[8..12].copy_from_slice(&k.versions.to_le_bytes());
+    hdr[12..28].copy_from_slice(&iv);
+    let aad = hdr[..28].to_vec();
+    let p = Crypt::new(k.id, a.mode)
+        .iv(&iv)
+        .version(k.versions)
+        .aad(if a.mode == Mode::Gcm { &aad } else { &[] });
+    let tag = c.encrypt(&p, &mut data)?;
+    hdr[28..44].copy_from_slice(&tag);
+    write_output(a.output.as_ref(), &[&hdr, &data])
+}
+
+fn decrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
+    let k = c.key_info(&a.key)?;
+    let input = read_input(a.input.as_ref())?;
+    if input.len() < HDR || &input[..4] != MAGIC || input[4] != 1 {
+        return Err("input is not a memveil vault ciphertext (bad header)".into());
+    }
+    let mode = Mode::from_code(input[5]).ok_or("input header names an unknown mode")?;
+    let pad = input[6] == 1;
+    let version = u32::from_le_bytes([input[8], input[9], input[10], input[11]]);
+    let p = Crypt::new(k.id, mode)
+        .iv(&input[12..28])
+        .tag(&input[28..44])
+        .version(version)
+        .aad(if mode == Mode::Gcm { &input[..28] } else { &[] });
+    let mut data = input[HDR..].to_vec();
+    c.decrypt(&p, &mut data)?;
+    if pad {
+        let n = usize::from(*data.last().ok_or("empty padded ciphertext")?);
+        if n == 0
+            || n > 16
+            || n > data.len()
+            || !data[data.len() - n..].iter().all(|&b| usize::from(b) == n)
+        {
+            return Err("bad padding: wrong key, or the file was altered".into());
+        }
+        data.truncate(data.len() - n);
+    }
+    write_output(a.output.as_ref(), &[&data])
+}
+
+fn import(
+    c: &mut Client,
+    name: &str,
+    kind: KeyKind,
+    key_file: &PathBuf,
+    persistent: bool,
+) -> Result<KeyInfo, CliError> {
+    // The key is read into secret memory in this process too (locked at worst).
+    let pool = SecretPool::new(8192, Policy::allow(Level::Locked))?;
+    let mut raw = pool.alloc_bytes(4096)?;
+    let mut f = std::fs::File::open(key_file)
+        .map_err(|e| format!("opening {}: {e}", key_file.display()))?;
+    let mut n = 0;
+    loop {
+        let r = f.read(&mut raw[n..])?;
+        if r == 0 || n + r >= raw.len() {
+            n += r;
+            break;
+        }
+        n += r;
+    }
+    let mut key = pool.alloc_bytes(kind.key_len())?;
+    let mut end = n;
+    while end > 0 && matches!(raw[end - 1], b'\n' | b'\r') {
+        end -= 1;
+    }
+    if n == kind.key_len() {
+        key.copy_from_slice(&raw[..n]);
+    } else if end == 2 * kind.key_len() {
+        for i in 0..kind.key_len() {
+            let h = (raw[2 * i] as char).to_digit(16);
+            let l = (raw[2 * i + 1] as char).to_digit(16);
+            let (Some(h), Some(l)) = (h, l) else {
+                return Err(format!("{}: not hex", key_file.display()).into());
+            };
+            key[i] = u8::try_from(h * 16 + l).unwrap_or(0);
+        }
+    } else {
+        return Err(format!(
+            "{}: a {kind} key is {} raw bytes or {} hex digits",
+            key_file.display(),
+            kind.key_len(),
+            2 * kind.key_len()
+        )
+        .into());
+    }
+    Ok(c.import_key(name, kind, persistent, &key)?)
+}
+
+/// Runs a verb; returns the exit code.
+///
+/// # Errors
+/// Anything that failed, worded for people.
+pub fn run(args: Args) -> Result<u8, CliError> {
+    let socket = args.socket.clone().unwrap_or_else(default_socket);
+    if let Cmd::Serve(s) = &args.cmd {
+        let cfg = config(socket, s)?;
+        let server = Server::start(cfg)?;
+        server.announce();
+        server.run()?;
+        return Ok(0);
+    }
+    let mut c = Client::connect(&socket)?;
+    let mut out = std::io::stdout().lock();
+    match &args.cmd {
+        Cmd::Serve(_) => {}
+        Cmd::Status => {
+            let s = c.status()?;
+            writeln!(
+                out,
+                "vault pid {}\nprotection level: {}{}\nbackend: {}\nkeys: {}\nclients: {}\npersistent keys: {}\nuptime: {} s\nclient sees level: {}",
+                s.pid,
+                s.level,
+                if s.level == "secret" { " (memfd_secret: keys out of the kernel direct map)" } else { " (WEAKER: mlock only, readable by root and the kernel)" },
+                s.backend,
+                s.keys,
+                s.clients,
+                if s.durable { "enabled" } else { "disabled (no --state)" },
+                s.uptime_s,
+                c.level()
+            )?;
+        }
+        Cmd::Create {
+            name,
+            kind,
+            persistent,
+        } => print_key(&mut out, &c.create_key(name, *kind, *persistent)?)?,
+        Cmd::Import {
+            name,
+            kind,
+            key_file,
+            persistent,
+        } => {
+            let k = import(&mut c, name, *kind, key_file, *persistent)?;
+            print_key(&mut out, &k)?;
+        }
+        Cmd::List => {
+            for k in c.list_keys()? {
+                print_key(&mut out, &k)?;
+            }
+        }
+        Cmd::Rotate { name } => print_key(&mut out, &c.rotate_key(name)?)?,
+        Cmd::Destroy { name } => {
+            c.destroy_key(name)?;
+            writeln!(out, "destroyed {name}")?;
+        }
+        Cmd::Grant { name, uid, perms } => {
+            print_key(&mut out, &c.grant(name, *uid, parse_perms(perms)?)?)?
+        }
+        Cmd::Revoke { name, uid } => print_key(&mut out, &c.revoke(name, *uid)?)?,
+        Cmd::Encrypt(a) => {
+            drop(out);
+            encrypt_file(&mut c, a)?;
+        }
+        Cmd::Decrypt(a) => {
+            drop(out);
+            decrypt_file(&mut c, a)?;
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,742 @@
+//! The client library: control verbs over the Unix socket, and data
+//! requests through shared-memory lanes.
+//!
+//! ```no_run
+//! use memveil_vault::{Client, proto::{KeyKind, Mode}, client::Crypt};
+//! let mut c = Client::connect("/run/memveil/vault.sock")?;
+//! println!("protection level: {}", c.level());
+//! let k = c.create_key("disk0", KeyKind::Aes256, false)?;
+//! let mut data = b"sixteen byte msg".to_vec();
+//! c.encrypt(&Crypt::new(k.id, Mode::Cbc).iv(&[0; 16]), &mut data)?;
+//! # Ok::<(), memveil_vault::client::ClientError>(())
+//! ```
+//!
+//! For zero-copy use, [`Client::session`] maps a shared area with one lane
+//! per thread; callers place data in the area and submit batches of
+//! [`Entry`]s on a [`LaneClient`].
+#![forbid(unsafe_code)]
+
+use std::io::{self, IoSlice, Read as _, Write as _};
+use std::os::fd::AsFd as _;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use memveil_sys::ipc::{self, SharedMap};
+
+use crate::proto::{self, DecodeError, ErrorCode, KeyInfo, KeyKind, Mode, Reply, Request, Status};
+use crate::ring::{self, status, Entry, Op, ENTRY_BYTES, LANE_BYTES};
+
+/// Client errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The socket could not be reached.
+    #[error("cannot connect to the vault at {path}: {source} (is `memveil vault serve --socket {path}` running, and may this user open the socket?)")]
+    Connect {
+        /// Socket path.
+        path: PathBuf,
+        /// OS error.
+        source: io::Error,
+    },
+    /// The connection failed mid-way.
+    #[error("vault connection lost: {0} (the vault stopped or restarted; reconnect)")]
+    Io(#[from] io::Error),
+    /// The vault's reply did not decode.
+    #[error("bad reply from the vault: {0}")]
+    Protocol(#[from] DecodeError),
+    /// The vault refused.
+    #[error("vault refused ({code:?}): {message}")]
+    Refused {
+        /// Class.
+        code: ErrorCode,
+        /// The vault's words.
+        message: String,
+    },
+    /// The vault process is gone while a data request was in flight.
+    #[error(
+        "the vault (pid {0}) is gone while a request was in flight; reconnect once it is back"
+    )]
+    VaultGone(u32),
+    /// A data request failed.
+    #[error("request {index} failed: {}", status::describe(*code))]
+    Request {
+        /// Index in the batch.
+        index: usize,
+        /// Status code from the vault.
+        code: u32,
+    },
+    /// Something the client library refuses before asking.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// A connection to the vault.
+pub struct Client {
+    sock: UnixStream,
+    level: String,
+    uid: u32,
+    pid: i32,
+    vault_pid: u32,
+    scratch: Option<(Session, LaneClient)>,
+}
+
+/// Parameters of one encryption or decryption.
+#[derive(Debug, Clone, Copy)]
+pub struct Crypt<'a> {
+    /// Key id.
+    pub key: u32,
+    /// Key version (0 = newest).
+    pub version: u32,
+    /// Mode.
+    pub mode: Mode,
+    /// IV / counter block / tweak; GCM nonce in the first 12 bytes.
+    pub iv: [u8; 16],
+    /// GCM associated data.
+    pub aad: &'a [u8],
+    /// GCM tag (decrypt).
+    pub tag: [u8; 16],
+}
+
+impl<'a> Crypt<'a> {
+    /// Newest version of `key`, zero IV, no AAD.
+    #[must_use]
+    pub fn new(key: u32, mode: Mode) -> Self {
+        Self {
+            key,
+            version: 0,
+            mode,
+            iv: [0; 16],
+            aad: &[],
+            tag: [0; 16],
+        }
+    }
+    /// Sets the IV (up to 16 bytes, zero-padded; GCM takes 12).
+    #[must_use]
+    pub fn iv(mut self, iv: &[u8]) -> Self {
+        let n = iv.len().min(16);
+        self.iv = [0; 16];
+        self.iv[..n].copy_from_slice(&iv[..n]);
+        self
+    }
+    /// Sets the GCM associated data.
+    #[must_use]
+    pub fn aad(mut self, aad: &'a [u8]) -> Self {
+        self.aad = aad;
+        self
+    }
+    /// Sets the GCM tag to verify (up to 16 bytes).
+    #[must_use]
+    pub fn tag(mut self, tag: &[u8]) -> Self {
+        let n = tag.len().min(16);
+        self.tag = [0; 16];
+        self.tag[..n].copy_from_slice(&tag[..n]);
+        self
+    }
+    /// Sets the key version.
+    #[must_use]
+    pub fn version(mut self, v: u32) -> Self {
+        self.version = v;
+        self
+    }
+}
+
+fn write_all_vectored(s: &mut UnixStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !bufs.is_empty() {
+        let n = s.write_vectored(bufs)?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+impl Client {
+    /// Connects and says hello.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] when the socket cannot be reached, or the
+    /// vault's refusal.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Client, ClientError> {
+        let path = path.as_ref();
+        let sock = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut c = Client {
+            sock,
+            level: String::new(),
+            uid: 0,
+            pid: 0,
+            vault_pid: 0,
+            scratch: None,
+        };
+        match c.call(&Request::Hello {
+            version: proto::VERSION,
+        })? {
+            Reply::Welcome {
+                level,
+                uid,
+                pid,
+                vault_pid,
+                ..
+            } => {
+                c.level = level;
+                c.uid = uid;
+                c.pid = pid;
+                c.vault_pid = vault_pid;
+                Ok(c)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The vault's protection level ("secret" or "locked").
+    #[must_use]
+    pub fn level(&self) -> &str {
+        &self.level
+    }
+
+    /// The vault's process id.
+    #[must_use]
+    pub fn vault_pid(&self) -> u32 {
+        self.vault_pid
+    }
+
+    /// Our uid as the vault sees it (`SO_PEERCRED`).
+    #[must_use]
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    fn read_reply(&mut self) -> Result<Reply, ClientError> {
+        let mut h = [0u8; 4];
+        self.sock.read_exact(&mut h)?;
+        let n = proto::frame_len(h, proto::MAX_REPLY)?;
+        let mut b = vec![0u8; n];
+        self.sock.read_exact(&mut b)?;
+        let r = proto::decode_reply(&b)?;
+        match r {
+            Reply::Error { code, message } => Err(ClientError::Refused { code, message }),
+            r => Ok(r),
+        }
+    }
+
+    fn call(&mut self, req: &Request<'_>) -> Result<Reply, ClientError> {
+        let frame = proto::encode_request(req);
+        match req {
+            Request::ImportKey { key, .. } => {
+                // The key goes from the caller's buffer straight to the socket.
+                write_all_vectored(
+                    &mut self.sock,
+                    &mut [IoSlice::new(&frame), IoSlice::new(key)],
+                )?;
+            }
+            _ => self.sock.write_all(&frame)?,
+        }
+        self.read_reply()
+    }
+
+    /// Sends raw bytes and reads one reply (for tests of malformed input).
+    ///
+    /// # Errors
+    /// As the vault answers.
+    pub fn call_raw(&mut self, bytes: &[u8]) -> Result<Reply, ClientError> {
+        self.sock.write_all(bytes)?;
+        self.read_reply()
+    }
+
+    /// Vault status.
+    ///
+    /// # Errors
+    /// Connection errors.
+    pub fn status(&mut self) -> Result<Status, ClientError> {
+        match self.call(&Request::Status)? {
+            Reply::Status(s) => Ok(s),
+            o => Err(unexpected(&o)),
+        }
+    }
+
+    fn key_reply(&mut self, req: &Request<'_>) -> Result<KeyInfo, ClientError> {
+        match self.call(req)? {
+            Reply::Key(k) => Ok(k),
+            o => Err(unexpected(&o)),
+        }
+    }
+
+    /// Generates a key inside the vault.
+    ///
+    /// # Errors
+    /// The vault's refusal (name taken, quota, no keystore for a persistent key).
+    pub fn create_key(
+        &mut self,
+        name: &str,
+        kind: KeyKind,
+        persistent: bool,
+    ) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        self.key_reply(&Request::CreateKey {
+            name: name.into(),
+            kind,
+            persistent,
+        })
+    }
+
+    /// Imports a key. One way: nothing ever returns it.
+    ///
+    /// # Errors
+    /// A wrong key length, or the vault's refusal.
+    pub fn import_key(
+        &mut self,
+        name: &str,
+        kind: KeyKind,
+        persistent: bool,
+        key: &[u8],
+    ) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        if key.len() != kind.key_len() {
+            return Err(ClientError::Usage(format!(
+                "a {kind} key is {} bytes, got {}",
+                kind.key_len(),
+                key.len()
+            )));
+        }
+        self.key_reply(&Request::ImportKey {
+            name: name.into(),
+            kind,
+            persistent,
+            key,
+        })
+    }
+
+    /// Keys this uid owns or is granted.
+    ///
+    /// # Errors
+    /// Connection errors.
+    pub fn list_keys(&mut self) -> Result<Vec<KeyInfo>, ClientError> {
+        match self.call(&Request::ListKeys)? {
+            Reply::Keys(k) => Ok(k),
+            o => Err(unexpected(&o)),
+        }
+    }
+
+    /// One key's public facts.
+    ///
+    /// # Errors
+    /// [`ErrorCode::NotFound`].
+    pub fn key_info(&mut self, name: &str) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        self.key_reply(&Request::KeyInfo { name: name.into() })
+    }
+
+    /// Adds a new random version.
+    ///
+    /// # Errors
+    /// The vault's refusal.
+    pub fn rotate_key(&mut self, name: &str) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        self.key_reply(&Request::RotateKey { name: name.into() })
+    }
+
+    /// Wipes a key and all its versions.
+    ///
+    /// # Errors
+    /// The vault's refusal.
+    pub fn destroy_key(&mut self, name: &str) -> Result<(), ClientError> {
+        check_name(name)?;
+        self.call(&Request::DestroyKey { name: name.into() })
+            .map(|_| ())
+    }
+
+    /// Grants `perms` ([`proto::perm`] bits) on a key to `uid`.
+    ///
+    /// # Errors
+    /// The vault's refusal.
+    pub fn grant(&mut self, name: &str, uid: u32, perms: u8) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        self.key_reply(&Request::Grant {
+            name: name.into(),
+            uid,
+            perms,
+        })
+    }
+
+    /// Removes `uid` from a key's ACL.
+    ///
+    /// # Errors
+    /// The vault's refusal.
+    pub fn revoke(&mut self, name: &str, uid: u32) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        self.key_reply(&Request::Revoke {
+            name: name.into(),
+            uid,
+        })
+    }
+
+    fn id_reply(&mut self, req: &Request<'_>) -> Result<u32, ClientError> {
+        match self.call(req)? {
+            Reply::Id(i) => Ok(i),
+            o => Err(unexpected(&o)),
+        }
+    }
+
+    /// Creates a shared area with `lanes` lanes and `data_bytes` of data
+    /// (registered as one buffer), and starts the lanes.
+    ///
+    /// # Errors
+    /// memfd errors or the vault's refusal (quotas).
+    pub fn session(
+        &mut self,
+        data_bytes: usize,
+        lanes: usize,
+    ) -> Result<(Session, Vec<LaneClient>), ClientError> {
+        if lanes == 0 {
+            return Err(ClientError::Usage(
+                "a session needs at least one lane".into(),
+            ));
+        }
+        let data_bytes = data_bytes.max(1).div_ceil(LANE_BYTES) * LANE_BYTES;
+        let data_off = lanes * LANE_BYTES;
+        let total = data_off + data_bytes;
+        let fd = ipc::memfd_sealed("memveil-vault-client", total as u64)?;
+        let map = Arc::new(SharedMap::map(fd.as_fd(), total)?);
+        let frame = proto::encode_request(&Request::RegisterShm { len: total as u64 });
+        ipc::send_with_fd(&self.sock, &[IoSlice::new(&frame)], fd.as_fd())?;
+        let shm = match self.read_reply()? {
+            Reply::Id(i) => i,
+            o => return Err(unexpected(&o)),
+        };
+        let buffer = self.id_reply(&Request::RegisterBuffer {
+            shm,
+            offset: data_off as u64,
+            len: data_bytes as u64,
+        })?;
+        let mut ls = Vec::new();
+        for i in 0..lanes {
+            let id = self.id_reply(&Request::OpenLane {
+                shm,
+                offset: (i * LANE_BYTES) as u64,
+            })?;
+            ls.push(LaneClient {
+                map: Arc::clone(&map),
+                off: i * LANE_BYTES,
+                id,
+                buffer,
+                seq: 0,
+                vault_pid: self.vault_pid,
+                spin: Duration::from_micros(50),
+            });
+        }
+        Ok((
+            Session {
+                map,
+                data_off,
+                data_len: data_bytes,
+                buffer,
+            },
+            ls,
+        ))
+    }
+
+    fn scratch(&mut self, need: usize) -> Result<&mut (Session, LaneClient), ClientError> {
+        let have = self.scratch.as_ref().map_or(0, |(s, _)| s.data_len);
+        if have < need {
+            let size = need.max(1 << 20).next_power_of_two();
+            let (s, mut l) = self.session(size, 1)?;
+            let lane = l.remove(0);
+            self.scratch = Some((s, lane));
+        }
+        self.scratch
+            .as_mut()
+            .ok_or_else(|| ClientError::Usage("no session".into()))
+    }
+
+    fn crypt(&mut self, op: Op, p: &Crypt<'_>, data: &mut [u8]) -> Result<[u8; 16], ClientError> {
+        let aad_at = data.len().div_ceil(64) * 64;
+        let (s, lane) = self.scratch(aad_at + p.aad.len())?;
+        s.write(0, data)?;
+        s.write(aad_at, p.aad)?;
+        let e = Entry {
+            op,
+            mode: p.mode,
+            key: p.key,
+            version: p.version,
+            buffer: s.buffer,
+            offset: 0,
+            len: data.len() as u64,
+            iv: p.iv,
+            tag: p.tag,
+            aad_offset: aad_at as u64,
+            aad_len: p.aad.len() as u64,
+        };
+        let out = lane.run(&[e])?;
+        let o = out[0];
+        if o.status != status::OK {
+            return Err(ClientError::Request {
+                index: 0,
+                code: o.status,
+            });
+        }
+        s.read(0, data)?;
+        Ok(o.tag)
+    }
+
+    /// Encrypts `data` in place (copied through the client's scratch
+    /// session); returns the GCM tag (zeros for other modes).
+    ///
+    /// # Errors
+    /// The vault's per-request status (denied, bad length…) or a lost vault.
+    pub fn encrypt(&mut self, p: &Crypt<'_>, data: &mut [u8]) -> Result<[u8; 16], ClientError> {
+        self.crypt(Op::Encrypt, p, data)
+    }
+
+    /// Decrypts `data` in place; for GCM verifies `p.tag`.
+    ///
+    /// # Errors
+    /// As [`Client::encrypt`]; GCM authentication failure.
+    pub fn decrypt(&mut self, p: &Crypt<'_>, data: &mut [u8]) -> Result<(), ClientError> {
+        self.crypt(Op::Decrypt, p, data).map(|_| ())
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ClientError> {
+    if proto::valid_name(name) {
+        Ok(())
+    } else {
+        Err(ClientError::Usage(format!(
+            "bad key name {name:?}: 1–64 characters from [A-Za-z0-9._-]"
+        )))
+    }
+}
+
+fn unexpected(r: &Reply) -> ClientError {
+    ClientError::Usage(format!("unexpected reply from the vault: {r:?}"))
+}
+
+/// A shared area: lanes at the front, then the data buffer.
+pub struct Session {
+    map: Arc<SharedMap>,
+    data_off: usize,
+    data_len: usize,
+    buffer: u32,
+}
+
+impl Session {
+    /// Bytes of the data buffer.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.data_len
+    }
+
+    /// Never true.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The registered buffer id (for [`Entry::buffer`]).
+    #[must_use]
+    pub fn buffer(&self) -> u32 {
+        self.buffer
+    }
+
+    /// Copies `data` into the buffer at `off`.
+    ///
+    /// # Errors
+    /// Out of range.
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<(), ClientError> {
+        self.check(off, data.len())?;
+        self.map
+            .write(self.data_off + off, data)
+            .ok_or_else(|| ClientError::Usage("out of range".into()))
+    }
+
+    /// Copies bytes out of the buffer at `off`.
+    ///
+    /// # Errors
+    /// Out of range.
+    pub fn read(&self, off: usize, out: &mut [u8]) -> Result<(), ClientError> {
+        self.check(off, out.len())?;
+        self.map
+            .read(self.data_off + off, out)
+            .ok_or_else(|| ClientError::Usage("out of range".into()))
+    }
+
+    /// Runs `f` on `[off, off+len)` of the buffer in place.
+    ///
+    /// # Errors
+    /// Out of range.
+    pub fn with_mut<R>(
+        &self,
+        off: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, ClientError> {
+        self.check(off, len)?;
+        self.map
+            .with_mut(self.data_off + off, len, f)
+            .ok_or_else(|| ClientError::Usage("out of range".into()))
+    }
+
+    fn check(&self, off: usize, len: usize) -> Result<(), ClientError> {
+        match off.checked_add(len) {
+            Some(e) if e <= self.data_len => Ok(()),
+            _ => Err(ClientError::Usage(format!(
+                "[{off}, +{len}) is outside the session buffer of {} bytes",
+                self.data_len
+            ))),
+        }
+    }
+}
+
+/// The result of one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// [`ring::status`] code.
+    pub status: u32,
+    /// GCM tag (encrypt).
+    pub tag: [u8; 16],
+}
+
+/// One lane, used by one thread at a time.
+pub struct LaneClient {
+    map: Arc<SharedMap>,
+    off: usize,
+    id: u32,
+    buffer: u32,
+    seq: u32,
+    vault_pid: u32,
+    spin: Duration,
+}
+
+impl LaneClient {
+    /// The lane id.
+    #[must_use]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The session buffer this lane's entries refer to by default.
+    #[must_use]
+    pub fn buffer(&self) -> u32 {
+        self.buffer
+    }
+
+    /// How long to spin for a completion before sleeping on the futex.
+    pub fn set_spin(&mut self, d: Duration) {
+        self.spin = d;
+    }
+
+    fn word(&self, at: usize) -> Result<&AtomicU32, ClientError> {
+        self.map
+            .atomic_u32(self.off + at)
+            .ok_or_else(|| ClientError::Usage("lane outside its area".into()))
+    }
+
+    /// Submits a batch of up to 31 entries without waiting.
+    ///
+    /// # Errors
+    /// An empty or oversized batch.
+    pub fn submit(&mut self, entries: &[Entry]) -> Result<(), ClientError> {
+        if entries.is_empty() || entries.len() > ring::MAX_BATCH {
+            return Err(ClientError::Usage(format!(
+                "a batch holds 1 to {} entries, got {}",
+                ring::MAX_BATCH,
+                entries.len()
+            )));
+        }
+        for (i, e) in entries.iter().enumerate() {
+            let at = self.off + ring::OFF_ENTRIES + i * ENTRY_BYTES;
+            self.map
+                .write(at, &e.encode())
+                .ok_or_else(|| ClientError::Usage("entry outside the lane".into()))?;
+        }
+        self.map
+            .write(
+                self.off + ring::OFF_COUNT,
+                &u32::try_from(entries.len()).unwrap_or(0).to_le_bytes(),
+            )
+            .ok_or_else(|| ClientError::Usage("lane outside its area".into()))?;
+        self.seq = self.seq.wrapping_add(1);
+        let submit = self.word(ring::OFF_SUBMIT)?;
+        submit.store(self.seq, Ordering::SeqCst);
+        if self.word(ring::OFF_VAULT_SLEEPING)?.load(Ordering::SeqCst) != 0 {
+            ipc::futex_wake(submit, 1);
+        }
+        Ok(())
+    }
+
+    /// Waits for the submitted batch and returns each entry's outcome.
+    ///
+    /// # Errors
+    /// [`ClientError::VaultGone`] when the vault dies meanwhile.
+    pub fn wait(&mut self, n: usize) -> Result<Vec<Outcome>, ClientError> {
+        let complete = self.word(ring::OFF_COMPLETE)?;
+        let waiting = self.word(ring::OFF_CLIENT_WAITING)?;
+        let t0 = Instant::now();
+        let mut i = 0u32;
+        loop {
+            if complete.load(Ordering::Acquire) == self.seq {
+                break;
+            }
+            i = i.wrapping_add(1);
+            if !i.is_multiple_of(64) || t0.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            let seen = complete.load(Ordering::SeqCst);
+            waiting.store(1, Ordering::SeqCst);
+            if complete.load(Ordering::SeqCst) == seen && seen != self.seq {
+                ipc::futex_wait(complete, seen, Duration::from_millis(100));
+            }
+            waiting.store(0, Ordering::SeqCst);
+            if complete.load(Ordering::Acquire) != self.seq
+                && !ipc::pid_alive(i32::try_from(self.vault_pid).unwrap_or(0))
+            {
+                return Err(ClientError::VaultGone(self.vault_pid));
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for k in 0..n.min(ring::MAX_BATCH) {
+            let at = self.off + ring::OFF_ENTRIES + k * ENTRY_BYTES;
+            let mut st = [0u8; 4];
+            let mut tag = [0u8; 16];
+            self.map.read(at + ring::ENTRY_STATUS, &mut st);
+            self.map.read(at + ring::ENTRY_TAG, &mut tag);
+            out.push(Outcome {
+                status: u32::from_le_bytes(st),
+                tag,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Submits and waits.
+    ///
+    /// # Errors
+    /// As [`LaneClient::submit`] and [`LaneClient::wait`].
+    pub fn run(&mut self, entries: &[Entry]) -> Result<Vec<Outcome>, ClientError> {
+        self.submit(entries)?;
+        self.wait(entries.len())
+    }
+
+    /// Writes raw bytes into this lane's page (tests of hostile clients).
+    pub fn poke(&self, at: usize, bytes: &[u8]) -> bool {
+        at < LANE_BYTES && self.map.write(self.off + at, bytes).is_some()
+    }
+
+    /// Bumps `submit` without writing entries (tests of hostile clients).
+    ///
+    /// # Errors
+    /// Never in practice.
+    pub fn kick(&mut self) -> Result<(), ClientError> {
+        self.seq = self.seq.wrapping_add(1);
+        let submit = self.word(ring::OFF_SUBMIT)?;
+        submit.store(self.seq, Ordering::SeqCst);
+        ipc::futex_wake(submit, 1);
+        Ok(())
+    }
+}

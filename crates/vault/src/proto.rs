@@ -1,0 +1,1150 @@
+//! The control protocol: a sans-IO codec (bytes in, messages out) for the
+//! Unix control socket.
+//!
+//! A frame is a little-endian `u32` body length followed by the body; the
+//! body starts with a one-byte message tag. Requests are at most
+//! [`MAX_REQUEST`] bytes; anything malformed decodes to a [`DecodeError`]
+//! (never a panic), which the server answers with an error reply before
+//! carrying on. No reply type has a field that could carry key bytes.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+
+/// Protocol version spoken by this build.
+pub const VERSION: u16 = 1;
+/// Largest request body accepted by the vault.
+pub const MAX_REQUEST: usize = 4096;
+/// Largest reply body accepted by the client.
+pub const MAX_REPLY: usize = 16 << 20;
+/// Longest key name.
+pub const MAX_NAME: usize = 64;
+
+/// Why bytes did not decode to a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The frame ended early.
+    #[error("truncated frame: needed {needed} more bytes for {what}")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// How many bytes were missing.
+        needed: usize,
+    },
+    /// The frame declares a body longer than allowed.
+    #[error("frame of {got} bytes exceeds the limit of {max}")]
+    TooLong {
+        /// Declared length.
+        got: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// An empty body.
+    #[error("empty frame")]
+    Empty,
+    /// An unknown message tag.
+    #[error("unknown message tag {0:#04x}")]
+    UnknownTag(u8),
+    /// A field holds a value outside its range.
+    #[error("bad {field}: {value}")]
+    BadValue {
+        /// Field name.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+    },
+    /// A key name that is empty, too long or has characters outside `[A-Za-z0-9._-]`.
+    #[error("bad key name: 1–64 characters from [A-Za-z0-9._-] expected")]
+    BadName,
+    /// A string that is not UTF-8.
+    #[error("string is not UTF-8")]
+    BadUtf8,
+    /// Bytes left over after the message.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+}
+
+/// Kinds of keys the vault holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    /// AES-128 (ECB, CBC, CTR, GCM).
+    Aes128,
+    /// AES-256 (ECB, CBC, CTR, GCM).
+    Aes256,
+    /// XTS-AES-128: two 128-bit keys.
+    Xts128,
+    /// XTS-AES-256: two 256-bit keys.
+    Xts256,
+}
+
+impl KeyKind {
+    /// Bytes of key material.
+    #[must_use]
+    pub fn key_len(self) -> usize {
+        match self {
+            KeyKind::Aes128 => 16,
+            KeyKind::Aes256 | KeyKind::Xts128 => 32,
+            KeyKind::Xts256 => 64,
+        }
+    }
+    /// Wire value.
+    #[must_use]
+    pub fn code(self) -> u8 {
+        match self {
+            KeyKind::Aes128 => 1,
+            KeyKind::Aes256 => 2,
+            KeyKind::Xts128 => 3,
+            KeyKind::Xts256 => 4,
+        }
+    }
+    /// From a wire value.
+    #[must_use]
+    pub fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => KeyKind::Aes128,
+            2 => KeyKind::Aes256,
+            3 => KeyKind::Xts128,
+            4 => KeyKind::Xts256,
+            _ => return None,
+        })
+    }
+    /// Whether a key of this kind serves `mode`.
+    #[must_use]
+    pub fn serves(self, mode: Mode) -> bool {
+        matches!(
+            (self, mode),
+            (
+                KeyKind::Aes128 | KeyKind::Aes256,
+                Mode::Ecb | Mode::Cbc | Mode::Ctr | Mode::Gcm
+            ) | (KeyKind::Xts128 | KeyKind::Xts256, Mode::Xts)
+        )
+    }
+    /// Name as used on the command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyKind::Aes128 => "aes128",
+            KeyKind::Aes256 => "aes256",
+            KeyKind::Xts128 => "xts128",
+            KeyKind::Xts256 => "xts256",
+        }
+    }
+}
+
+impl fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KeyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "aes128" => KeyKind::Aes128,
+            "aes256" => KeyKind::Aes256,
+            "xts128" => KeyKind::Xts128,
+            "xts256" => KeyKind::Xts256,
+            _ => {
+                return Err(format!(
+                    "unknown key kind {s:?}: aes128, aes256, xts128 or xts256"
+                ))
+            }
+        })
+    }
+}
+
+/// Cipher modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Electronic codebook.
+    Ecb,
+    /// Cipher block chaining.
+    Cbc,
+    /// Counter (128-bit big-endian counter block).
+    Ctr,
+    /// XTS (IEEE 1619), 128-bit tweak.
+    Xts,
+    /// GCM, 96-bit nonce, 128-bit tag.
+    Gcm,
+}
+
+impl Mode {
+    /// Wire value.
+    #[must_use]
+    pub fn code(self) -> u8 {
+        match self {
+            Mode::Ecb => 1,
+            Mode::Cbc => 2,
+            Mode::Ctr => 3,
+            Mode::Xts => 4,
+            Mode::Gcm => 5,
+        }
+    }
+    /// From a wire value.
+    #[must_use]
+    pub fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => Mode::Ecb,
+            2 => Mode::Cbc,
+            3 => Mode::Ctr,
+            4 => Mode::Xts,
+            5 => Mode::Gcm,
+            _ => return None,
+        })
+    }
+    /// Lower-case name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Ecb => "ecb",
+            Mode::Cbc => "cbc",
+            Mode::Ctr => "ctr",
+            Mode::Xts => "xts",
+            Mode::Gcm => "gcm",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "ecb" => Mode::Ecb,
+            "cbc" => Mode::Cbc,
+            "ctr" => Mode::Ctr,
+            "xts" => Mode::Xts,
+            "gcm" => Mode::Gcm,
+            _ => return Err(format!("unknown mode {s:?}: ecb, cbc, ctr, xts or gcm")),
+        })
+    }
+}
+
+/// Permission bits in an ACL entry.
+pub mod perm {
+    /// May encrypt with the key.
+    pub const ENCRYPT: u8 = 1;
+    /// May decrypt with the key.
+    pub const DECRYPT: u8 = 2;
+    /// May rotate, destroy, grant and revoke.
+    pub const ADMIN: u8 = 4;
+    /// All bits.
+    pub const ALL: u8 = 7;
+}
+
+/// A control request. `ImportKey` borrows its key bytes from the frame
+/// buffer (which the vault keeps in secret memory).
+#[derive(PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request<'a> {
+    /// First message: protocol version.
+    Hello {
+        /// Client's protocol version.
+        version: u16,
+    },
+    /// Vault status.
+    Status,
+    /// Generate a random key inside the vault.
+    CreateKey {
+        /// Name.
+        name: String,
+        /// Kind.
+        kind: KeyKind,
+        /// Sealed to disk and reloaded at restart.
+        persistent: bool,
+    },
+    /// Import a key (one way: no verb ever returns it).
+    ImportKey {
+        /// Name.
+        name: String,
+        /// Kind.
+        kind: KeyKind,
+        /// Sealed to disk and reloaded at restart.
+        persistent: bool,
+        /// Key bytes (length = `kind.key_len()`).
+        key: &'a [u8],
+    },
+    /// Keys visible to the caller.
+    ListKeys,
+    /// One key's public facts.
+    KeyInfo {
+        /// Name.
+        name: String,
+    },
+    /// Add a new random version; encryption uses the newest.
+    RotateKey {
+        /// Name.
+        name: String,
+    },
+    /// Wipe every version of a key.
+    DestroyKey {
+        /// Name.
+        name: String,
+    },
+    /// Give `uid` the permission bits `perms` on a key.
+    Grant {
+        /// Name.
+        name: String,
+        /// User id.
+        uid: u32,
+        /// Bits of [`perm`].
+        perms: u8,
+    },
+    /// Remove `uid` from a key's ACL.
+    Revoke {
+        /// Name.
+        name: String,
+        /// User id.
+        uid: u32,
+    },
+    /// Map the memfd attached to this frame (`SCM_RIGHTS`), `len` bytes.
+    RegisterShm {
+        /// Bytes to map.
+        len: u64,
+    },
+    /// Register `[offset, offset+len)` of a shared area as a data buffer.
+    RegisterBuffer {
+        /// Shared area id.
+        shm: u32,
+        /// Start.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Forget a buffer.
+    UnregisterBuffer {
+        /// Buffer id.
+        buffer: u32,
+    },
+    /// Start a lane (a request ring served by its own worker) at `offset` of a shared area.
+    OpenLane {
+        /// Shared area id.
+        shm: u32,
+        /// Start of the lane (page aligned).
+        offset: u64,
+    },
+    /// Stop a lane.
+    CloseLane {
+        /// Lane id.
+        lane: u32,
+    },
+}
+
+impl fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::ImportKey {
+                name,
+                kind,
+                persistent,
+                key,
+            } => write!(
+                f,
+                "ImportKey {{ name: {name:?}, kind: {kind}, persistent: {persistent}, key: <{} bytes> }}",
+                key.len()
+            ),
+            Request::Hello { version } => write!(f, "Hello({version})"),
+            Request::Status => f.write_str("Status"),
+            Request::CreateKey {
+                name,
+                kind,
+                persistent,
+            } => write!(f, "CreateKey({name:?}, {kind}, persistent={persistent})"),
+            Request::ListKeys => f.write_str("ListKeys"),
+            Request::KeyInfo { name } => write!(f, "KeyInfo({name:?})"),
+            Request::RotateKey { name } => write!(f, "RotateKey({name:?})"),
+            Request::DestroyKey { name } => write!(f, "DestroyKey({name:?})"),
+            Request::Grant { name, uid, perms } => write!(f, "Grant({name:?}, {uid}, {perms})"),
+            Request::Revoke { name, uid } => write!(f, "Revoke({name:?}, {uid})"),
+            Request::RegisterShm { len } => write!(f, "RegisterShm({len})"),
+            Request::RegisterBuffer { shm, offset, len } => {
+                write!(f, "RegisterBuffer({shm}, {offset}, {len})")
+            }
+            Request::UnregisterBuffer { buffer } => write!(f, "UnregisterBuffer({buffer})"),
+            Request::OpenLane { shm, offset } => write!(f, "OpenLane({shm}, {offset})"),
+            Request::CloseLane { lane } => write!(f, "CloseLane({lane})"),
+        }
+    }
+}
+
+/// Public facts about a key. Deliberately has no field for key bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// Numeric id used in ring requests.
+    pub id: u32,
+    /// Name.
+    pub name: String,
+    /// Kind.
+    pub kind: KeyKind,
+    /// Owner's uid.
+    pub owner: u32,
+    /// Number of versions (1 + rotations); the newest is `versions`.
+    pub versions: u32,
+    /// Sealed to disk.
+    pub persistent: bool,
+    /// ACL: (uid, permission bits).
+    pub acl: Vec<(u32, u8)>,
+}
+
+/// Vault status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// Protocol version.
+    pub version: u16,
+    /// Protection level of keys, stacks and IVs: "secret" or "locked".
+    pub level: String,
+    /// AES backend.
+    pub backend: String,
+    /// Keys held (all owners).
+    pub keys: u32,
+    /// Connected clients.
+    pub clients: u32,
+    /// Whether a keystore key is configured (persistent keys possible).
+    pub durable: bool,
+    /// Seconds since start.
+    pub uptime_s: u64,
+    /// The vault's pid.
+    pub pid: u32,
+}
+
+/// Error classes of replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The request did not decode.
+    Malformed,
+    /// No such key / buffer / lane.
+    NotFound,
+    /// The caller lacks the permission.
+    Denied,
+    /// A per-client quota is reached.
+    Quota,
+    /// The name is taken.
+    Exists,
+    /// A value is not acceptable (wrong key length, bad region, unsealed memfd…).
+    Invalid,
+    /// Persistence is not configured.
+    NotDurable,
+    /// An internal failure (secret memory exhausted, disk error).
+    Internal,
+}
+
+impl ErrorCode {
+    fn code(self) -> u16 {
+        match self {
+            ErrorCode::Malformed => 1,
+            ErrorCode::NotFound => 2,
+            ErrorCode::Denied => 3,
+            ErrorCode::Quota => 4,
+            ErrorCode::Exists => 5,
+            ErrorCode::Invalid => 6,
+            ErrorCode::NotDurable => 7,
+            ErrorCode::Internal => 8,
+        }
+    }
+    fn from_code(c: u16) -> Option<Self> {
+        Some(match c {
+            1 => ErrorCode::Malformed,
+            2 => ErrorCode::NotFound,
+            3 => ErrorCode::Denied,
+            4 => ErrorCode::Quota,
+            5 => ErrorCode::Exists,
+            6 => ErrorCode::Invalid,
+            7 => ErrorCode::NotDurable,
+            8 => ErrorCode::Internal,
+            _ => return None,
+        })
+    }
+}
+
+/// A control reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reply {
+    /// Answer to `Hello`.
+    Welcome {
+        /// Vault protocol version.
+        version: u16,
+        /// Protection level.
+        level: String,
+        /// The caller's uid as the vault sees it.
+        uid: u32,
+        /// The caller's pid as the vault sees it.
+        pid: i32,
+        /// The vault's pid.
+        vault_pid: u32,
+    },
+    /// Answer to `Status`.
+    Status(Status),
+    /// One key.
+    Key(KeyInfo),
+    /// Key list.
+    Keys(Vec<KeyInfo>),
+    /// Success without data.
+    Done,
+    /// A new id (shared area, buffer or lane).
+    Id(u32),
+    /// Failure.
+    Error {
+        /// Class.
+        code: ErrorCode,
+        /// What failed and what to do.
+        message: String,
+    },
+}
+
+// ---------------------------------------------------------------- encoding
+
+/// Appends little-endian fields to a body.
+#[derive(Default)]
+struct W(Vec<u8>);
+
+impl W {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        let b = s.as_bytes();
+        let n = u16::try_from(b.len()).unwrap_or(u16::MAX);
+        self.u16(n);
+        self.0.extend_from_slice(&b[..usize::from(n)]);
+        self
+    }
+    fn frame(self) -> Vec<u8> {
+        let n = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
+        let mut out = Vec::with_capacity(self.0.len() + 4);
+        out.extend_from_slice(&n.to_le_bytes());
+        out.extend_from_slice(&self.0);
+        out
+    }
+}
+
+/// Reads little-endian fields from a body, never past its end.
+struct R<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() < n {
+            return Err(DecodeError::Truncated {
+                what,
+                needed: n - self.b.len(),
+            });
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        let s = self.take(2, what)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        let s = self.take(4, what)?;
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+    fn i32(&mut self, what: &'static str) -> Result<i32, DecodeError> {
+        let s = self.take(4, what)?;
+        Ok(i32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        let s = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(s);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(DecodeError::BadValue {
+                field: what,
+                value: u64::from(v),
+            }),
+        }
+    }
+    fn str(&mut self, what: &'static str) -> Result<String, DecodeError> {
+        let n = self.u16(what)?;
+        let s = self.take(usize::from(n), what)?;
+        String::from_utf8(s.to_vec()).map_err(|_| DecodeError::BadUtf8)
+    }
+    fn name(&mut self) -> Result<String, DecodeError> {
+        let s = self.str("key name")?;
+        if valid_name(&s) {
+            Ok(s)
+        } else {
+            Err(DecodeError::BadName)
+        }
+    }
+    fn kind(&mut self) -> Result<KeyKind, DecodeError> {
+        let c = self.u8("key kind")?;
+        KeyKind::from_code(c).ok_or(DecodeError::BadValue {
+            field: "key kind",
+            value: u64::from(c),
+        })
+    }
+    fn end(&self) -> Result<(), DecodeError> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Trailing(self.b.len()))
+        }
+    }
+}
+
+/// Whether `s` is an acceptable key name: 1–64 characters of `[A-Za-z0-9._-]`.
+#[must_use]
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// Reads a frame header: the body length, checked against `max`.
+///
+/// # Errors
+/// [`DecodeError::TooLong`] or [`DecodeError::Empty`].
+pub fn frame_len(header: [u8; 4], max: usize) -> Result<usize, DecodeError> {
+    let n = usize::try_from(u32::from_le_bytes(header)).unwrap_or(usize::MAX);
+    if n == 0 {
+        return Err(DecodeError::Empty);
+    }
+    if n > max {
+        return Err(DecodeError::TooLong { got: n, max });
+    }
+    Ok(n)
+}
+
+mod tag {
+    pub const HELLO: u8 = 1;
+    pub const STATUS: u8 = 2;
+    pub const CREATE: u8 = 3;
+    pub const IMPORT: u8 = 4;
+    pub const LIST: u8 = 5;
+    pub const INFO: u8 = 6;
+    pub const ROTATE: u8 = 7;
+    pub const DESTROY: u8 = 8;
+    pub const GRANT: u8 = 9;
+    pub const REVOKE: u8 = 10;
+    pub const SHM: u8 = 11;
+    pub const BUF: u8 = 12;
+    pub const UNBUF: u8 = 13;
+    pub const LANE: u8 = 14;
+    pub const UNLANE: u8 = 15;
+
+    pub const R_WELCOME: u8 = 0x81;
+    pub const R_STATUS: u8 = 0x82;
+    pub const R_KEY: u8 = 0x83;
+    pub const R_KEYS: u8 = 0x84;
+    pub const R_DONE: u8 = 0x85;
+    pub const R_ID: u8 = 0x86;
+    pub const R_ERROR: u8 = 0xFF;
+}
+
+/// Encodes a request as a frame, except `ImportKey`'s key bytes: for
+/// `ImportKey` the returned frame holds the header and fields, and its
+/// length prefix already counts the `key.len()` bytes the caller sends right
+/// after (so key bytes never pass through an intermediate buffer).
+#[must_use]
+pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
+    let mut w = W::default();
+    let mut extra = 0usize;
+    match req {
+        Request::Hello { version } => {
+            w.u8(tag::HELLO).u16(*version);
+        }
+        Request::Status => {
+            w.u8(tag::STATUS);
+        }
+        Request::CreateKey {
+            name,
+            kind,
+            persistent,
+        } => {
+            w.u8(tag::CREATE)
+                .str(name)
+                .u8(kind.code())
+                .u8(u8::from(*persistent));
+        }
+        Request::ImportKey {
+            name,
+            kind,
+            persistent,
+            key,
+        } => {
+            let n = u16::try_from(key.len()).unwrap_or(u16::MAX);
+            w.u8(tag::IMPORT)
+                .str(name)
+                .u8(kind.code())
+                .u8(u8::from(*persistent))
+                .u16(n);
+            extra = usize::from(n);
+        }
+        Request::ListKeys => {
+            w.u8(tag::LIST);
+        }
+        Request::KeyInfo { name } => {
+            w.u8(tag::INFO).str(name);
+        }
+        Request::RotateKey { name } => {
+            w.u8(tag::ROTATE).str(name);
+        }
+        Request::DestroyKey { name } => {
+            w.u8(tag::DESTROY).str(name);
+        }
+        Request::Grant { name, uid, perms } => {
+            w.u8(tag::GRANT).str(name).u32(*uid).u8(*perms);
+        }
+        Request::Revoke { name, uid } => {
+            w.u8(tag::REVOKE).str(name).u32(*uid);
+        }
+        Request::RegisterShm { len } => {
+            w.u8(tag::SHM).u64(*len);
+        }
+        Request::RegisterBuffer { shm, offset, len } => {
+            w.u8(tag::BUF).u32(*shm).u64(*offset).u64(*len);
+        }
+        Request::UnregisterBuffer { buffer } => {
+            w.u8(tag::UNBUF).u32(*buffer);
+        }
+        Request::OpenLane { shm, offset } => {
+            w.u8(tag::LANE).u32(*shm).u64(*offset);
+        }
+        Request::CloseLane { lane } => {
+            w.u8(tag::UNLANE).u32(*lane);
+        }
+    }
+    let mut f = w.frame();
+    let n = u32::try_from(f.len() - 4 + extra).unwrap_or(u32::MAX);
+    f[..4].copy_from_slice(&n.to_le_bytes());
+    f
+}
+
+/// Decodes a request body (without the length prefix).
+///
+/// # Errors
+/// A [`DecodeError`] for anything malformed.
+pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
+    if body.len() > MAX_REQUEST {
+        return Err(DecodeError::TooLong {
+            got: body.len(),
+            max: MAX_REQUEST,
+        });
+    }
+    let mut r = R { b: body };
+    let t = r.u8("tag").map_err(|_| DecodeError::Empty)?;
+    let req = match t {
+        tag::HELLO => Request::Hello {
+            version: r.u16("version")?,
+        },
+        tag::STATUS => Request::Status,
+        tag::CREATE => Request::CreateKey {
+            name: r.name()?,
+            kind: r.kind()?,
+            persistent: r.bool("persistent")?,
+        },
+        tag::IMPORT => {
+            let name = r.name()?;
+            let kind = r.kind()?;
+            let persistent = r.bool("persistent")?;
+            let n = r.u16("key length")?;
+            if usize::from(n) != kind.key_len() {
+                return Err(DecodeError::BadValue {
+                    field: "key length",
+                    value: u64::from(n),
+                });
+            }
+            let key = r.take(usize::from(n), "key bytes")?;
+            Request::ImportKey {
+                name,
+                kind,
+                persistent,
+                key,
+            }
+        }
+        tag::LIST => Request::ListKeys,
+        tag::INFO => Request::KeyInfo { name: r.name()? },
+        tag::ROTATE => Request::RotateKey { name: r.name()? },
+        tag::DESTROY => Request::DestroyKey { name: r.name()? },
+        tag::GRANT => {
+            let name = r.name()?;
+            let uid = r.u32("uid")?;
+            let perms = r.u8("permissions")?;
+            if perms & !perm::ALL != 0 || perms == 0 {
+                return Err(DecodeError::BadValue {
+                    field: "permissions",
+                    value: u64::from(perms),
+                });
+            }
+            Request::Grant { name, uid, perms }
+        }
+        tag::REVOKE => Request::Revoke {
+            name: r.name()?,
+            uid: r.u32("uid")?,
+        },
+        tag::SHM => Request::RegisterShm {
+            len: r.u64("length")?,
+        },
+        tag::BUF => Request::RegisterBuffer {
+            shm: r.u32("shm id")?,
+            offset: r.u64("offset")?,
+            len: r.u64("length")?,
+        },
+        tag::UNBUF => Request::UnregisterBuffer {
+            buffer: r.u32("buffer id")?,
+        },
+        tag::LANE => Request::OpenLane {
+            shm: r.u32("shm id")?,
+            offset: r.u64("offset")?,
+        },
+        tag::UNLANE => Request::CloseLane {
+            lane: r.u32("lane id")?,
+        },
+        other => return Err(DecodeError::UnknownTag(other)),
+    };
+    r.end()?;
+    Ok(req)
+}
+
+fn put_key(w: &mut W, k: &KeyInfo) {
+    w.u32(k.id)
+        .str(&k.name)
+        .u8(k.kind.code())
+        .u32(k.owner)
+        .u32(k.versions)
+        .u8(u8::from(k.persistent));
+    let n = u16::try_from(k.acl.len()).unwrap_or(u16::MAX);
+    w.u16(n);
+    for (uid, p) in k.acl.iter().take(usize::from(n)) {
+        w.u32(*uid).u8(*p);
+    }
+}
+
+fn get_key(r: &mut R<'_>) -> Result<KeyInfo, DecodeError> {
+    let id = r.u32("key id")?;
+    let name = r.str("key name")?;
+    let kind = r.kind()?;
+    let owner = r.u32("owner")?;
+    let versions = r.u32("versions")?;
+    let persistent = r.bool("persistent")?;
+    let n = r.u16("acl length")?;
+    let mut acl = Vec::new();
+    for _ in 0..n {
+        acl.push((r.u32("acl uid")?, r.u8("acl perms")?));
+    }
+    Ok(KeyInfo {
+        id,
+        name,
+        kind,
+        owner,
+        versions,
+        persistent,
+        acl,
+    })
+}
+
+/// Encodes a reply as a frame.
+#[must_use]
+pub fn encode_reply(rep: &Reply) -> Vec<u8> {
+    let mut w = W::default();
+    match rep {
+        Reply::Welcome {
+            version,
+            level,
+            uid,
+            pid,
+            vault_pid,
+        } => {
+            w.u8(tag::R_WELCOME)
+                .u16(*version)
+                .str(level)
+                .u32(*uid)
+                .u32(u32::from_le_bytes(pid.to_le_bytes()))
+                .u32(*vault_pid);
+        }
+        Reply::Status(s) => {
+            w.u8(tag::R_STATUS)
+                .u16(s.version)
+                .str(&s.level)
+                .str(&s.backend)
+                .u32(s.keys)
+                .u32(s.clients)
+                .u8(u8::from(s.durable))
+                .u64(s.uptime_s)
+                .u32(s.pid);
+        }
+        Reply::Key(k) => {
+            w.u8(tag::R_KEY);
+            put_key(&mut w, k);
+        }
+        Reply::Keys(ks) => {
+            w.u8(tag::R_KEYS);
+            w.u32(u32::try_from(ks.len()).unwrap_or(u32::MAX));
+            for k in ks {
+                put_key(&mut w, k);
+            }
+        }
+        Reply::Done => {
+            w.u8(tag::R_DONE);
+        }
+        Reply::Id(id) => {
+            w.u8(tag::R_ID).u32(*id);
+        }
+        Reply::Error { code, message } => {
+            w.u8(tag::R_ERROR).u16(code.code()).str(message);
+        }
+    }
+    w.frame()
+}
+
+/// Decodes a reply body.
+///
+/// # Errors
+/// A [`DecodeError`] for anything malformed.
+pub fn decode_reply(body: &[u8]) -> Result<Reply, DecodeError> {
+    let mut r = R { b: body };
+    let t = r.u8("tag").map_err(|_| DecodeError::Empty)?;
+    let rep = match t {
+        tag::R_WELCOME => Reply::Welcome {
+            version: r.u16("version")?,
+            level: r.str("level")?,
+            uid: r.u32("uid")?,
+            pid: r.i32("pid")?,
+            vault_pid: r.u32("vault pid")?,
+        },
+        tag::R_STATUS => Reply::Status(Status {
+            version: r.u16("version")?,
+            level: r.str("level")?,
+            backend: r.str("backend")?,
+            keys: r.u32("keys")?,
+            clients: r.u32("clients")?,
+            durable: r.bool("durable")?,
+            uptime_s: r.u64("uptime")?,
+            pid: r.u32("pid")?,
+        }),
+        tag::R_KEY => Reply::Key(get_key(&mut r)?),
+        tag::R_KEYS => {
+            let n = r.u32("key count")?;
+            let mut v = Vec::new();
+            for _ in 0..n {
+                v.push(get_key(&mut r)?);
+            }
+            Reply::Keys(v)
+        }
+        tag::R_DONE => Reply::Done,
+        tag::R_ID => Reply::Id(r.u32("id")?),
+        tag::R_ERROR => {
+            let c = r.u16("error code")?;
+            Reply::Error {
+                code: ErrorCode::from_code(c).ok_or(DecodeError::BadValue {
+                    field: "error code",
+                    value: u64::from(c),
+                })?,
+                message: r.str("message")?,
+            }
+        }
+        other => return Err(DecodeError::UnknownTag(other)),
+    };
+    r.end()?;
+    Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn body(f: &[u8]) -> &[u8] {
+        &f[4..]
+    }
+
+    fn sample_requests() -> Vec<Request<'static>> {
+        vec![
+            Request::Hello { version: 1 },
+            Request::Status,
+            Request::CreateKey {
+                name: "k1".into(),
+                kind: KeyKind::Aes256,
+                persistent: true,
+            },
+            Request::ListKeys,
+            Request::KeyInfo {
+                name: "a.b-c_d".into(),
+            },
+            Request::RotateKey { name: "x".into() },
+            Request::DestroyKey { name: "x".into() },
+            Request::Grant {
+                name: "x".into(),
+                uid: 1000,
+                perms: perm::ENCRYPT,
+            },
+            Request::Revoke {
+                name: "x".into(),
+                uid: 7,
+            },
+            Request::RegisterShm { len: 1 << 20 },
+            Request::RegisterBuffer {
+                shm: 1,
+                offset: 4096,
+                len: 8192,
+            },
+            Request::UnregisterBuffer { buffer: 3 },
+            Request::OpenLane { shm: 1, offset: 0 },
+            Request::CloseLane { lane: 2 },
+        ]
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        for r in sample_requests() {
+            let f = encode_request(&r);
+            assert_eq!(
+                frame_len(f[..4].try_into().expect("4"), MAX_REQUEST).expect("len"),
+                f.len() - 4
+            );
+            assert_eq!(decode_request(body(&f)).expect("decode"), r, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn import_carries_key_after_the_header() {
+        let key = [7u8; 32];
+        let r = Request::ImportKey {
+            name: "imp".into(),
+            kind: KeyKind::Aes256,
+            persistent: false,
+            key: &key,
+        };
+        let mut f = encode_request(&r);
+        let n = frame_len(f[..4].try_into().expect("4"), MAX_REQUEST).expect("len");
+        assert!(!f.windows(32).any(|w| w == key), "key bytes in the header");
+        f.extend_from_slice(&key);
+        assert_eq!(n, f.len() - 4);
+        assert_eq!(decode_request(body(&f)).expect("decode"), r);
+        assert!(!format!("{r:?}").contains("7, 7"));
+    }
+
+    #[test]
+    fn import_with_wrong_key_length_is_refused() {
+        let key = [7u8; 16];
+        let mut f = encode_request(&Request::ImportKey {
+            name: "imp".into(),
+            kind: KeyKind::Aes256,
+            persistent: false,
+            key: &key,
+        });
+        f.extend_from_slice(&key);
+        assert!(matches!(
+            decode_request(body(&f)),
+            Err(DecodeError::BadValue {
+                field: "key length",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn malformed_inputs_are_errors() {
+        assert_eq!(decode_request(&[]), Err(DecodeError::Empty));
+        assert_eq!(decode_request(&[0xEE]), Err(DecodeError::UnknownTag(0xEE)));
+        assert!(matches!(
+            decode_request(&[tag::HELLO]),
+            Err(DecodeError::Truncated { .. })
+        ));
+        assert_eq!(
+            decode_request(&[tag::STATUS, 0]),
+            Err(DecodeError::Trailing(1))
+        );
+        let mut bad_name = vec![tag::INFO, 3, 0];
+        bad_name.extend_from_slice(b"a/b");
+        assert_eq!(decode_request(&bad_name), Err(DecodeError::BadName));
+        assert!(frame_len((u32::MAX).to_le_bytes(), MAX_REQUEST).is_err());
+        assert!(frame_len(0u32.to_le_bytes(), MAX_REQUEST).is_err());
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let k = KeyInfo {
+            id: 3,
+            name: "k".into(),
+            kind: KeyKind::Xts256,
+            owner: 1000,
+            versions: 2,
+            persistent: false,
+            acl: vec![(1001, perm::DECRYPT)],
+        };
+        for rep in [
+            Reply::Welcome {
+                version: 1,
+                level: "secret".into(),
+                uid: 0,
+                pid: -1,
+                vault_pid: 77,
+            },
+            Reply::Status(Status {
+                version: 1,
+                level: "locked".into(),
+                backend: "b".into(),
+                keys: 2,
+                clients: 1,
+                durable: true,
+                uptime_s: 9,
+                pid: 4,
+            }),
+            Reply::Key(k.clone()),
+            Reply::Keys(vec![k.clone(), k]),
+            Reply::Done,
+            Reply::Id(5),
+            Reply::Error {
+                code: ErrorCode::Quota,
+                message: "too many".into(),
+            },
+        ] {
+            let f = encode_reply(&rep);
+            assert_eq!(decode_reply(body(&f)).expect("decode"), rep);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = decode_request(&bytes);
+            let _ = decode_reply(&bytes);
+        }
+
+        #[test]
+        fn truncations_of_valid_frames_are_errors(i in 0usize..14, cut in 0usize..64) {
+            let reqs = sample_requests();
+            let f = encode_request(&reqs[i % reqs.len()]);
+            let b = body(&f);
+            if cut < b.len() {
+                prop_assert!(decode_request(&b[..cut]).is_err());
+            }
+        }
+
+        #[test]
+        fn names_round_trip(name in "[A-Za-z0-9._-]{1,64}", uid: u32, perms in 1u8..8) {
+            let r = Request::Grant { name, uid, perms };
+            let f = encode_request(&r);
+            prop_assert_eq!(decode_request(body(&f)).expect("decode"), r);
+        }
+    }
+}

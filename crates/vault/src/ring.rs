@@ -1,0 +1,452 @@
+//! Layout of a lane (one request ring in client-shared memory) and the
+//! parsing and bounds-checking of its descriptors.
+//!
+//! A lane is one page at a page-aligned offset of a shared area:
+//!
+//! | offset | written by | field |
+//! |---|---|---|
+//! | 0   | client | `submit`: sequence number of the latest batch (u32, futex word) |
+//! | 4   | client | `count`: entries in that batch (1..=[`MAX_BATCH`]) |
+//! | 8   | client | `client_waiting`: 1 while the client sleeps on `complete` |
+//! | 64  | vault  | `complete`: sequence number of the latest finished batch (futex word) |
+//! | 68  | vault  | `vault_sleeping`: 1 while the worker sleeps on `submit` |
+//! | 128 + 128·i | both | entry `i` |
+//!
+//! An entry (128 bytes): `op` u8 at 0 (1 encrypt, 2 decrypt), `mode` u8 at 1,
+//! `key` u32 at 4, `buffer` u32 at 8, `version` u32 at 12 (0 = newest),
+//! `offset` u64 at 16, `len` u64 at 24, IV / counter / tweak / nonce at 32
+//! (16 bytes), GCM tag at 48 (16 bytes; written by the vault on encrypt,
+//! read on decrypt), `aad_offset` u64 at 64, `aad_len` u64 at 72 (same
+//! buffer), and `status` u32 at 80 (written by the vault; 0 = ok).
+//!
+//! The vault copies each entry out of shared memory once, parses the copy
+//! with [`Entry::parse`] and checks every range against the registered
+//! buffers with [`Buffers::check`] before touching data. Nothing in this
+//! module trusts a value the client wrote.
+#![forbid(unsafe_code)]
+
+use crate::proto::Mode;
+
+/// Bytes of one lane.
+pub const LANE_BYTES: usize = 4096;
+/// Bytes of one entry.
+pub const ENTRY_BYTES: usize = 128;
+/// Entries per batch.
+pub const MAX_BATCH: usize = (LANE_BYTES - 128) / ENTRY_BYTES;
+/// Offset of `submit`.
+pub const OFF_SUBMIT: usize = 0;
+/// Offset of `count`.
+pub const OFF_COUNT: usize = 4;
+/// Offset of `client_waiting`.
+pub const OFF_CLIENT_WAITING: usize = 8;
+/// Offset of `complete`.
+pub const OFF_COMPLETE: usize = 64;
+/// Offset of `vault_sleeping`.
+pub const OFF_VAULT_SLEEPING: usize = 68;
+/// Offset of entry 0.
+pub const OFF_ENTRIES: usize = 128;
+/// Offset of the tag inside an entry.
+pub const ENTRY_TAG: usize = 48;
+/// Offset of the status inside an entry.
+pub const ENTRY_STATUS: usize = 80;
+
+/// Encrypt or decrypt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Encrypt.
+    Encrypt,
+    /// Decrypt.
+    Decrypt,
+}
+
+/// Statuses written back into an entry.
+pub mod status {
+    /// Done.
+    pub const OK: u32 = 0;
+    /// The entry did not parse (bad op or mode).
+    pub const MALFORMED: u32 = 1;
+    /// A range lies outside the registered buffer, or the buffer is unknown.
+    pub const OUT_OF_BOUNDS: u32 = 2;
+    /// Unknown key or version.
+    pub const NO_KEY: u32 = 3;
+    /// The client may not use this key this way.
+    pub const DENIED: u32 = 4;
+    /// The key kind does not serve this mode.
+    pub const WRONG_MODE: u32 = 5;
+    /// A length the mode cannot process.
+    pub const BAD_LENGTH: u32 = 6;
+    /// GCM tag mismatch.
+    pub const AUTH_FAILED: u32 = 7;
+    /// The batch count was 0 or larger than the lane holds.
+    pub const BAD_COUNT: u32 = 8;
+    /// Not yet processed (written by the client library before submit).
+    pub const PENDING: u32 = 0xFFFF_FFFF;
+
+    /// Words for a status.
+    #[must_use]
+    pub fn describe(s: u32) -> &'static str {
+        match s {
+            OK => "ok",
+            MALFORMED => "malformed ring entry (bad op or mode)",
+            OUT_OF_BOUNDS => "range outside the registered buffer (or unknown buffer)",
+            NO_KEY => "no such key or key version",
+            DENIED => "permission denied by the key's ACL",
+            WRONG_MODE => "the key's kind does not serve this mode",
+            BAD_LENGTH => "data length not acceptable for this mode",
+            AUTH_FAILED => "GCM authentication failed",
+            BAD_COUNT => "batch count out of range",
+            PENDING => "not processed",
+            _ => "unknown status",
+        }
+    }
+}
+
+/// A request as the client writes it (also used by the client library to
+/// encode entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Direction.
+    pub op: Op,
+    /// Mode.
+    pub mode: Mode,
+    /// Key id.
+    pub key: u32,
+    /// Key version (0 = newest).
+    pub version: u32,
+    /// Registered buffer id.
+    pub buffer: u32,
+    /// Start of the data in the buffer.
+    pub offset: u64,
+    /// Length of the data.
+    pub len: u64,
+    /// IV (CBC), counter block (CTR), tweak (XTS), nonce in the first 12 bytes (GCM).
+    pub iv: [u8; 16],
+    /// GCM tag to verify (decrypt).
+    pub tag: [u8; 16],
+    /// GCM associated data start in the buffer.
+    pub aad_offset: u64,
+    /// GCM associated data length.
+    pub aad_len: u64,
+}
+
+fn u32_at(b: &[u8; ENTRY_BYTES], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+fn u64_at(b: &[u8; ENTRY_BYTES], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Entry {
+    /// Parses a private copy of an entry.
+    ///
+    /// # Errors
+    /// [`status::MALFORMED`] for an unknown op or mode.
+    pub fn parse(b: &[u8; ENTRY_BYTES]) -> Result<Entry, u32> {
+        let op = match b[0] {
+            1 => Op::Encrypt,
+            2 => Op::Decrypt,
+            _ => return Err(status::MALFORMED),
+        };
+        let mode = Mode::from_code(b[1]).ok_or(status::MALFORMED)?;
+        let mut iv = [0u8; 16];
+        iv.copy_from_slice(&b[32..48]);
+        let mut tag = [0u8; 16];
+        tag.copy_from_slice(&b[48..64]);
+        Ok(Entry {
+            op,
+            mode,
+            key: u32_at(b, 4),
+            buffer: u32_at(b, 8),
+            version: u32_at(b, 12),
+            offset: u64_at(b, 16),
+            len: u64_at(b, 24),
+            iv,
+            tag,
+            aad_offset: u64_at(b, 64),
+            aad_len: u64_at(b, 72),
+        })
+    }
+
+    /// Encodes the entry (status set to [`status::PENDING`]).
+    #[must_use]
+    pub fn encode(&self) -> [u8; ENTRY_BYTES] {
+        let mut b = [0u8; ENTRY_BYTES];
+        b[0] = match self.op {
+            Op::Encrypt => 1,
+            Op::Decrypt => 2,
+        };
+        b[1] = self.mode.code();
+        b[4..8].copy_from_slice(&self.key.to_le_bytes());
+        b[8..12].copy_from_slice(&self.buffer.to_le_bytes());
+        b[12..16].copy_from_slice(&self.version.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..48].copy_from_slice(&self.iv);
+        b[48..64].copy_from_slice(&self.tag);
+        b[64..72].copy_from_slice(&self.aad_offset.to_le_bytes());
+        b[72..80].copy_from_slice(&self.aad_len.to_le_bytes());
+        b[80..84].copy_from_slice(&status::PENDING.to_le_bytes());
+        b
+    }
+
+    /// Checks the data length against what the mode accepts.
+    ///
+    /// # Errors
+    /// [`status::BAD_LENGTH`].
+    pub fn check_length(&self) -> Result<(), u32> {
+        let ok = match self.mode {
+            Mode::Ecb | Mode::Cbc => self.len.is_multiple_of(16),
+            Mode::Xts => self.len >= 16,
+            Mode::Ctr | Mode::Gcm => true,
+        };
+        if ok && (self.mode == Mode::Gcm || self.aad_len == 0) {
+            Ok(())
+        } else {
+            Err(status::BAD_LENGTH)
+        }
+    }
+}
+
+/// A registered buffer: a range of one shared area, checked against the
+/// area's length when registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buffer {
+    /// Shared area id.
+    pub shm: u32,
+    /// Start inside the area.
+    pub start: usize,
+    /// Length.
+    pub len: usize,
+}
+
+/// A checked range: `len` bytes at `start` of shared area `shm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Shared area id.
+    pub shm: u32,
+    /// Absolute start in the area.
+    pub start: usize,
+    /// Length.
+    pub len: usize,
+}
+
+/// The registered buffers of one client (vault-private; never in shared memory).
+#[derive(Debug, Default, Clone)]
+pub struct Buffers {
+    list: Vec<Option<Buffer>>,
+}
+
+impl Buffers {
+    /// Registers `[start, start+len)` of an area of `area_len` bytes.
+    ///
+    /// # Errors
+    /// A message when the range is empty or not inside the area.
+    pub fn register(
+        &mut self,
+        shm: u32,
+        area_len: usize,
+        start: u64,
+        len: u64,
+    ) -> Result<u32, String> {
+        let start = usize::try_from(start).map_err(|_| "offset too large".to_owned())?;
+        let len = usize::try_from(len).map_err(|_| "length too large".to_owned())?;
+        if len == 0 {
+            return Err("empty buffer".into());
+        }
+        match start.checked_add(len) {
+            Some(end) if end <= area_len => {}
+            _ => {
+                return Err(format!(
+                    "buffer [{start}, +{len}) lies outside the shared area of {area_len} bytes"
+                ))
+            }
+        }
+        let b = Buffer { shm, start, len };
+        if let Some(i) = self.list.iter().position(Option::is_none) {
+            self.list[i] = Some(b);
+            return u32::try_from(i).map_err(|_| "too many buffers".into());
+        }
+        self.list.push(Some(b));
+        u32::try_from(self.list.len() - 1).map_err(|_| "too many buffers".into())
+    }
+
+    /// Forgets a buffer; false if it did not exist.
+    pub fn unregister(&mut self, id: u32) -> bool {
+        let Ok(i) = usize::try_from(id) else {
+            return false;
+        };
+        match self.list.get_mut(i) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets every buffer of shared area `shm`.
+    pub fn drop_area(&mut self, shm: u32) {
+        for slot in &mut self.list {
+            if slot.is_some_and(|b| b.shm == shm) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// Live buffers.
+    #[must_use]
+    pub fn count(&self) -> usize {
+        self.list.iter().flatten().count()
+    }
+
+    /// Checks that `[offset, offset+len)` lies inside buffer `id` and
+    /// returns the absolute span. Every addition is checked.
+    ///
+    /// # Errors
+    /// [`status::OUT_OF_BOUNDS`].
+    pub fn check(&self, id: u32, offset: u64, len: u64) -> Result<Span, u32> {
+        let b = usize::try_from(id)
+            .ok()
+            .and_then(|i| self.list.get(i).copied().flatten())
+            .ok_or(status::OUT_OF_BOUNDS)?;
+        let off = usize::try_from(offset).map_err(|_| status::OUT_OF_BOUNDS)?;
+        let len = usize::try_from(len).map_err(|_| status::OUT_OF_BOUNDS)?;
+        let end = off.checked_add(len).ok_or(status::OUT_OF_BOUNDS)?;
+        if end > b.len {
+            return Err(status::OUT_OF_BOUNDS);
+        }
+        Ok(Span {
+            shm: b.shm,
+            start: b.start + off,
+            len,
+        })
+    }
+}
+
+/// Checks a lane offset inside an area: page aligned and the whole lane inside.
+///
+/// # Errors
+/// A message saying why not.
+pub fn check_lane(area_len: usize, offset: u64) -> Result<usize, String> {
+    let off = usize::try_from(offset).map_err(|_| "lane offset too large".to_owned())?;
+    if off % LANE_BYTES != 0 {
+        return Err(format!(
+            "lane offset {off} is not a multiple of {LANE_BYTES}"
+        ));
+    }
+    match off.checked_add(LANE_BYTES) {
+        Some(end) if end <= area_len => Ok(off),
+        _ => Err(format!(
+            "lane at {off} does not fit in the shared area of {area_len} bytes"
+        )),
+    }
+}
+
+/// Reads a batch count (already copied out of shared memory once).
+///
+/// # Errors
+/// [`status::BAD_COUNT`] for 0 or more than [`MAX_BATCH`].
+pub fn check_count(count: u32) -> Result<usize, u32> {
+    match usize::try_from(count) {
+        Ok(n) if (1..=MAX_BATCH).contains(&n) => Ok(n),
+        _ => Err(status::BAD_COUNT),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const _: () = assert!(MAX_BATCH == 31 && OFF_ENTRIES + MAX_BATCH * ENTRY_BYTES <= LANE_BYTES);
+
+    #[test]
+    fn entry_round_trip() {
+        let e = Entry {
+            op: Op::Decrypt,
+            mode: Mode::Gcm,
+            key: 9,
+            version: 2,
+            buffer: 1,
+            offset: 4096,
+            len: 100,
+            iv: [3; 16],
+            tag: [4; 16],
+            aad_offset: 7,
+            aad_len: 20,
+        };
+        assert_eq!(Entry::parse(&e.encode()), Ok(e));
+        let mut b = e.encode();
+        b[0] = 9;
+        assert_eq!(Entry::parse(&b), Err(status::MALFORMED));
+        b[0] = 1;
+        b[1] = 0;
+        assert_eq!(Entry::parse(&b), Err(status::MALFORMED));
+    }
+
+    #[test]
+    fn registration_is_checked() {
+        let mut bs = Buffers::default();
+        assert!(bs.register(0, 8192, 4096, 4097).is_err());
+        assert!(bs.register(0, 8192, u64::MAX, 2).is_err());
+        assert!(bs.register(0, 8192, 0, 0).is_err());
+        let id = bs.register(0, 8192, 4096, 4096).expect("ok");
+        assert!(bs.check(id, 0, 4096).is_ok());
+        assert_eq!(bs.check(id, 1, 4096), Err(status::OUT_OF_BOUNDS));
+        assert_eq!(bs.check(id, u64::MAX, 1), Err(status::OUT_OF_BOUNDS));
+        assert_eq!(bs.check(id + 1, 0, 1), Err(status::OUT_OF_BOUNDS));
+        assert!(bs.unregister(id));
+        assert_eq!(bs.check(id, 0, 1), Err(status::OUT_OF_BOUNDS));
+        assert!(check_lane(8192, 4096).is_ok());
+        assert!(check_lane(8192, 4095).is_err());
+        assert!(check_lane(8192, 8192).is_err());
+        assert!(check_lane(8192, u64::MAX - 4095).is_err());
+        assert_eq!(check_count(0), Err(status::BAD_COUNT));
+        assert_eq!(check_count(32), Err(status::BAD_COUNT));
+        assert_eq!(check_count(31), Ok(31));
+    }
+
+    proptest! {
+        /// Whatever the client registers and asks for, an accepted span lies
+        /// inside one registered buffer, which lies inside its area.
+        #[test]
+        fn accepted_spans_stay_inside_registered_buffers(
+            area_len in 1usize..1_000_000,
+            regs in proptest::collection::vec((any::<u64>(), any::<u64>()), 1..8),
+            small_regs in proptest::collection::vec((0u64..1_000_000, 0u64..1_000_000), 1..8),
+            asks in proptest::collection::vec((0u32..20, any::<u64>(), any::<u64>()), 1..40),
+            small_asks in proptest::collection::vec((0u32..20, 0u64..1_100_000, 0u64..1_100_000), 1..40),
+        ) {
+            let mut bs = Buffers::default();
+            let mut accepted = Vec::new();
+            for (s, l) in regs.iter().chain(small_regs.iter()) {
+                if let Ok(id) = bs.register(0, area_len, *s, *l) {
+                    let (s, l) = (usize::try_from(*s).expect("fits"), usize::try_from(*l).expect("fits"));
+                    prop_assert!(s + l <= area_len && l > 0);
+                    accepted.push((id, s, l));
+                }
+            }
+            for (id, off, len) in asks.iter().chain(small_asks.iter()) {
+                if let Ok(span) = bs.check(*id, *off, *len) {
+                    let &(_, bs_, bl) = accepted.iter().find(|(i, _, _)| i == id).expect("registered");
+                    prop_assert!(span.start >= bs_);
+                    prop_assert!(span.start + span.len <= bs_ + bl);
+                    prop_assert!(span.start + span.len <= area_len);
+                }
+            }
+        }
+
+        #[test]
+        fn parsing_arbitrary_entries_never_panics(bytes in proptest::collection::vec(any::<u8>(), ENTRY_BYTES)) {
+            let mut b = [0u8; ENTRY_BYTES];
+            b.copy_from_slice(&bytes);
+            if let Ok(e) = Entry::parse(&b) {
+                let _ = e.check_length();
+                prop_assert_eq!(Entry::parse(&e.encode()), Ok(e));
+            }
+        }
+    }
+}

@@ -1,0 +1,1090 @@
+//! The daemon: socket, connections, lanes and their workers.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::io::{self, Write as _};
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use memveil_secmem::{Level, Policy, SecmemError, SecretPool, SecretRegion};
+use memveil_sys::ipc::{self, PeerCred, SharedMap};
+use memveil_sys::stack_thread::{self, StackThread};
+
+use crate::keys::{KeyEntry, KeyTable, Version};
+use crate::keystore::{KdfParams, KekSource, Keystore, KeystoreError, SealKey};
+use crate::proto::{self, perm, ErrorCode, KeyKind, Reply, Request};
+use crate::ring::{self, status, Buffers, Entry, ENTRY_BYTES};
+
+/// Per-client limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Quotas {
+    /// Keys one uid may own.
+    pub keys_per_uid: usize,
+    /// Registered buffers per connection.
+    pub buffers: usize,
+    /// Shared areas per connection.
+    pub areas: usize,
+    /// Bytes of shared areas per connection.
+    pub area_bytes: u64,
+    /// Lanes per connection (each holds at most 31 requests in flight).
+    pub lanes: usize,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            keys_per_uid: 256,
+            buffers: 64,
+            areas: 8,
+            area_bytes: 4 << 30,
+            lanes: 8,
+        }
+    }
+}
+
+/// Daemon configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Control socket path.
+    pub socket: PathBuf,
+    /// State directory (keystore); `None` = no persistent keys.
+    pub state: Option<PathBuf>,
+    /// Where the keystore KEK comes from.
+    pub kek: Option<KekSource>,
+    /// Argon2id cost for a new keystore.
+    pub kdf: KdfParams,
+    /// Weakest protection accepted.
+    pub policy: Policy,
+    /// Quotas.
+    pub quotas: Quotas,
+    /// Secret pool for key objects, bytes.
+    pub pool_bytes: usize,
+    /// Permission bits of the socket file.
+    pub socket_mode: u32,
+    /// How long a lane worker spins before sleeping.
+    pub spin: Duration,
+}
+
+impl Config {
+    /// Defaults for `socket`.
+    #[must_use]
+    pub fn new(socket: PathBuf) -> Self {
+        Self {
+            socket,
+            state: None,
+            kek: None,
+            kdf: KdfParams::default(),
+            policy: Policy::secret_only(),
+            quotas: Quotas::default(),
+            pool_bytes: 2 << 20,
+            socket_mode: 0o666,
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VaultError {
+    /// Secret memory refused (unavailable or `RLIMIT_MEMLOCK`).
+    #[error("secret memory: {0}")]
+    Secmem(#[from] SecmemError),
+    /// The keystore could not be opened.
+    #[error("keystore: {0}")]
+    Keystore(#[from] KeystoreError),
+    /// Socket trouble.
+    #[error("socket {path}: {source}{hint}")]
+    Socket {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+        /// A fix.
+        hint: &'static str,
+    },
+    /// A configuration mistake.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Hardening the process failed.
+    #[error("{what}: {source}")]
+    Harden {
+        /// What.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// A thread stack in secret memory.
+struct SecretStack(SecretRegion);
+
+impl AsMut<[u8]> for SecretStack {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.0.bytes()
+    }
+}
+
+const CONN_STACK: usize = 256 * 1024;
+const LANE_STACK: usize = 128 * 1024;
+
+struct Shared {
+    cfg: Config,
+    pool: SecretPool,
+    level: Level,
+    keys: RwLock<KeyTable>,
+    keystore: Option<Keystore>,
+    clients: AtomicU32,
+    started: Instant,
+}
+
+fn spawn_secret(
+    shared: &Shared,
+    bytes: usize,
+    f: impl FnOnce() + Send + 'static,
+) -> io::Result<StackThread<SecretStack>> {
+    let region = SecretRegion::new(bytes, shared.cfg.policy).map_err(io::Error::other)?;
+    stack_thread::spawn(Box::new(SecretStack(region)), f)
+}
+
+fn log(msg: std::fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr().lock(), "memveil-vault: {msg}");
+}
+
+fn audit(cred: &PeerCred, op: &str, key: &str, result: &str) {
+    log(format_args!(
+        "audit op={op} key={key} uid={} pid={} result={result}",
+        cred.uid, cred.pid
+    ));
+}
+
+/// A bound, ready daemon.
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: UnixListener,
+}
+
+impl Server {
+    /// Hardens the process, allocates secret memory, opens the keystore and
+    /// binds the socket. Key loading runs on a secret-memory stack.
+    ///
+    /// # Errors
+    /// [`VaultError`] naming the cause and the fix.
+    pub fn start(cfg: Config) -> Result<Server, VaultError> {
+        memveil_sys::process::set_dumpable(false).map_err(|source| VaultError::Harden {
+            what: "prctl(PR_SET_DUMPABLE, 0)",
+            source,
+        })?;
+        memveil_sys::process::disable_core_dumps().map_err(|source| VaultError::Harden {
+            what: "setrlimit(RLIMIT_CORE, 0)",
+            source,
+        })?;
+        if cfg.state.is_some() != cfg.kek.is_some() {
+            return Err(VaultError::Config(
+                "--state needs --passphrase-file or --key-file (and they need --state)".into(),
+            ));
+        }
+        let pool = SecretPool::new(cfg.pool_bytes, cfg.policy)?;
+        let level = pool.level();
+        // Probe that thread stacks can be had at this level too (fails
+        // early on RLIMIT_MEMLOCK rather than at the first client).
+        drop(SecretRegion::new(CONN_STACK, cfg.policy)?);
+        let (keystore, table) = match (&cfg.state, &cfg.kek) {
+            (Some(dir), Some(kek)) => {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    VaultError::Config(format!("state directory {}: {e}", dir.display()))
+                })?;
+                let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+                let (dir, kek, kdf, p) = (dir.clone(), kek.clone(), cfg.kdf, pool.clone());
+                let region = SecretRegion::new(CONN_STACK, cfg.policy)?;
+                let (tx, rx) = std::sync::mpsc::channel();
+                let t = stack_thread::spawn(Box::new(SecretStack(region)), move || {
+                    let r = load(&dir, &kek, kdf, &p);
+                    let _ = tx.send(r);
+                })
+                .map_err(|source| VaultError::Harden {
+                    what: "starting the loader thread",
+                    source,
+                })?;
+                let r = rx
+                    .recv()
+                    .map_err(|_| VaultError::Config("keystore loader died".into()))?;
+                drop(t);
+                let (ks, table) = r?;
+                (Some(ks), table)
+            }
+            _ => (None, KeyTable::default()),
+        };
+        let listener = bind(&cfg.socket, cfg.socket_mode)?;
+        let n = table.by_id.len();
+        let shared = Arc::new(Shared {
+            cfg,
+            pool,
+            level,
+            keys: RwLock::new(table),
+            keystore,
+            clients: AtomicU32::new(0),
+            started: Instant::now(),
+        });
+        log(format_args!(
+            "level={level} backend={:?} persistent keys loaded={n}",
+            memveil_cipher::backend()
+        ));
+        Ok(Server { shared, listener })
+    }
+
+    /// The protection level in use.
+    #[must_use]
+    pub fn level(&self) -> Level {
+        self.shared.level
+    }
+
+    /// Announces readiness: a line on stdout and, under systemd
+    /// (`NOTIFY_SOCKET`), `READY=1`.
+    pub fn announce(&self) {
+        let mut out = io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "memveil-vault ready socket={} level={} pid={}",
+            self.shared.cfg.socket.display(),
+            self.shared.level,
+            std::process::id()
+        );
+        let _ = out.flush();
+        if let Some(path) = std::env::var_os("NOTIFY_SOCKET") {
+            let msg = format!(
+                "READY=1\nSTATUS=level={}\nMAINPID={}",
+                self.shared.level,
+                std::process::id()
+            );
+            let r = sd_notify(&path, msg.as_bytes());
+            if let Err(e) = r {
+                log(format_args!("sd_notify failed: {e}"));
+            }
+        }
+    }
+
+    /// Accepts clients until the process ends.
+    ///
+    /// # Errors
+    /// Only when `accept(2)` fails persistently.
+    pub fn run(self) -> Result<(), VaultError> {
+        let mut conns: Vec<StackThread<SecretStack>> = Vec::new();
+        for stream in self.listener.incoming() {
+            conns.retain(|t| !t.finished());
+            let stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    log(format_args!("accept: {e}"));
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            let cred = match ipc::peer_cred(&stream) {
+                Ok(c) => c,
+                Err(e) => {
+                    log(format_args!("SO_PEERCRED: {e}; dropping connection"));
+                    continue;
+                }
+            };
+            let sh = Arc::clone(&self.shared);
+            match spawn_secret(&self.shared, CONN_STACK, move || {
+                serve_conn(&sh, stream, cred)
+            }) {
+                Ok(t) => conns.push(t),
+                Err(e) => log(format_args!(
+                    "cannot start a connection thread for uid={} pid={}: {e}",
+                    cred.uid, cred.pid
+                )),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sd_notify(path: &std::ffi::OsStr, msg: &[u8]) -> io::Result<()> {
+    use std::os::linux::net::SocketAddrExt as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    let sock = std::os::unix::net::UnixDatagram::unbound()?;
+    let b = path.as_bytes();
+    if let Some(name) = b.strip_prefix(b"@") {
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+        sock.send_to_addr(msg, &addr)?;
+    } else {
+        sock.send_to(msg, Path::new(path))?;
+    }
+    Ok(())
+}
+
+fn bind(path: &Path, mode: u32) -> Result<UnixListener, VaultError> {
+    let err = |source, hint| VaultError::Socket {
+        path: path.to_owned(),
+        source,
+        hint,
+    };
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(err(
+                io::Error::from(io::ErrorKind::AddrInUse),
+                ": another vault is listening there; stop it or choose another --socket",
+            ));
+        }
+        std::fs::remove_file(path).map_err(|e| err(e, ": cannot remove the stale socket file"))?;
+    }
+    let l = UnixListener::bind(path).map_err(|e| {
+        err(
+            e,
+            ": check that the directory exists and is writable (or choose another --socket)",
+        )
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| err(e, ": cannot set the socket's mode"))?;
+    Ok(l)
+}
+
+type Loaded = Result<(Keystore, KeyTable), VaultError>;
+
+fn load(dir: &Path, kek: &KekSource, kdf: KdfParams, pool: &SecretPool) -> Loaded {
+    let (ks, stored) = Keystore::open(dir, kek, kdf, pool)?;
+    let mut t = KeyTable::default();
+    for s in stored {
+        let mut versions = Vec::new();
+        for v in &s.versions {
+            let ver = Version::from_bytes(pool, s.kind, v, true).map_err(|e| {
+                VaultError::Config(format!("key {:?} in the keystore: {e}", s.name))
+            })?;
+            versions.push(Arc::new(ver));
+        }
+        t.insert(KeyEntry {
+            id: s.id,
+            name: s.name,
+            kind: s.kind,
+            owner: s.owner,
+            persistent: true,
+            acl: s.acl.into_iter().collect(),
+            versions,
+        });
+    }
+    Ok((ks, t))
+}
+
+// ------------------------------------------------------------ connections
+
+struct Lane {
+    stop: Arc<AtomicBool>,
+    map: Arc<SharedMap>,
+    offset: usize,
+    thread: Option<StackThread<SecretStack>>,
+}
+
+impl Lane {
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(w) = self.map.atomic_u32(self.offset + ring::OFF_SUBMIT) {
+            ipc::futex_wake(w, i32::MAX);
+        }
+        drop(self.thread.take());
+    }
+}
+
+struct Conn {
+    cred: PeerCred,
+    areas: Arc<RwLock<Vec<Option<Arc<SharedMap>>>>>,
+    buffers: Arc<RwLock<Buffers>>,
+    lanes: BTreeMap<u32, Lane>,
+    next_lane: u32,
+    area_bytes: u64,
+    pending_fd: Option<OwnedFd>,
+}
+
+fn err(code: ErrorCode, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Reads exactly `buf.len()` bytes, keeping any descriptor that arrives.
+fn read_exact_fd(s: &UnixStream, buf: &mut [u8], fd: &mut Option<OwnedFd>) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        let (n, f) = ipc::recv_with_fd(s, &mut buf[got..])?;
+        if f.is_some() {
+            *fd = f;
+        }
+        if n == 0 {
+            return if got == 0 {
+                Ok(false)
+            } else {
+                Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+            };
+        }
+        got += n;
+    }
+    Ok(true)
+}
+
+fn serve_conn(sh: &Arc<Shared>, mut stream: UnixStream, cred: PeerCred) {
+    sh.clients.fetch_add(1, Ordering::SeqCst);
+    log(format_args!(
+        "client connected uid={} pid={}",
+        cred.uid, cred.pid
+    ));
+    // Request frames (import carries key bytes) land in secret memory.
+    let mut frame = match sh.pool.alloc_bytes(proto::MAX_REQUEST) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = stream.write_all(&proto::encode_reply(&err(
+                ErrorCode::Internal,
+                format!("vault out of secret memory: {e}"),
+            )));
+            sh.clients.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+    };
+    let mut c = Conn {
+        cred,
+        areas: Arc::default(),
+        buffers: Arc::default(),
+        lanes: BTreeMap::new(),
+        next_lane: 1,
+        area_bytes: 0,
+        pending_fd: None,
+    };
+    loop {
+        let mut hdr = [0u8; 4];
+        match read_exact_fd(&stream, &mut hdr, &mut c.pending_fd) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => break,
+        }
+        let n = match proto::frame_len(hdr, proto::MAX_REQUEST) {
+            Ok(n) => n,
+            Err(e) => {
+                // The stream's framing cannot be trusted any more.
+                let _ = stream.write_all(&proto::encode_reply(&err(
+                    ErrorCode::Malformed,
+                    format!("{e}; closing the connection"),
+                )));
+                break;
+            }
+        };
+        if !matches!(
+            read_exact_fd(&stream, &mut frame[..n], &mut c.pending_fd),
+            Ok(true)
+        ) {
+            break;
+        }
+        let reply = match proto::decode_request(&frame[..n]) {
+            Ok(req) => handle(sh, &mut c, req),
+            Err(e) => err(ErrorCode::Malformed, e.to_string()),
+        };
+        zeroize::Zeroize::zeroize(&mut frame[..n]);
+        if stream.write_all(&proto::encode_reply(&reply)).is_err() {
+            break;
+        }
+    }
+    for (_, mut l) in std::mem::take(&mut c.lanes) {
+        l.stop();
+    }
+    sh.clients.fetch_sub(1, Ordering::SeqCst);
+    log(format_args!(
+        "client gone uid={} pid={}",
+        cred.uid, cred.pid
+    ));
+}
+
+fn seal_all(sh: &Shared, t: &KeyTable) -> Result<(), Reply> {
+    let Some(ks) = &sh.keystore else {
+        return Ok(());
+    };
+    let keys: Vec<SealKey<'_>> = t
+        .by_id
+        .values()
+        .filter(|k| k.persistent)
+        .map(|k| SealKey {
+            id: k.id,
+            name: &k.name,
+            kind: k.kind,
+            owner: k.owner,
+            acl: k.acl.iter().map(|(u, p)| (*u, *p)).collect(),
+            versions: k.versions.iter().filter_map(|v| v.raw()).collect(),
+        })
+        .collect();
+    ks.save(&keys).map_err(|e| {
+        err(
+            ErrorCode::Internal,
+            format!("keystore write failed (old keystore kept): {e}"),
+        )
+    })
+}
+
+fn add_key(
+    sh: &Shared,
+    c: &Conn,
+    op: &str,
+    name: String,
+    kind: KeyKind,
+    persistent: bool,
+    key: Option<&[u8]>,
+) -> Reply {
+    if persistent && sh.keystore.is_none() {
+        audit(&c.cred, op, &name, "not-durable");
+        return err(
+            ErrorCode::NotDurable,
+            "persistent keys need a keystore: start the vault with --state DIR and --passphrase-file or --key-file",
+        );
+    }
+    let mut t = sh.keys.write().unwrap_or_else(PoisonError::into_inner);
+    if t.by_name.contains_key(&name) {
+        audit(&c.cred, op, &name, "exists");
+        return err(ErrorCode::Exists, format!("a key named {name:?} exists"));
+    }
+    if t.owned_by(c.cred.uid) >= sh.cfg.quotas.keys_per_uid {
+        audit(&c.cred, op, &name, "quota");
+        return err(
+            ErrorCode::Quota,
+            format!(
+                "uid {} owns {} keys, the per-client quota (--max-keys)",
+                c.cred.uid, sh.cfg.quotas.keys_per_uid
+            ),
+        );
+    }
+    let v = match key {
+        Some(k) => Version::from_bytes(&sh.pool, kind, k, persistent),
+        None => Version::random(&sh.pool, kind, persistent),
+    };
+    let v = match v {
+        Ok(v) => v,
+        Err(e) => {
+            audit(&c.cred, op, &name, "invalid");
+            return err(ErrorCode::Invalid, e.to_string());
+        }
+    };
+    let id = t.alloc_id();
+    let e = KeyEntry {
+        id,
+        name: name.clone(),
+        kind,
+        owner: c.cred.uid,
+        persistent,
+        acl: BTreeMap::new(),
+        versions: vec![Arc::new(v)],
+    };
+    let info = e.info();
+    t.insert(e);
+    if persistent {
+        if let Err(r) = seal_all(sh, &t) {
+            t.remove(&name);
+            audit(&c.cred, op, &name, "disk-error");
+            return r;
+        }
+    }
+    audit(
+        &c.cred,
+        op,
+        &name,
+        &format!("ok id={id} kind={kind} persistent={persistent}"),
+    );
+    Reply::Key(info)
+}
+
+fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
+    let uid = c.cred.uid;
+    match req {
+        Request::Hello { version } => {
+            if version != proto::VERSION {
+                return err(
+                    ErrorCode::Invalid,
+                    format!(
+                        "protocol version {version} not supported; this vault speaks {}",
+                        proto::VERSION
+                    ),
+                );
+            }
+            Reply::Welcome {
+                version: proto::VERSION,
+                level: sh.level.to_string(),
+                uid,
+                pid: c.cred.pid,
+                vault_pid: std::process::id(),
+            }
+        }
+        Request::Status => {
+            let keys = sh
+                .keys
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .by_id
+                .len();
+            Reply::Status(proto::Status {
+                version: proto::VERSION,
+                level: sh.level.to_string(),
+                backend: memveil_cipher::backend().to_owned(),
+                keys: u32::try_from(keys).unwrap_or(u32::MAX),
+                clients: sh.clients.load(Ordering::SeqCst),
+                durable: sh.keystore.is_some(),
+                uptime_s: sh.started.elapsed().as_secs(),
+                pid: std::process::id(),
+            })
+        }
+        Request::CreateKey {
+            name,
+            kind,
+            persistent,
+        } => add_key(sh, c, "create", name, kind, persistent, None),
+        Request::ImportKey {
+            name,
+            kind,
+            persistent,
+            key,
+        } => add_key(sh, c, "import", name, kind, persistent, Some(key)),
+        Request::ListKeys => {
+            let t = sh.keys.read().unwrap_or_else(PoisonError::into_inner);
+            Reply::Keys(
+                t.by_id
+                    .values()
+                    .filter(|k| k.visible_to(uid))
+                    .map(KeyEntry::info)
+                    .collect(),
+            )
+        }
+        Request::KeyInfo { name } => {
+            let t = sh.keys.read().unwrap_or_else(PoisonError::into_inner);
+            match t.get(&name) {
+                Some(k) if k.visible_to(uid) => Reply::Key(k.info()),
+                _ => err(
+                    ErrorCode::NotFound,
+                    format!("no key {name:?} visible to uid {uid}"),
+                ),
+            }
+        }
+        Request::RotateKey { name } => admin(sh, c, "rotate", &name, |sh, k| {
+            let v = Version::random(&sh.pool, k.kind, k.persistent)
+                .map_err(|e| err(ErrorCode::Internal, e.to_string()))?;
+            k.versions.push(Arc::new(v));
+            Ok(Reply::Key(k.info()))
+        }),
+        Request::Grant {
+            name,
+            uid: who,
+            perms,
+        } => admin(
+            sh,
+            c,
+            &format!("grant uid={who} perms={perms}"),
+            &name,
+            |_, k| {
+                k.acl.insert(who, perms);
+                Ok(Reply::Key(k.info()))
+            },
+        ),
+        Request::Revoke { name, uid: who } => {
+            admin(sh, c, &format!("revoke uid={who}"), &name, |_, k| {
+                k.acl.remove(&who);
+                Ok(Reply::Key(k.info()))
+            })
+        }
+        Request::DestroyKey { name } => {
+            let mut t = sh.keys.write().unwrap_or_else(PoisonError::into_inner);
+            match t.get(&name) {
+                Some(k) if k.allows(uid, perm::ADMIN) => {}
+                Some(k) if k.visible_to(uid) => {
+                    audit(&c.cred, "destroy", &name, "denied");
+                    return err(
+                        ErrorCode::Denied,
+                        format!("uid {uid} may not destroy {name:?}"),
+                    );
+                }
+                _ => {
+                    audit(&c.cred, "destroy", &name, "not-found");
+                    return err(
+                        ErrorCode::NotFound,
+                        format!("no key {name:?} visible to uid {uid}"),
+                    );
+                }
+            }
+            let Some(k) = t.remove(&name) else {
+                return err(ErrorCode::NotFound, format!("no key {name:?}"));
+            };
+            if k.persistent {
+                if let Err(r) = seal_all(sh, &t) {
+                    t.insert(k);
+                    audit(&c.cred, "destroy", &name, "disk-error");
+                    return r;
+                }
+            }
+            drop(k); // wipes every version (in-flight requests hold their own reference)
+            audit(&c.cred, "destroy", &name, "ok");
+            Reply::Done
+        }
+        Request::RegisterShm { len } => register_shm(sh, c, len),
+        Request::RegisterBuffer { shm, offset, len } => {
+            let areas = c.areas.read().unwrap_or_else(PoisonError::into_inner);
+            let Some(Some(map)) = usize::try_from(shm).ok().and_then(|i| areas.get(i)) else {
+                return err(ErrorCode::NotFound, format!("no shared area {shm}"));
+            };
+            let mut b = c.buffers.write().unwrap_or_else(PoisonError::into_inner);
+            if b.count() >= sh.cfg.quotas.buffers {
+                return err(
+                    ErrorCode::Quota,
+                    format!(
+                        "{} buffers registered, the per-client quota",
+                        sh.cfg.quotas.buffers
+                    ),
+                );
+            }
+            match b.register(shm, map.len(), offset, len) {
+                Ok(id) => Reply::Id(id),
+                Err(m) => err(ErrorCode::Invalid, m),
+            }
+        }
+        Request::UnregisterBuffer { buffer } => {
+            if c.buffers
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .unregister(buffer)
+            {
+                Reply::Done
+            } else {
+                err(ErrorCode::NotFound, format!("no buffer {buffer}"))
+            }
+        }
+        Request::OpenLane { shm, offset } => open_lane(sh, c, shm, offset),
+        Request::CloseLane { lane } => match c.lanes.remove(&lane) {
+            Some(mut l) => {
+                l.stop();
+                Reply::Done
+            }
+            None => err(ErrorCode::NotFound, format!("no lane {lane}")),
+        },
+    }
+}
+
+fn admin(
+    sh: &Shared,
+    c: &Conn,
+    op: &str,
+    name: &str,
+    f: impl FnOnce(&Shared, &mut KeyEntry) -> Result<Reply, Reply>,
+) -> Reply {
+    let uid = c.cred.uid;
+    let mut t = sh.keys.write().unwrap_or_else(PoisonError::into_inner);
+    let Some(k) = t.get_mut(name) else {
+        audit(&c.cred, op, name, "not-found");
+        return err(
+            ErrorCode::NotFound,
+            format!("no key {name:?} visible to uid {uid}"),
+        );
+    };
+    if !k.allows(uid, perm::ADMIN) {
+        let vis = k.visible_to(uid);
+        audit(&c.cred, op, name, "denied");
+        return if vis {
+            err(
+                ErrorCode::Denied,
+                format!("uid {uid} lacks the admin permission on {name:?}"),
+            )
+        } else {
+            err(
+                ErrorCode::NotFound,
+                format!("no key {name:?} visible to uid {uid}"),
+            )
+        };
+    }
+    let persistent = k.persistent;
+    let r = match f(sh, k) {
+        Ok(r) => r,
+        Err(r) => {
+            audit(&c.cred, op, name, "failed");
+            return r;
+        }
+    };
+    if persistent {
+        if let Err(e) = seal_all(sh, &t) {
+            audit(&c.cred, op, name, "disk-error (in memory only)");
+            return e;
+        }
+    }
+    audit(&c.cred, op, name, "ok");
+    r
+}
+
+fn register_shm(sh: &Shared, c: &mut Conn, len: u64) -> Reply {
+    let Some(fd) = c.pending_fd.take() else {
+        return err(
+            ErrorCode::Invalid,
+            "RegisterShm needs a memfd attached with SCM_RIGHTS",
+        );
+    };
+    let areas_n = c
+        .areas
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .flatten()
+        .count();
+    if areas_n >= sh.cfg.quotas.areas || c.area_bytes.saturating_add(len) > sh.cfg.quotas.area_bytes
+    {
+        return err(
+            ErrorCode::Quota,
+            "shared-area quota reached (count or bytes)",
+        );
+    }
+    let Ok(ulen) = usize::try_from(len) else {
+        return err(ErrorCode::Invalid, "length too large");
+    };
+    if ulen == 0 || ulen % ring::LANE_BYTES != 0 {
+        return err(
+            ErrorCode::Invalid,
+            format!(
+                "shared area length {len} must be a positive multiple of {}",
+                ring::LANE_BYTES
+            ),
+        );
+    }
+    // A peer that could shrink the file could make our accesses SIGBUS.
+    match ipc::seals(fd.as_fd()) {
+        Ok(s) if ipc::seals_forbid_shrink(s) => {}
+        Ok(_) => return err(ErrorCode::Invalid, "the memfd must carry F_SEAL_SHRINK"),
+        Err(_) => return err(ErrorCode::Invalid, "the descriptor is not a sealable memfd"),
+    }
+    let file = std::fs::File::from(fd);
+    match file.metadata() {
+        Ok(m) if m.len() >= len => {}
+        _ => {
+            return err(
+                ErrorCode::Invalid,
+                format!("the memfd is smaller than {len} bytes"),
+            )
+        }
+    }
+    let map = match SharedMap::map(file.as_fd(), ulen) {
+        Ok(m) => Arc::new(m),
+        Err(e) => return err(ErrorCode::Invalid, format!("mapping the memfd: {e}")),
+    };
+    c.area_bytes += len;
+    let mut areas = c.areas.write().unwrap_or_else(PoisonError::into_inner);
+    let id = match areas.iter().position(Option::is_none) {
+        Some(i) => {
+            areas[i] = Some(map);
+            i
+        }
+        None => {
+            areas.push(Some(map));
+            areas.len() - 1
+        }
+    };
+    Reply::Id(u32::try_from(id).unwrap_or(u32::MAX))
+}
+
+fn open_lane(sh: &Arc<Shared>, c: &mut Conn, shm: u32, offset: u64) -> Reply {
+    if c.lanes.len() >= sh.cfg.quotas.lanes {
+        return err(
+            ErrorCode::Quota,
+            format!(
+                "{} lanes open, the per-client quota (--max-lanes)",
+                sh.cfg.quotas.lanes
+            ),
+        );
+    }
+    let map = {
+        let areas = c.areas.read().unwrap_or_else(PoisonError::into_inner);
+        match usize::try_from(shm).ok().and_then(|i| areas.get(i)) {
+            Some(Some(m)) => Arc::clone(m),
+            _ => return err(ErrorCode::NotFound, format!("no shared area {shm}")),
+        }
+    };
+    let off = match ring::check_lane(map.len(), offset) {
+        Ok(o) => o,
+        Err(m) => return err(ErrorCode::Invalid, m),
+    };
+    if c.lanes
+        .values()
+        .any(|l| Arc::ptr_eq(&l.map, &map) && l.offset == off)
+    {
+        return err(
+            ErrorCode::Invalid,
+            format!("a lane already runs at offset {off}"),
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Worker {
+        sh: Arc::clone(sh),
+        uid: c.cred.uid,
+        map: Arc::clone(&map),
+        areas: Arc::clone(&c.areas),
+        buffers: Arc::clone(&c.buffers),
+        off,
+        stop: Arc::clone(&stop),
+    };
+    let t = match spawn_secret(sh, LANE_STACK, move || w.run()) {
+        Ok(t) => t,
+        Err(e) => {
+            return err(
+                ErrorCode::Internal,
+                format!("cannot start the lane worker: {e}"),
+            )
+        }
+    };
+    let id = c.next_lane;
+    c.next_lane += 1;
+    c.lanes.insert(
+        id,
+        Lane {
+            stop,
+            map,
+            offset: off,
+            thread: Some(t),
+        },
+    );
+    Reply::Id(id)
+}
+
+// ------------------------------------------------------------ lane worker
+
+struct Worker {
+    sh: Arc<Shared>,
+    uid: u32,
+    map: Arc<SharedMap>,
+    areas: Arc<RwLock<Vec<Option<Arc<SharedMap>>>>>,
+    buffers: Arc<RwLock<Buffers>>,
+    off: usize,
+    stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    fn word(&self, at: usize) -> Option<&AtomicU32> {
+        self.map.atomic_u32(self.off + at)
+    }
+
+    fn run(self) {
+        let (Some(submit), Some(complete), Some(sleeping), Some(waiting)) = (
+            self.word(ring::OFF_SUBMIT),
+            self.word(ring::OFF_COMPLETE),
+            self.word(ring::OFF_VAULT_SLEEPING),
+            self.word(ring::OFF_CLIENT_WAITING),
+        ) else {
+            return;
+        };
+        // A fresh lane starts at sequence 0 (the client's memfd is zeroed);
+        // the client may submit before this thread runs.
+        let mut last = 0u32;
+        let spin = self.sh.cfg.spin;
+        'outer: loop {
+            // Bounded spin, then sleep on the futex.
+            let t0 = Instant::now();
+            let mut i = 0u32;
+            let seq = loop {
+                let s = submit.load(Ordering::Acquire);
+                if s != last {
+                    break s;
+                }
+                if self.stop.load(Ordering::Relaxed) {
+                    break 'outer;
+                }
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(128) && t0.elapsed() > spin {
+                    sleeping.store(1, Ordering::SeqCst);
+                    if submit.load(Ordering::SeqCst) == last {
+                        ipc::futex_wait(submit, last, Duration::from_millis(100));
+                    }
+                    sleeping.store(0, Ordering::SeqCst);
+                } else {
+                    std::hint::spin_loop();
+                }
+            };
+            self.batch();
+            last = seq;
+            complete.store(seq, Ordering::SeqCst);
+            if waiting.load(Ordering::SeqCst) != 0 {
+                ipc::futex_wake(complete, 1);
+            }
+        }
+    }
+
+    fn batch(&self) {
+        let mut cb = [0u8; 4];
+        if self.map.read(self.off + ring::OFF_COUNT, &mut cb).is_none() {
+            return;
+        }
+        let n = match ring::check_count(u32::from_le_bytes(cb)) {
+            Ok(n) => n,
+            Err(s) => {
+                let _ = self.map.write(
+                    self.off + ring::OFF_ENTRIES + ring::ENTRY_STATUS,
+                    &s.to_le_bytes(),
+                );
+                return;
+            }
+        };
+        let areas = self.areas.read().unwrap_or_else(PoisonError::into_inner);
+        let bufs = self.buffers.read().unwrap_or_else(PoisonError::into_inner);
+        for i in 0..n {
+            let at = self.off + ring::OFF_ENTRIES + i * ENTRY_BYTES;
+            // One copy of the entry (IV included) onto this secret stack.
+            let mut raw = [0u8; ENTRY_BYTES];
+            if self.map.read(at, &mut raw).is_none() {
+                return;
+            }
+            let mut tag = [0u8; 16];
+            let st = match self.one(&areas, &bufs, &raw, &mut tag) {
+                Ok(gcm_enc) => {
+                    if gcm_enc {
+                        let _ = self.map.write(at + ring::ENTRY_TAG, &tag);
+                    }
+                    status::OK
+                }
+                Err(s) => s,
+            };
+            zeroize::Zeroize::zeroize(&mut raw);
+            let _ = self.map.write(at + ring::ENTRY_STATUS, &st.to_le_bytes());
+        }
+    }
+
+    /// Processes one entry; `Ok(true)` when a GCM tag was produced.
+    fn one(
+        &self,
+        areas: &[Option<Arc<SharedMap>>],
+        bufs: &Buffers,
+        raw: &[u8; ENTRY_BYTES],
+        tag: &mut [u8; 16],
+    ) -> Result<bool, u32> {
+        let e = Entry::parse(raw)?;
+        e.check_length()?;
+        let span = bufs.check(e.buffer, e.offset, e.len)?;
+        let aad = if e.aad_len > 0 {
+            let a = bufs.check(e.buffer, e.aad_offset, e.aad_len)?;
+            let m = area(areas, a.shm)?;
+            let mut v = vec![0u8; a.len];
+            m.read(a.start, &mut v).ok_or(status::OUT_OF_BOUNDS)?;
+            v
+        } else {
+            Vec::new()
+        };
+        let version = self
+            .sh
+            .keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .for_request(self.uid, &e)?;
+        let m = area(areas, span.shm)?;
+        m.with_mut(span.start, span.len, |data| {
+            version.apply(&e, data, &aad, tag)
+        })
+        .ok_or(status::OUT_OF_BOUNDS)??;
+        Ok(e.mode == proto::Mode::Gcm && e.op == ring::Op::Encrypt)
+    }
+}
+
+fn area(areas: &[Option<Arc<SharedMap>>], shm: u32) -> Result<&SharedMap, u32> {
+    usize::try_from(shm)
+        .ok()
+        .and_then(|i| areas.get(i))
+        .and_then(Option::as_deref)
+        .ok_or(status::OUT_OF_BOUNDS)
+}
