@@ -11,6 +11,7 @@
 pub mod engine;
 pub mod report;
 pub mod rng;
+pub mod rng_share;
 pub mod shield;
 pub mod timing;
 pub mod vault;

@@ -281,12 +281,15 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
 
     // The many-consumer Secure Key experiment (rng_share.rs) appends its
     // figures, plots and text to this section here.
+    let share = crate::rng_share::run(opts)?;
+    figures.extend(share.figures);
+    md.push_str(&share.markdown);
 
     Ok(Section {
         part: "rng".into(),
         title: "Entropy service (rng)".into(),
         markdown: md,
         figures,
-        plots: Vec::new(),
+        plots: share.plots,
     })
 }
