@@ -1658,6 +1658,86 @@ mod tests {
     }
 
     #[test]
+    fn bad_configuration_is_named() {
+        let base = || ServeConfig {
+            listen: vec![Listen::Unix(sock("cfg"))],
+            sources: vec![pattern_spec()],
+            log: quiet(),
+            ..ServeConfig::default()
+        };
+        let cases: Vec<(ServeConfig, &str)> = vec![
+            (
+                ServeConfig {
+                    listen: vec![],
+                    ..base()
+                },
+                "--unix PATH",
+            ),
+            (
+                ServeConfig {
+                    producers: 0,
+                    ..base()
+                },
+                "--producers 0",
+            ),
+            (
+                ServeConfig {
+                    rate_limit: Some(0),
+                    ..base()
+                },
+                "--rate-limit 0",
+            ),
+            (
+                ServeConfig {
+                    limits: Limits { max_read: 0 },
+                    ..base()
+                },
+                "--max-request 0",
+            ),
+            (
+                ServeConfig {
+                    reseed_interval: 0,
+                    ..base()
+                },
+                "reseed interval 0",
+            ),
+        ];
+        for (cfg, want) in cases {
+            let e = Server::start(cfg).err().expect("refused");
+            assert!(e.to_string().contains(want), "{e} lacks {want}");
+        }
+        let e = Server::start(ServeConfig {
+            listen: vec![Listen::Unix(PathBuf::from("/nonexistent-dir/x.sock"))],
+            ..base()
+        })
+        .err()
+        .expect("refused");
+        assert!(e.to_string().contains("/nonexistent-dir/x.sock"), "{e}");
+    }
+
+    #[test]
+    fn live_socket_refused_stale_socket_replaced() {
+        let p = sock("live");
+        let cfg = || ServeConfig {
+            listen: vec![Listen::Unix(p.clone())],
+            sources: vec![pattern_spec()],
+            log: quiet(),
+            ..ServeConfig::default()
+        };
+        let first = Server::start(cfg()).expect("first");
+        let e = Server::start(cfg()).err().expect("in use");
+        assert!(matches!(e, ServeError::SocketInUse(_)), "{e}");
+        drop(first);
+        // A stale socket file (no listener) is replaced.
+        let stale = std::os::unix::net::UnixListener::bind(&p).expect("bind");
+        drop(stale);
+        assert!(p.exists());
+        let again = Server::start(cfg()).expect("stale socket replaced");
+        drop(again);
+        assert!(!p.exists(), "socket removed at shutdown");
+    }
+
+    #[test]
     fn seed_mode_serves_over_unix_and_counts() {
         let p = sock("seed");
         let cfg = ServeConfig {
