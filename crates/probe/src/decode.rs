@@ -982,15 +982,17 @@ impl Decoder<'_> {
         v.sme_active = if !v.sme_cpuid {
             v.how = "CPUID.0x8000001F:EAX[0]=0 (or leaf absent)".to_owned();
             Some(false)
+        } else if smee == Some(false) {
+            // The register wins over a log line (which anyone who can write
+            // /dev/kmsg could forge).
+            v.how = "SYSCFG[23] (SMEE) = 0: the BIOS did not enable memory encryption".to_owned();
+            Some(false)
         } else if let Some(true) = log_sme {
             v.how = me_line
                 .as_deref()
                 .map(|l| self.log.cite(l))
                 .unwrap_or_default();
             Some(true)
-        } else if smee == Some(false) {
-            v.how = "SYSCFG[23] (SMEE) = 0: the BIOS did not enable memory encryption".to_owned();
-            Some(false)
         } else if sme_flag == Some(true) {
             v.how = "/proc/cpuinfo flag \"sme\"".to_owned();
             Some(true)

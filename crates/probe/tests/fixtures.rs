@@ -169,6 +169,20 @@ fn epyc_with_sme_active() {
 }
 
 #[test]
+fn smee_clear_beats_an_sme_log_line() {
+    let mut f = load("epyc-sme-active.json");
+    for m in &mut f.msr {
+        m.value = m.value.map(|v| v & !(1 << 23));
+    }
+    let r = decode(&f);
+    assert!(!yes(&r, "amd.syscfg.smee"));
+    assert!(!yes(&r, "amd.sme.active"));
+    assert!(r
+        .item("amd.sme.active")
+        .is_some_and(|i| i.how.contains("SYSCFG[23]")));
+}
+
+#[test]
 fn amd_with_tsme_only() {
     let r = decode(&load("tsme-only.json"));
     assert!(yes(&r, "amd.sme.cpuid"));
