@@ -144,6 +144,13 @@ fn msrs(f: &mut HostFacts, load: bool) {
                 ));
                 return;
             }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                f.msr_access = MsrAccess::ModprobeFailed(
+                    "modprobe not found (install kmod, or load the msr module another way)"
+                        .to_owned(),
+                );
+                return;
+            }
             Err(e) => {
                 f.msr_access = MsrAccess::ModprobeFailed(format!("could not run modprobe: {e}"));
                 return;

@@ -1470,6 +1470,15 @@ impl Decoder<'_> {
                 String::new(),
             ),
         }
+        if let Some(u) = self.f.euid {
+            self.push(
+                s,
+                "kernel.probe_as_root",
+                "Probe ran as root (MSRs and a restricted kernel log need it)",
+                Value::Bool(u == 0),
+                format!("geteuid() = {u}"),
+            );
+        }
         if let Some(c) = self.f.cap_eff {
             self.push(
                 s,

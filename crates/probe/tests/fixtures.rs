@@ -325,6 +325,19 @@ fn without_msr_the_log_decides_and_says_so() {
 }
 
 #[test]
+fn a_failed_modprobe_is_named_in_the_reason() {
+    let mut f = load("tsme-only.json");
+    f.msr_access = MsrAccess::ModprobeFailed("modprobe: FATAL: Module msr not found".to_owned());
+    let r = decode(&f);
+    assert!(
+        matches!(val(&r, "amd.syscfg"), Value::Unknown { unknown } if unknown.contains("`modprobe msr` failed: modprobe: FATAL: Module msr not found")),
+        "{:?}",
+        val(&r, "amd.syscfg")
+    );
+    assert!(!yes(&r, "kernel.probe_as_root"));
+}
+
+#[test]
 fn no_msr_and_a_wrapped_log_is_unknown_not_no() {
     let mut f = load("icelake-tme-mk-enabled.json");
     f.msr.clear();
