@@ -493,6 +493,31 @@ enum Starved {
 }
 
 impl Shared {
+    fn new(cfg: ServeConfig, statuses: Vec<SourceStatus>) -> Self {
+        Self {
+            pool: Mutex::new(Pool {
+                queue: VecDeque::new(),
+                demands: HashMap::new(),
+                buffer: Zeroizing::new(Vec::with_capacity(SEED_BUFFER * SEED_BYTES)),
+                health: Health::Serving,
+                active: 0,
+                epoch: 0,
+                statuses,
+                seeds: 0,
+                wiped: 0,
+            }),
+            wanted: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            started: Instant::now(),
+            consumers: Mutex::new(Consumers::default()),
+            next_id: AtomicU64::new(1),
+            refused: AtomicU64::new(0),
+            served_total: AtomicU64::new(0),
+            stream_name: Mutex::new(String::new()),
+            cfg,
+        }
+    }
+
     fn log(&self, m: &str) {
         (self.cfg.log)(m);
     }
@@ -634,6 +659,15 @@ impl Shared {
             d.got.zeroize();
             d.got.clear();
         }
+        // A request completed just before the failure but not yet collected
+        // by its consumer has left the queue; wiped, it must wait again.
+        let waiting: Vec<u64> = p
+            .demands
+            .keys()
+            .copied()
+            .filter(|id| !p.queue.contains(id))
+            .collect();
+        p.queue.extend(waiting);
         p.wiped += wiped;
         p.epoch += 1;
         let name = p.statuses[idx].name.clone();
@@ -1223,28 +1257,7 @@ impl Server {
                 error: None,
             })
             .collect();
-        let shared = Arc::new(Shared {
-            pool: Mutex::new(Pool {
-                queue: VecDeque::new(),
-                demands: HashMap::new(),
-                buffer: Zeroizing::new(Vec::with_capacity(SEED_BUFFER * SEED_BYTES)),
-                health: Health::Serving,
-                active: 0,
-                epoch: 0,
-                statuses,
-                seeds: 0,
-                wiped: 0,
-            }),
-            wanted: Condvar::new(),
-            shutdown: AtomicBool::new(false),
-            started: Instant::now(),
-            consumers: Mutex::new(Consumers::default()),
-            next_id: AtomicU64::new(1),
-            refused: AtomicU64::new(0),
-            served_total: AtomicU64::new(0),
-            stream_name: Mutex::new(String::new()),
-            cfg,
-        });
+        let shared = Arc::new(Shared::new(cfg, statuses));
         shared.activate_from(0);
         {
             let p = lock(&shared.pool);
@@ -1735,6 +1748,95 @@ mod tests {
         let again = Server::start(cfg()).expect("stale socket replaced");
         drop(again);
         assert!(!p.exists(), "socket removed at shutdown");
+    }
+
+    /// Regression: a request completed just before a source failure (not yet
+    /// collected, so no longer queued) was wiped and then never refilled,
+    /// leaving its consumer blocked for good (seen once under CPU stress in
+    /// `failing_source_is_quarantined_and_fallback_serves`).
+    #[test]
+    fn completed_but_uncollected_request_wiped_by_failure_is_requeued() {
+        let p = sock("requeue");
+        let srv = Server::start(ServeConfig {
+            listen: vec![Listen::Unix(p)],
+            sources: vec![pattern_spec(), pattern_spec()],
+            output: Output::Seed,
+            log: quiet(),
+            ..ServeConfig::default()
+        })
+        .expect("start");
+        let sh = &srv.shared;
+        let wake = Arc::new(Condvar::new());
+        {
+            let mut pool = lock(&sh.pool);
+            pool.demands.insert(
+                999,
+                Demand {
+                    want: 16,
+                    got: Zeroizing::new(vec![0xaa; 16]),
+                    done: Arc::clone(&wake),
+                },
+            );
+        }
+        sh.source_failed(
+            0,
+            &DrngError::Exhausted {
+                name: "test".into(),
+                attempts: 1,
+            },
+        );
+        let t = Instant::now();
+        loop {
+            let pool = lock(&sh.pool);
+            let d = pool.demands.get(&999).expect("still there");
+            if d.got.len() == 16 {
+                assert_ne!(&d.got[..], &[0xaa; 16], "refilled from the fallback");
+                break;
+            }
+            drop(pool);
+            assert!(t.elapsed() < Duration::from_secs(5), "never refilled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        lock(&sh.pool).demands.remove(&999);
+    }
+
+    /// The dispatcher alone (no producer threads, no sockets): four backlogged
+    /// consumers of different request sizes, seeds delivered one by one, each
+    /// tagged; round robin gives every consumer every fourth seed.
+    #[test]
+    fn round_robin_hands_each_backlogged_consumer_every_nth_seed() {
+        let sh = Arc::new(Shared::new(ServeConfig::default(), Vec::new()));
+        let sizes = [160usize, 160, 160, 160];
+        let mut hs = Vec::new();
+        for (id, &n) in sizes.iter().enumerate() {
+            let sh = Arc::clone(&sh);
+            hs.push(std::thread::spawn(move || {
+                let mut out = vec![0u8; n];
+                sh.take(id as u64, &mut out).map(|()| out).ok()
+            }));
+        }
+        let t = Instant::now();
+        while lock(&sh.pool).queue.len() < sizes.len() {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "consumers never queued"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let order: Vec<u64> = lock(&sh.pool).queue.iter().copied().collect();
+        for i in 0..40u8 {
+            sh.deliver(&[i; SEED_BYTES]);
+        }
+        for (id, h) in hs.into_iter().enumerate() {
+            let got = h.join().expect("join").expect("served");
+            let pos = order.iter().position(|&q| q == id as u64).expect("queued");
+            let tags: Vec<u8> = got.chunks(SEED_BYTES).map(|c| c[0]).collect();
+            let want: Vec<u8> = (0..10u8)
+                .map(|k| k * 4 + u8::try_from(pos).unwrap_or(0))
+                .collect();
+            assert_eq!(tags, want, "consumer {id} (queue position {pos})");
+        }
+        assert!(lock(&sh.pool).buffer.is_empty());
     }
 
     #[test]

