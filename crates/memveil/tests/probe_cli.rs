@@ -29,12 +29,12 @@ fn replay_exit_codes_follow_the_checks() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("[PASS] memory-encryption"), "{out}");
     assert!(out.contains("SEV-SNP"));
-    // memfd_secret missing on that kernel: a failed check, 2.
+    // memfd_secret missing on that kernel: a failed check, 3.
     let o = memveil()
         .args(["probe", "--replay", &fixture("icelake-tme-mk-enabled.json")])
         .output()
         .expect("run");
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stdout).contains("[FAIL] memfd-secret"));
 }
 
@@ -100,6 +100,16 @@ fn bad_replay_file_is_a_clear_error_with_exit_1() {
 }
 
 #[test]
+fn too_few_rng_samples_is_refused() {
+    let o = memveil()
+        .args(["probe", "--rng-samples", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(2), "clap usage errors exit 2");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("64"));
+}
+
+#[test]
 fn record_then_replay_gives_the_same_report() {
     let dir = std::env::temp_dir().join(format!("memveil-probe-rec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
@@ -109,7 +119,7 @@ fn record_then_replay_gives_the_same_report() {
         .arg(&rec)
         .output()
         .expect("run");
-    assert!(matches!(live.status.code(), Some(0 | 2)));
+    assert!(matches!(live.status.code(), Some(0 | 3)));
     let replay = memveil()
         .args(["probe", "--json", "--replay"])
         .arg(&rec)

@@ -200,12 +200,13 @@ impl Report {
             .unwrap_or(Status::Pass)
     }
 
-    /// The exit code of `memveil probe`: 0 when no check failed, 2 when one
-    /// did (warnings do not change it).
+    /// The exit code of `memveil probe`: 0 when no check failed, 3 when one
+    /// did (warnings do not change it). 1 and 2 belong to the binary: 1 when
+    /// the probe could not run, 2 for usage errors.
     #[must_use]
     pub fn exit_code(&self) -> u8 {
         if self.worst() == Status::Fail {
-            2
+            3
         } else {
             0
         }

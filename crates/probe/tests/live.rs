@@ -36,7 +36,7 @@ fn live_probe_of_this_host() {
         }
     }
     assert!(r.check("memory-encryption").is_some());
-    assert_eq!(r.exit_code(), u8::from(r.worst() == Status::Fail) * 2);
+    assert_eq!(r.exit_code(), u8::from(r.worst() == Status::Fail) * 3);
 
     let flags = cpuinfo_flags();
     let flag = |f: &str| flags.iter().any(|x| x == f);
@@ -51,7 +51,8 @@ fn live_probe_of_this_host() {
         eprintln!("SKIP live rdrand health: this CPU has no RDRAND");
     }
     assert_eq!(item_bool("cpu.aes_ni"), Some(flag("aes")));
-    assert_eq!(item_bool("cpu.vaes"), Some(flag("vaes")));
+    // (VAES is not compared: the kernel hides it when AVX state is off, while
+    // CPUID still reports it.)
 
     // Hypervisor bit agrees with the kernel's "hypervisor" flag.
     assert_eq!(item_bool("guest.hypervisor"), Some(flag("hypervisor")));

@@ -7,12 +7,12 @@ use memveil_probe::{collect, decode, render, CollectOptions, HostFacts};
 
 /// Flags of `memveil probe`.
 ///
-/// Exit status: 0 when no check failed (warnings allowed), 2 when at least
-/// one check failed, 1 when the probe itself could not run (bad flags, an
+/// Exit status: 0 when no check failed (warnings allowed), 3 when at least
+/// one check failed, 2 for a usage error, 1 when the probe itself could not run (an
 /// unreadable or invalid --replay file, an unwritable --record file).
 #[derive(clap::Args)]
 #[command(
-    after_help = "Exit status: 0 no check failed (warnings allowed); 2 at least one check failed; 1 the probe could not run.\n\
+    after_help = "Exit status: 0 no check failed (warnings allowed); 3 at least one check failed; 2 usage error; 1 the probe could not run.\n\
 Each item says how it was known (CPUID leaf and bit, MSR field, file, kernel log line) or why it is unknown. See docs/probe.md."
 )]
 pub struct Args {
@@ -37,9 +37,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     replay: Option<PathBuf>,
     /// 64-bit samples of RDRAND and RDSEED to run through the SP 800-90B
-    /// health tests.
-    #[arg(long, value_name = "N", default_value_t = 4096)]
-    rng_samples: usize,
+    /// health tests (64 to 16777216).
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(64..=16_777_216))]
+    rng_samples: u32,
 }
 
 /// Runs `memveil probe`.
@@ -52,7 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         None => collect(&CollectOptions {
             load_msr: args.load_msr,
-            rng_samples: args.rng_samples,
+            rng_samples: usize::try_from(args.rng_samples).unwrap_or(4096),
         }),
     };
     if let Some(p) = &args.record {
