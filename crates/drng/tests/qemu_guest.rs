@@ -14,7 +14,7 @@
 //!
 //! Without qemu or the guest artefacts it prints `SKIP` with the reason.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -70,35 +70,10 @@ fn parse_hex(lines: &[String]) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn qemu_guest_reads_hwrng_from_the_daemon() {
-    let (qemu, kernel, initrd) = match artefacts() {
-        Ok(x) => x,
-        Err(why) => {
-            eprintln!("SKIP qemu_guest_reads_hwrng_from_the_daemon: {why}");
-            return;
-        }
-    };
-    let dir = std::env::temp_dir().join(format!("memveil-qemu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let sock = dir.join("egd.sock");
-    let log: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
-    let l2 = Arc::clone(&log);
-    // RDRAND conditioned 512:1 when the CPU has it, getrandom otherwise (the
-    // stats say which).
-    let srv = Server::start(ServeConfig {
-        listen: vec![Listen::Unix(sock.clone())],
-        sources: vec![
-            SeedSpec::real(SourceKind::Rdrand),
-            SeedSpec::real(SourceKind::Getrandom),
-        ],
-        output: Output::Drbg,
-        log: Arc::new(move |m: &str| l2.lock().expect("log").push(m.to_owned())),
-        record_served: true,
-        ..ServeConfig::default()
-    })
-    .expect("daemon starts");
-
+/// Boots the guest with virtio-rng on the EGD socket `sock`, returns the
+/// bytes it read from `/dev/hwrng` and the boot-and-read time. QEMU is killed
+/// on every path.
+fn boot_guest(qemu: &Path, kernel: &Path, initrd: &Path, sock: &Path) -> (Vec<u8>, Duration) {
     let started = Instant::now();
     let child = Command::new(&qemu)
         .args([
@@ -190,6 +165,40 @@ fn qemu_guest_reads_hwrng_from_the_daemon() {
         bytes.len()
     );
 
+    (bytes, boot_and_read)
+}
+
+#[test]
+fn qemu_guest_reads_hwrng_from_the_daemon() {
+    let (qemu, kernel, initrd) = match artefacts() {
+        Ok(x) => x,
+        Err(why) => {
+            eprintln!("SKIP qemu_guest_reads_hwrng_from_the_daemon: {why}");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("memveil-qemu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let sock = dir.join("egd.sock");
+    let log: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let l2 = Arc::clone(&log);
+    // RDRAND conditioned 512:1 when the CPU has it, getrandom otherwise (the
+    // stats say which).
+    let srv = Server::start(ServeConfig {
+        listen: vec![Listen::Unix(sock.clone())],
+        sources: vec![
+            SeedSpec::real(SourceKind::Rdrand),
+            SeedSpec::real(SourceKind::Getrandom),
+        ],
+        output: Output::Drbg,
+        log: Arc::new(move |m: &str| l2.lock().expect("log").push(m.to_owned())),
+        record_served: true,
+        ..ServeConfig::default()
+    })
+    .expect("daemon starts");
+
+    let (bytes, boot_and_read) = boot_guest(&qemu, &kernel, &initrd, &sock);
+
     // 1. The daemon's counters: one consumer on that socket, served >= N.
     let st = srv.stats();
     let listener = format!("unix:{}", sock.display());
@@ -265,5 +274,135 @@ fn qemu_guest_reads_hwrng_from_the_daemon() {
         r.counters.failures
     );
     drop(srv);
+    drop(std::fs::remove_dir_all(&dir));
+}
+
+/// Kills the `memveil rng serve` process on every path.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        drop(self.0.kill());
+        drop(self.0.wait());
+    }
+}
+
+/// The `memveil` binary built beside this test (`target/<profile>/memveil`),
+/// or `MEMVEIL_BIN`.
+fn memveil_bin() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("MEMVEIL_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("memveil"))
+        .ok_or("no target directory")?;
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} not built (cargo build --release -p memveil, or set MEMVEIL_BIN)",
+            bin.display()
+        ))
+    }
+}
+
+/// The same guest against the real daemon process, `memveil rng serve`,
+/// with the counters read from its stats socket as JSON.
+#[test]
+fn qemu_guest_reads_hwrng_from_memveil_rng_serve_process() {
+    let name = "qemu_guest_reads_hwrng_from_memveil_rng_serve_process";
+    let (qemu, kernel, initrd) = match artefacts() {
+        Ok(x) => x,
+        Err(why) => {
+            eprintln!("SKIP {name}: {why}");
+            return;
+        }
+    };
+    let bin = match memveil_bin() {
+        Ok(b) => b,
+        Err(why) => {
+            eprintln!("SKIP {name}: {why}");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("memveil-qemu-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let sock = dir.join("egd.sock");
+    let stats = dir.join("stats.sock");
+    let daemon = Daemon(
+        Command::new(&bin)
+            .args([
+                "rng",
+                "serve",
+                "--source",
+                "seed",
+                "--fallback",
+                "getrandom",
+            ])
+            .arg("--unix")
+            .arg(&sock)
+            .arg("--stats")
+            .arg(&stats)
+            .args(["--stats-interval", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("memveil rng serve starts"),
+    );
+    let t = Instant::now();
+    while !(sock.exists() && stats.exists()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "daemon did not bind its sockets in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (bytes, boot_and_read) = boot_guest(&qemu, &kernel, &initrd, &sock);
+    let mut text = String::new();
+    std::os::unix::net::UnixStream::connect(&stats)
+        .expect("stats socket")
+        .read_to_string(&mut text)
+        .expect("stats JSON");
+    drop(daemon);
+    let st: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let listener = format!("unix:{}", sock.display());
+    let consumers: Vec<&serde_json::Value> = st["consumers"]
+        .as_array()
+        .expect("consumers")
+        .iter()
+        .filter(|c| c["listener"] == listener.as_str())
+        .collect();
+    assert_eq!(consumers.len(), 1, "{text}");
+    let served = consumers[0]["bytes_served"].as_u64().expect("bytes_served");
+    assert!(
+        served >= GUEST_BYTES as u64,
+        "daemon says it served {served}: {text}"
+    );
+    assert!(
+        consumers[0]["blocking_reads"].as_u64().unwrap_or(0) > 0,
+        "{text}"
+    );
+    let r = run_rngtest(&mut &bytes[..], None, RngTestOptions::default());
+    assert_eq!(
+        r.counters.successes + r.counters.failures,
+        8,
+        "{:?}",
+        r.counters
+    );
+    assert!(r.counters.failures <= 1, "{:?}", r.counters);
+    eprintln!(
+        "qemu guest via {}: {} bytes in {:.1} s, daemon process served {served} bytes to it \
+         (source {}); FIPS {} ok / {} failed",
+        bin.display(),
+        bytes.len(),
+        boot_and_read.as_secs_f64(),
+        st["active_source"],
+        r.counters.successes,
+        r.counters.failures
+    );
     drop(std::fs::remove_dir_all(&dir));
 }
