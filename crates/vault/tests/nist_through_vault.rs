@@ -2,6 +2,8 @@
 //! running vault: each key is imported over the control socket, each
 //! operation goes through a shared-memory lane, and the key is destroyed
 //! afterwards.
+// Test data: small counters cast to bytes on purpose; expected errors unwrapped.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::err_expect, clippy::manual_is_multiple_of)]
 
 mod common;
 #[path = "../../cipher/tests/common/mod.rs"]
@@ -24,7 +26,12 @@ fn aes_kind(key: &[u8]) -> KeyKind {
     }
 }
 
-fn with_key<R>(c: &mut Client, kind: KeyKind, key: &[u8], f: impl FnOnce(&mut Client, u32) -> R) -> R {
+fn with_key<R>(
+    c: &mut Client,
+    kind: KeyKind,
+    key: &[u8],
+    f: impl FnOnce(&mut Client, u32) -> R,
+) -> R {
     let k = c.import_key("kat", kind, false, key).expect("import");
     let r = f(c, k.id);
     c.destroy_key("kat").expect("destroy");
@@ -38,7 +45,11 @@ fn block_mode(c: &mut Client, prefix: &str, mode: Mode) -> usize {
             for case in file(&format!("{prefix}{kind}{bits}.rsp")) {
                 let key = case.hex("KEY");
                 let (pt, ct) = (case.hex("PLAINTEXT"), case.hex("CIPHERTEXT"));
-                let iv = if mode == Mode::Cbc { case.hex("IV") } else { vec![0; 16] };
+                let iv = if mode == Mode::Cbc {
+                    case.hex("IV")
+                } else {
+                    vec![0; 16]
+                };
                 with_key(c, aes_kind(&key), &key, |c, id| {
                     let p = Crypt::new(id, mode).iv(&iv);
                     if case.direction == "ENCRYPT" {
@@ -88,7 +99,10 @@ fn every_mode_matches_the_vectors_through_the_vault() {
     for bits in [128, 256] {
         for form in ["hexstr", "seqno"] {
             for case in file(&format!("XTSGenAES{bits}-{form}.rsp")) {
-                let len_bits: usize = case.get("DATAUNITLEN").and_then(|v| v.parse().ok()).expect("len");
+                let len_bits: usize = case
+                    .get("DATAUNITLEN")
+                    .and_then(|v| v.parse().ok())
+                    .expect("len");
                 if len_bits % 8 != 0 {
                     skipped += 1;
                     continue;
@@ -101,17 +115,31 @@ fn every_mode_matches_the_vectors_through_the_vault() {
                         .expect("seq")
                         .to_le_bytes(),
                 };
-                let kind = if bits == 128 { KeyKind::Xts128 } else { KeyKind::Xts256 };
+                let kind = if bits == 128 {
+                    KeyKind::Xts128
+                } else {
+                    KeyKind::Xts256
+                };
                 with_key(&mut c, kind, &case.hex("KEY"), |c, id| {
                     let p = Crypt::new(id, Mode::Xts).iv(&tweak);
                     if case.direction == "ENCRYPT" {
                         let mut d = case.hex("PT");
                         c.encrypt(&p, &mut d).expect("xts enc");
-                        assert_eq!(d, case.hex("CT"), "XTS{bits} {form} {:?}", case.get("COUNT"));
+                        assert_eq!(
+                            d,
+                            case.hex("CT"),
+                            "XTS{bits} {form} {:?}",
+                            case.get("COUNT")
+                        );
                     } else {
                         let mut d = case.hex("CT");
                         c.decrypt(&p, &mut d).expect("xts dec");
-                        assert_eq!(d, case.hex("PT"), "XTS{bits} {form} {:?}", case.get("COUNT"));
+                        assert_eq!(
+                            d,
+                            case.hex("PT"),
+                            "XTS{bits} {form} {:?}",
+                            case.get("COUNT")
+                        );
                     }
                 });
                 xts += 1;
@@ -131,7 +159,12 @@ fn every_mode_matches_the_vectors_through_the_vault() {
                 let tag = c.encrypt(&p, &mut d).expect("gcm seal");
                 assert_eq!(d, case.hex("CT"), "gcm{bits} {:?}", case.get("COUNT"));
                 let want = case.hex("TAG");
-                assert_eq!(&tag[..want.len()], &want[..], "gcm{bits} tag {:?}", case.get("COUNT"));
+                assert_eq!(
+                    &tag[..want.len()],
+                    &want[..],
+                    "gcm{bits} tag {:?}",
+                    case.get("COUNT")
+                );
             });
             gcm += 1;
         }
@@ -143,12 +176,21 @@ fn every_mode_matches_the_vectors_through_the_vault() {
             let key = case.hex("KEY");
             with_key(&mut c, aes_kind(&key), &key, |c, id| {
                 let aad = case.hex("AAD");
-                let p = Crypt::new(id, Mode::Gcm).iv(&case.hex("IV")).aad(&aad).tag(&tag);
+                let p = Crypt::new(id, Mode::Gcm)
+                    .iv(&case.hex("IV"))
+                    .aad(&aad)
+                    .tag(&tag);
                 let mut d = case.hex("CT");
                 let r = c.decrypt(&p, &mut d);
                 if case.fail {
                     assert!(
-                        matches!(r, Err(ClientError::Request { code: status::AUTH_FAILED, .. })),
+                        matches!(
+                            r,
+                            Err(ClientError::Request {
+                                code: status::AUTH_FAILED,
+                                ..
+                            })
+                        ),
                         "FAIL case accepted: {:?} {r:?}",
                         case.get("COUNT")
                     );

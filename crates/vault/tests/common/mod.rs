@@ -80,7 +80,12 @@ impl Vault {
             None => (scratch_dir("v"), false),
         };
         let socket = dir.join("vault.sock");
-        let errlog = dir.join(format!("stderr.{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())));
+        let errlog = dir.join(format!(
+            "stderr.{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
         let mut cmd = if o.wrapper.is_empty() {
             Command::new(bin())
         } else {
@@ -106,7 +111,7 @@ impl Vault {
             let _ = tx.send(line);
             // Keep draining so the vault never blocks on stdout.
             let mut sink = String::new();
-            while r.read_line(&mut sink).map_or(false, |n| n > 0) {
+            while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
                 sink.clear();
             }
         });
@@ -143,7 +148,14 @@ impl Vault {
     pub fn stderr(&self) -> String {
         let mut s = String::new();
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
-            let mut names: Vec<_> = rd.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("stderr."))).collect();
+            let mut names: Vec<_> = rd
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("stderr."))
+                })
+                .collect();
             names.sort();
             for n in names {
                 s.push_str(&std::fs::read_to_string(n).unwrap_or_default());
