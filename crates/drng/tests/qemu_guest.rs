@@ -75,7 +75,7 @@ fn parse_hex(lines: &[String]) -> Vec<u8> {
 /// on every path.
 fn boot_guest(qemu: &Path, kernel: &Path, initrd: &Path, sock: &Path) -> (Vec<u8>, Duration) {
     let started = Instant::now();
-    let child = Command::new(&qemu)
+    let child = Command::new(qemu)
         .args([
             "-accel",
             "tcg",
@@ -87,9 +87,9 @@ fn boot_guest(qemu: &Path, kernel: &Path, initrd: &Path, sock: &Path) -> (Vec<u8
             "-no-reboot",
         ])
         .arg("-kernel")
-        .arg(&kernel)
+        .arg(kernel)
         .arg("-initrd")
-        .arg(&initrd)
+        .arg(initrd)
         .arg("-append")
         .arg(format!(
             "console=ttyS0 quiet panic=-1 memveil.bytes={GUEST_BYTES}"
