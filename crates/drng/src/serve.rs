@@ -1409,11 +1409,18 @@ impl Server {
             .map(|c| lock(&c.recorded).clone())
     }
 
-    /// Blocks until [`Server::shutdown`] is called from another thread (the
-    /// CLI serves until killed).
+    /// Blocks until [`Server::shutdown`] is called from another thread.
     pub fn wait(&self) {
         while !self.shared.shutdown.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Blocks until `stop` is raised (e.g. by [`stop_on_signals`]) or the
+    /// server is shut down, polling every 100 ms.
+    pub fn wait_until(&self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) && !self.shared.shutdown.load(Ordering::Relaxed) {
+            std::thread::sleep(TICK);
         }
     }
 
@@ -1481,6 +1488,7 @@ fn accept_loop(shared: &Arc<Shared>, b: Bound) {
         conns.retain(|h| !h.is_finished());
         let (mut conn, peer) = match accepted {
             Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 shared.log(&format!("accept failed: {e}"));
                 std::thread::sleep(TICK);
@@ -1593,6 +1601,14 @@ fn stats_of(shared: &Shared) -> ServerStats {
         rate_limit: shared.cfg.rate_limit,
         consumers: sorted,
     }
+}
+
+/// A flag raised by SIGINT or SIGTERM, so the daemon can shut down cleanly
+/// (close consumers, remove its sockets, print its counters). `None` when
+/// the handlers cannot be installed.
+#[must_use]
+pub fn stop_on_signals() -> Option<&'static AtomicBool> {
+    memveil_sys::stopflag::stop_on_interrupt().ok()
 }
 
 /// One log line of the counters.

@@ -367,6 +367,27 @@ fn qemu_guest_reads_hwrng_from_memveil_rng_serve_process() {
         .expect("stats socket")
         .read_to_string(&mut text)
         .expect("stats JSON");
+    // SIGTERM: the daemon closes its consumers, removes its sockets and exits 0.
+    let mut daemon = daemon;
+    let pid = daemon.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = daemon.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "daemon ignored SIGTERM for 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "daemon exit status {status}");
+    assert!(
+        !sock.exists() && !stats.exists(),
+        "sockets removed at shutdown"
+    );
     drop(daemon);
     let st: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
     let listener = format!("unix:{}", sock.display());

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,15 +114,30 @@ pub(super) fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         }),
         ..ServeConfig::default()
     };
+    let stop = memveil_drng::serve::stop_on_signals();
     let mut srv = Server::start(cfg)?;
     match a.duration {
         Some(d) => {
-            std::thread::sleep(Duration::from_secs_f64(d));
+            let end = std::time::Instant::now() + Duration::from_secs_f64(d);
+            while std::time::Instant::now() < end
+                && !stop.is_some_and(|s| s.load(Ordering::Relaxed))
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
             let st = srv.stats();
             srv.shutdown();
             println!("{}", serde_json::to_string_pretty(&st)?);
         }
-        None => srv.wait(),
+        None => {
+            let never = AtomicBool::new(false);
+            srv.wait_until(stop.unwrap_or(&never));
+            let st = srv.stats();
+            srv.shutdown();
+            eprintln!(
+                "memveil rng serve: stopped by signal; final {}",
+                memveil_drng::serve::summary(&st)
+            );
+        }
     }
     Ok(0)
 }
@@ -198,8 +213,9 @@ pub(super) fn feed_kernel(a: FeedArgs) -> anyhow::Result<u8> {
             ));
         })
     } else {
-        let stop = AtomicBool::new(false);
-        f.run(Duration::from_secs_f64(a.interval), &stop, &log)
+        let never = AtomicBool::new(false);
+        let stop = memveil_drng::serve::stop_on_signals().unwrap_or(&never);
+        f.run(Duration::from_secs_f64(a.interval), stop, &log)
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(f.report())?);
