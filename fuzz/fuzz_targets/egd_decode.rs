@@ -27,9 +27,26 @@ fuzz_target!(|data: &[u8]| {
     let mut wire = Vec::new();
     for r in &out {
         r.encode(&mut wire).expect("decoded requests are encodable");
-        let _ = Limits::default().admit_read(1, true);
+        // The server's cap: blocking reads above it are refused, non-blocking
+        // ones are answered short, never longer than asked.
+        let limits = Limits {
+            max_read: split.max(1),
+        };
+        match *r {
+            Request::ReadBlocking { len } => {
+                assert_eq!(limits.admit_read(len, true).is_ok(), len <= limits.max_read);
+            }
+            Request::ReadNonBlocking { len } => {
+                let n = limits.admit_read(len, false).expect("never refused");
+                assert!(n <= len && n <= limits.max_read);
+            }
+            _ => {}
+        }
     }
-    assert!(input.starts_with(&wire), "re-encoding differs from the input");
+    assert!(
+        input.starts_with(&wire),
+        "re-encoding differs from the input"
+    );
     if !failed {
         assert_eq!(wire.len() + d.pending(), input.len());
     }
