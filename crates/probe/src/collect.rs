@@ -1,5 +1,5 @@
 //! The live collector: gathers [`HostFacts`] on this machine. It decides
-//! nothing; [`crate::decode`] does. All unsafe operations (CPUID, MSR reads,
+//! nothing; [`crate::decode()`] does. All unsafe operations (CPUID, MSR reads,
 //! system calls) go through `memveil-sys`.
 
 use std::collections::BTreeMap;

@@ -2,8 +2,8 @@
 //!
 //! Register layouts:
 //! - Intel, "Intel Architecture Memory Encryption Technologies
-//!   Specification" (TME/MKTME): CPUID.(EAX=7,ECX=0):ECX[13] TME_EN,
-//!   CPUID.(EAX=7,ECX=0):EDX[18] PCONFIG; `IA32_TME_CAPABILITY` (0x981) bit 0
+//!   Specification" (TME/MKTME): `CPUID.(EAX=7,ECX=0):ECX[13]` TME_EN,
+//!   `CPUID.(EAX=7,ECX=0):EDX[18]` PCONFIG; `IA32_TME_CAPABILITY` (0x981) bit 0
 //!   AES-XTS-128, bit 2 AES-XTS-256, bit 31 TME encryption bypass supported,
 //!   35:32 MK_TME_MAX_KEYID_BITS, 50:36 MK_TME_MAX_KEYS; `IA32_TME_ACTIVATE`
 //!   (0x982) bit 0 lock, 1 TME enable, 2 key select (0 new random key,

@@ -4,13 +4,13 @@
 //! Two halves, kept apart so the interesting half can be tested on recorded
 //! inputs:
 //!
-//! - [`collect`] gathers [`HostFacts`] live: CPUID leaves, MSRs through
+//! - [`collect()`] gathers [`HostFacts`] live: CPUID leaves, MSRs through
 //!   `/dev/cpu/N/msr` (loading the msr module only when asked), the first
 //!   processor of `/proc/cpuinfo`, the kernel log (`/dev/kmsg`, `dmesg`, the
 //!   journal), sysctls and sysfs attributes, a short live sample of RDRAND and
 //!   RDSEED through the SP 800-90B health tests of `memveil-drng`, and one
 //!   attempt each at `memfd_secret`, `userfaultfd` and `/dev/kvm`.
-//! - [`decode`] turns facts into a [`Report`]: each item's value and how it
+//! - [`decode()`] turns facts into a [`Report`]: each item's value and how it
 //!   was known (CPUID leaf and bit, register field, file, log line) or
 //!   "unknown" with the reason, then checks with pass/warn/fail and what to do.
 //!
