@@ -902,7 +902,8 @@ impl Bucket {
         let rate = rate as f64;
         Self {
             rate,
-            tokens: rate.min(egd::MAX_COUNT as f64).max(rate),
+            // Start with a full second of burst.
+            tokens: rate,
             last: Instant::now(),
         }
     }
