@@ -178,24 +178,7 @@ fn msrs(f: &mut HostFacts, load: bool) {
             return;
         }
     }
-    let bit = |leaf: u32, reg: fn(&CpuidRecord) -> u32, n: u32| {
-        f.cpuid(leaf, 0).is_some_and(|r| reg(&r) >> n & 1 == 1)
-    };
-    let tme = bit(7, |r| r.ecx, 13);
-    let sme = bit(0x8000_001F, |r| r.eax, 0);
-    let sev = bit(0x8000_001F, |r| r.eax, 1);
-    let guest = bit(1, |r| r.ecx, 31);
-    let mut regs: Vec<(u32, bool)> = Vec::new();
-    if tme {
-        regs.push((MSR_TME_CAPABILITY, false));
-        regs.push((MSR_TME_ACTIVATE, true));
-    }
-    if sme || sev {
-        regs.push((MSR_AMD_SYSCFG, true));
-    }
-    if sev && guest {
-        regs.push((MSR_AMD_SEV_STATUS, false));
-    }
+    let regs = msr_plan(f);
     let cpus = msr_cpus();
     for (msr, all_cpus) in regs {
         for &cpu in &cpus {
@@ -211,6 +194,34 @@ fn msrs(f: &mut HostFacts, load: bool) {
             });
         }
     }
+}
+
+/// Which MSRs to read, from the recorded CPUID: `(register, on every CPU)`.
+/// Only registers CPUID enumerates are read (reading others gives EIO, and
+/// inside a guest may be logged by the hypervisor).
+#[must_use]
+pub fn msr_plan(f: &HostFacts) -> Vec<(u32, bool)> {
+    let bit = |leaf: u32, reg: fn(&CpuidRecord) -> u32, n: u32| {
+        f.cpuid(leaf, 0).is_some_and(|r| reg(&r) >> n & 1 == 1)
+    };
+    let tme = bit(7, |r| r.ecx, 13);
+    let sme = bit(0x8000_001F, |r| r.eax, 0);
+    let sev = bit(0x8000_001F, |r| r.eax, 1);
+    let guest = bit(1, |r| r.ecx, 31);
+    let mut regs: Vec<(u32, bool)> = Vec::new();
+    if tme {
+        regs.push((MSR_TME_CAPABILITY, false));
+        regs.push((MSR_TME_ACTIVATE, true));
+    }
+    // SYSCFG describes the host; inside a guest it is the hypervisor's
+    // fiction (and under SEV-ES every access is a round trip to it).
+    if (sme || sev) && !guest {
+        regs.push((MSR_AMD_SYSCFG, true));
+    }
+    if sev && guest {
+        regs.push((MSR_AMD_SEV_STATUS, false));
+    }
+    regs
 }
 
 fn cpuinfo() -> Text {
@@ -235,6 +246,20 @@ fn cpuinfo() -> Text {
     }
 }
 
+/// One `/dev/kmsg` record, `"prio,seq,usec,flags[,..];message\n"` followed by
+/// optional continuation lines `" KEY=value"` (Documentation/ABI/testing/
+/// dev-kmsg): the sequence number and the message.
+#[must_use]
+pub fn parse_kmsg_record(rec: &str) -> Option<(Option<u64>, String)> {
+    let (head, msg) = rec.split_once(';')?;
+    let seq = head
+        .split(',')
+        .nth(1)
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let msg = msg.lines().next().unwrap_or("");
+    Some((seq, msg.to_owned()))
+}
+
 /// Reads `/dev/kmsg` without blocking: one record per read, EAGAIN at the end.
 fn read_kmsg() -> io::Result<(Vec<String>, bool)> {
     let mut f = std::fs::OpenOptions::new()
@@ -248,16 +273,14 @@ fn read_kmsg() -> io::Result<(Vec<String>, bool)> {
         match f.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                let rec = String::from_utf8_lossy(&buf[..n]);
-                let Some((head, msg)) = rec.split_once(';') else {
+                let Some((seq, msg)) = parse_kmsg_record(&String::from_utf8_lossy(&buf[..n]))
+                else {
                     continue;
                 };
                 if first_seq.is_none() {
-                    first_seq = head.split(',').nth(1).and_then(|s| s.parse::<u64>().ok());
+                    first_seq = seq;
                 }
-                // Continuation lines (" KEY=value") carry device metadata.
-                let msg = msg.lines().next().unwrap_or("");
-                lines.push(msg.to_owned());
+                lines.push(msg);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             // EPIPE: the record we were about to read was overwritten.
@@ -520,6 +543,47 @@ mod tests {
         assert_eq!(majmin((253 << 8) | 1), "253:1");
         let dev = ((259u64 & 0xfff) << 8) | (300 & 0xff) | ((300u64 & !0xff) << 12);
         assert_eq!(majmin(dev), "259:300");
+    }
+
+    #[test]
+    fn kmsg_records() {
+        assert_eq!(
+            parse_kmsg_record("6,339,5140900,-;x86/tme: enabled by BIOS\n"),
+            Some((Some(339), "x86/tme: enabled by BIOS".to_owned()))
+        );
+        let r = parse_kmsg_record(
+            "6,1024,8000,-;ccp 0000:c3:00.2: psp: TSME enabled\n SUBSYSTEM=pci\n DEVICE=+pci:0000:c3:00.2\n",
+        );
+        assert_eq!(
+            r,
+            Some((Some(1024), "ccp 0000:c3:00.2: psp: TSME enabled".to_owned()))
+        );
+        assert_eq!(parse_kmsg_record("garbage"), None);
+        assert_eq!(parse_kmsg_record("x;msg"), Some((None, "msg".to_owned())));
+    }
+
+    #[test]
+    fn msr_plan_follows_cpuid() {
+        let rec = |leaf, eax, ecx| CpuidRecord {
+            leaf,
+            subleaf: 0,
+            eax,
+            ebx: 0,
+            ecx,
+            edx: 0,
+        };
+        let mut f = HostFacts::default();
+        assert!(msr_plan(&f).is_empty());
+        f.cpuid.push(rec(7, 0, 1 << 13));
+        assert_eq!(
+            msr_plan(&f),
+            vec![(MSR_TME_CAPABILITY, false), (MSR_TME_ACTIVATE, true)]
+        );
+        let mut g = HostFacts::default();
+        g.cpuid.push(rec(0x8000_001F, 0b11, 0));
+        assert_eq!(msr_plan(&g), vec![(MSR_AMD_SYSCFG, true)]);
+        g.cpuid.push(rec(1, 0, 1 << 31));
+        assert_eq!(msr_plan(&g), vec![(MSR_AMD_SEV_STATUS, false)]);
     }
 
     #[test]
