@@ -16,7 +16,7 @@ pub struct Args {
     /// Also write the JSON figures to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Report folder (default: bench-report-<unix time> in the current directory).
+    /// Report folder (default: `bench-report-<unix time>` in the current directory).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
 }
