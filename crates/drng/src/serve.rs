@@ -253,6 +253,10 @@ pub struct ServeConfig {
     pub reseed_interval: u64,
     /// Per-consumer cap in bytes per second.
     pub rate_limit: Option<u64>,
+    /// Per-consumer caps for the consumers of one endpoint, keyed by its
+    /// name as shown in the stats (`unix:/run/vm1.sock`, `tcp:127.0.0.1:7070`);
+    /// they override `rate_limit` (one socket per VM gives per-VM limits).
+    pub listener_rate_limits: Vec<(String, u64)>,
     /// Connections served at once.
     pub max_consumers: usize,
     /// Per-request cap of the EGD reads.
@@ -296,6 +300,7 @@ impl Default for ServeConfig {
             prediction_resistance: false,
             reseed_interval: crate::drbg::DEFAULT_RESEED_INTERVAL,
             rate_limit: None,
+            listener_rate_limits: Vec::new(),
             max_consumers: 256,
             limits: Limits::default(),
             producers: 1,
@@ -394,6 +399,8 @@ pub struct ConsumerStats {
     pub seed_bytes: u64,
     /// Time spent waiting for the rate limit, seconds.
     pub rate_limited_seconds: f64,
+    /// This consumer's rate limit, bytes/s.
+    pub rate_limit: Option<u64>,
 }
 
 /// The daemon's counters.
@@ -818,6 +825,7 @@ impl EntropyInput for PoolInput {
 struct Consumer {
     id: u64,
     listener: String,
+    rate_limit: Option<u64>,
     peer: String,
     connected: Instant,
     closed_after: Mutex<Option<(Duration, String)>>,
@@ -866,6 +874,7 @@ impl Consumer {
             bytes_written_ignored: self.bytes_written_ignored.load(Ordering::Relaxed),
             seed_bytes: self.seed_bytes.load(Ordering::Relaxed),
             rate_limited_seconds: limited,
+            rate_limit: self.rate_limit,
         }
     }
 }
@@ -1121,7 +1130,7 @@ fn serve_conn(shared: &Arc<Shared>, c: &Arc<Consumer>, conn: &mut dyn Conn) -> S
         shared,
         c,
         gen: None,
-        bucket: shared.cfg.rate_limit.map(Bucket::new),
+        bucket: c.rate_limit.map(Bucket::new),
     };
     let mut dec = Decoder::new();
     let mut buf = [0u8; 512];
@@ -1235,6 +1244,20 @@ impl Server {
             return Err(ServeError::Config(
                 "--rate-limit 0: leave it out for no limit".into(),
             ));
+        }
+        let names: Vec<String> = cfg.listen.iter().map(ToString::to_string).collect();
+        for (l, r) in &cfg.listener_rate_limits {
+            if *r == 0 {
+                return Err(ServeError::Config(format!(
+                    "--rate-limit-on {l}=0: leave it out for no limit"
+                )));
+            }
+            if !names.contains(l) {
+                return Err(ServeError::Config(format!(
+                    "--rate-limit-on {l}: no such endpoint; endpoints are {}",
+                    names.join(", ")
+                )));
+            }
         }
         if cfg.reseed_interval == 0 || cfg.reseed_interval > crate::drbg::MAX_RESEED_INTERVAL {
             return Err(ServeError::Config(format!(
@@ -1511,9 +1534,17 @@ fn accept_loop(shared: &Arc<Shared>, b: Bound) {
             continue;
         }
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let rate_limit = shared
+            .cfg
+            .listener_rate_limits
+            .iter()
+            .find(|(l, _)| *l == listener)
+            .map(|(_, r)| *r)
+            .or(shared.cfg.rate_limit);
         let c = Arc::new(Consumer {
             id,
             listener,
+            rate_limit,
             peer,
             connected: Instant::now(),
             closed_after: Mutex::new(None),

@@ -364,7 +364,10 @@ fn failing_source_without_fallback_stops_serving_but_daemon_lives() {
     let mut a = unix_client(&p);
     let mut buf = [0u8; 64];
     a.read_blocking(&mut buf).expect("healthy");
-    // The seed buffer is full by now; make the next seed fail.
+    // Wait for the seed buffer to fill, then make the next seed fail.
+    eventually("seed buffer full", || {
+        a.entropy_level().expect("level") == 8 * 1024
+    });
     ctl.set(Fault::Fail);
     let mut big = vec![0u8; 4096];
     let e = a.read_blocking(&mut big).expect_err("no healthy source");
@@ -384,8 +387,13 @@ fn failing_source_without_fallback_stops_serving_but_daemon_lives() {
     let mut c = unix_client(&p);
     assert_eq!(c.entropy_level().expect("level"), 0);
     assert!(c.read_nonblocking(32).expect("nb").is_empty());
-    let log = lines.lock().expect("log").join("\n");
-    assert!(log.contains("no healthy entropy source left"), "{log}");
+    eventually("the log says so", || {
+        lines
+            .lock()
+            .expect("log")
+            .iter()
+            .any(|l| l.contains("no healthy entropy source left"))
+    });
 }
 
 #[test]
@@ -412,6 +420,50 @@ fn rate_limit_holds_a_consumer_back() {
     );
     let me = consumer(&srv.stats(), 1);
     assert!(me.rate_limited_seconds > 0.5, "{me:?}");
+}
+
+#[test]
+fn per_endpoint_rate_limit_applies_to_that_endpoint_only() {
+    let (slow, fast) = (sock("slow"), sock("fast"));
+    let (log, _) = capture();
+    let srv = Server::start(ServeConfig {
+        listen: vec![Listen::Unix(slow.clone()), Listen::Unix(fast.clone())],
+        sources: vec![SeedSpec::real(SourceKind::Getrandom)],
+        listener_rate_limits: vec![(format!("unix:{}", slow.display()), 4096)],
+        log,
+        ..ServeConfig::default()
+    })
+    .expect("start");
+    let mut s = unix_client(&slow);
+    let mut f = unix_client(&fast);
+    let mut b = vec![0u8; 4096 * 2];
+    f.read_blocking(&mut b).expect("fast");
+    s.read_blocking(&mut b).expect("slow");
+    let st = srv.stats();
+    // Ids follow accept order across two listener threads: find by endpoint.
+    let by = |path: &PathBuf| {
+        let l = format!("unix:{}", path.display());
+        st.consumers
+            .iter()
+            .find(|c| c.listener == l)
+            .cloned()
+            .expect("consumer on that endpoint")
+    };
+    let (cs, cf) = (by(&slow), by(&fast));
+    assert_eq!(cs.rate_limit, Some(4096), "{cs:?}");
+    assert!(cs.rate_limited_seconds > 0.5, "{cs:?}");
+    assert_eq!(cf.rate_limit, None);
+    assert!(cf.rate_limited_seconds == 0.0, "{cf:?}");
+    let e = Server::start(ServeConfig {
+        listen: vec![Listen::Unix(sock("other"))],
+        sources: vec![SeedSpec::real(SourceKind::Getrandom)],
+        listener_rate_limits: vec![("unix:/nowhere.sock".into(), 1)],
+        log: capture().0,
+        ..ServeConfig::default()
+    })
+    .err()
+    .expect("unknown endpoint refused");
+    assert!(e.to_string().contains("no such endpoint"), "{e}");
 }
 
 #[test]

@@ -52,6 +52,11 @@ pub(super) struct ServeArgs {
     /// Per-consumer rate limit in bytes per second (suffixes K, M).
     #[arg(long, value_name = "BYTES", value_parser = super::parse_size)]
     rate_limit: Option<u64>,
+    /// Rate limit for the consumers of one endpoint, overriding --rate-limit:
+    /// `unix:/run/vm1.sock=64K` or `tcp:127.0.0.1:7070=1M` (repeatable; one
+    /// socket per VM gives per-VM limits).
+    #[arg(long, value_name = "ENDPOINT=BYTES", value_parser = parse_listener_rate)]
+    rate_limit_on: Vec<(String, u64)>,
     /// Consumers served at once; more are accepted and closed.
     #[arg(long, default_value_t = 256)]
     max_consumers: usize,
@@ -72,6 +77,16 @@ pub(super) struct ServeArgs {
     /// (default: serve until killed).
     #[arg(long, value_name = "SECS")]
     duration: Option<f64>,
+}
+
+fn parse_listener_rate(s: &str) -> Result<(String, u64), String> {
+    let (l, r) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{s:?}: expected ENDPOINT=BYTES, e.g. unix:/run/vm1.sock=64K"))?;
+    if !(l.starts_with("unix:") || l.starts_with("tcp:")) {
+        return Err(format!("{l:?}: an endpoint is unix:PATH or tcp:ADDR:PORT"));
+    }
+    Ok((l.to_owned(), super::parse_size(r)?))
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -100,6 +115,7 @@ pub(super) fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         prediction_resistance: a.prediction_resistance,
         reseed_interval: a.reseed_interval,
         rate_limit: a.rate_limit,
+        listener_rate_limits: a.rate_limit_on,
         max_consumers: a.max_consumers,
         limits: Limits {
             max_read: a.max_request,
