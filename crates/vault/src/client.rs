@@ -601,6 +601,9 @@ pub struct Outcome {
     pub tag: [u8; 16],
 }
 
+/// How long a waiter spins without yielding the CPU.
+pub(crate) const PURE_SPIN: Duration = Duration::from_micros(4);
+
 /// One lane, used by one thread at a time.
 pub struct LaneClient {
     map: Arc<SharedMap>,
@@ -683,8 +686,18 @@ impl LaneClient {
                 break;
             }
             i = i.wrapping_add(1);
-            if !i.is_multiple_of(64) || t0.elapsed() < self.spin {
+            if !i.is_multiple_of(64) {
                 std::hint::spin_loop();
+                continue;
+            }
+            let waited = t0.elapsed();
+            if waited < self.spin {
+                // After a short pure spin, yield between checks: when the
+                // vault's worker shares our CPU (a loaded machine), it runs
+                // at once instead of after our time slice.
+                if waited > PURE_SPIN {
+                    std::thread::yield_now();
+                }
                 continue;
             }
             let seen = complete.load(Ordering::SeqCst);

@@ -988,6 +988,10 @@ impl Worker {
                     break 'outer;
                 }
                 i = i.wrapping_add(1);
+                if i.is_multiple_of(128) && t0.elapsed() > crate::client::PURE_SPIN {
+                    // Let a client that shares this CPU run (loaded machine).
+                    std::thread::yield_now();
+                }
                 if i.is_multiple_of(128) && t0.elapsed() > spin {
                     sleeping.store(1, Ordering::SeqCst);
                     if submit.load(Ordering::SeqCst) == last {
