@@ -488,6 +488,15 @@ mod tests {
             }
         };
         let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && err.contains("failed to execute") {
+            // The test binary lives where `nobody` cannot reach it (e.g. /root).
+            eprintln!(
+                "SKIP non_root_gets_a_clear_error: nobody cannot run {}: {err}",
+                exe.display()
+            );
+            return;
+        }
         assert!(
             out.status.success(),
             "child failed: {text} {}",
