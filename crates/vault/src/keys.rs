@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use memveil_cipher::{Aes, Gcm, Xts};
+use memveil_cipher::{Aes, Xts};
+
+use crate::gcm::VaultGcm;
 use memveil_secmem::{SecmemError, SecretBox, SecretPool};
 
 use crate::proto::{perm, KeyInfo, KeyKind, Mode};
@@ -14,7 +16,7 @@ use crate::ring::{status, Entry, Op};
 pub(crate) enum Material {
     Aes {
         aes: SecretBox<Option<Aes>>,
-        gcm: SecretBox<Option<Gcm>>,
+        gcm: SecretBox<Option<VaultGcm>>,
     },
     Xts(SecretBox<Option<Xts>>),
 }
@@ -60,7 +62,7 @@ impl Version {
         let material = match kind {
             KeyKind::Aes128 | KeyKind::Aes256 => {
                 let aes = pool.alloc(|| Aes::new(key).ok())?;
-                let gcm = pool.alloc(|| Gcm::new(key).ok())?;
+                let gcm = pool.alloc(|| VaultGcm::new(key).ok())?;
                 if aes.is_none() || gcm.is_none() {
                     return Err(MaterialError::Cipher(
                         Aes::new(&[])
@@ -146,7 +148,7 @@ impl Version {
                 nonce.copy_from_slice(&e.iv[..12]);
                 match e.op {
                     Op::Encrypt => {
-                        *tag_out = gcm.seal(&nonce, aad, data);
+                        *tag_out = gcm.seal(&nonce, aad, data).map_err(bad)?;
                         Ok(())
                     }
                     Op::Decrypt => gcm

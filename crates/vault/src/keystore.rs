@@ -30,7 +30,7 @@ use std::io::{Read as _, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
-use memveil_cipher::Gcm;
+use crate::gcm::VaultGcm as Gcm;
 use memveil_secmem::{SecmemError, SecretBox, SecretPool};
 
 use crate::proto::KeyKind;
@@ -423,7 +423,9 @@ impl Keystore {
         let Some(gcm) = self.kek.as_ref() else {
             return Err(KeystoreError::Kdf("KEK rejected by GCM".into()));
         };
-        let tag = gcm.seal(&nonce, &header, &mut pt[..n]);
+        let tag = gcm
+            .seal(&nonce, &header, &mut pt[..n])
+            .map_err(|e| KeystoreError::Kdf(e.to_string()))?;
         let mut file = header;
         file.extend_from_slice(&pt[..n]);
         file.extend_from_slice(&tag);

@@ -2,7 +2,12 @@
 //! hostile lanes, ACLs, quotas, audit lines, readiness, and replies that
 //! never carry key bytes.
 // Test data: small counters cast to bytes on purpose; expected errors unwrapped.
-#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::err_expect, clippy::manual_is_multiple_of)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::err_expect,
+    clippy::manual_is_multiple_of
+)]
 
 mod common;
 
@@ -750,4 +755,93 @@ fn cli_verbs_for_people() {
         b"not a ciphertext at all, no header here",
     );
     assert!(!ok && err.contains("bad header"), "{err}");
+}
+
+/// Every readable mapping of a process, via /proc/PID/maps and /proc/PID/mem.
+fn readable_memory(pid: u32) -> Vec<u8> {
+    use std::io::{Seek as _, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.contains("[vvar") || line.contains("[vsyscall") {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (a, b) = (
+            u64::from_str_radix(a, 16).expect("hex"),
+            u64::from_str_radix(b, 16).expect("hex"),
+        );
+        let mut buf = vec![0u8; usize::try_from(b - a).expect("len")];
+        if mem.seek(SeekFrom::Start(a)).is_ok() && mem.read_exact(&mut buf).is_ok() {
+            out.extend_from_slice(&buf);
+        }
+    }
+    out
+}
+
+/// Regression: `memveil_cipher::Gcm` boxes its state on the heap, which put
+/// the AES schedule (whose first round keys are the raw key) in readable
+/// memory; the vault now uses its own inline GCM in secret memory.
+#[test]
+fn raw_key_bytes_are_not_in_the_vaults_readable_memory() {
+    if unsafe_root() != 0 {
+        eprintln!("SKIP raw_key_bytes_are_not_in_the_vaults_readable_memory: needs root to read /proc/PID/mem of a non-dumpable process");
+        return;
+    }
+    let dir = common::scratch_dir("rawkey");
+    let mut key = [0u8; 32];
+    memveil_sys::getrandom(&mut key).expect("random");
+    let kf = dir.join("kek");
+    std::fs::write(&kf, key).expect("kek");
+    let opts = Opts::default()
+        .dir(&dir)
+        .arg("--state")
+        .arg(dir.join("st").to_str().expect("utf8"))
+        .arg("--key-file")
+        .arg(kf.to_str().expect("utf8"));
+    let v = Vault::start_with(opts).expect("start");
+    let mut c = v.client();
+    let k = c
+        .import_key("p", KeyKind::Aes256, true, &key)
+        .expect("import");
+    let x = c
+        .import_key("x", KeyKind::Xts128, false, &key)
+        .expect("import");
+    for (id, mode) in [
+        (k.id, Mode::Gcm),
+        (k.id, Mode::Cbc),
+        (k.id, Mode::Ctr),
+        (x.id, Mode::Xts),
+    ] {
+        let mut d = vec![5u8; 4096];
+        let t = c.encrypt(&Crypt::new(id, mode), &mut d).expect("enc");
+        c.decrypt(&Crypt::new(id, mode).tag(&t), &mut d)
+            .expect("dec");
+    }
+    let found = |hay: &[u8]| hay.windows(16).any(|w| w == &key[..16] || w == &key[16..]);
+    // Positive control: the same search finds the key in this process.
+    assert!(
+        found(&readable_memory(std::process::id())),
+        "control: key not found in the test process"
+    );
+    let vault_mem = readable_memory(v.pid());
+    assert!(
+        vault_mem.len() > 1 << 20,
+        "read only {} bytes of the vault",
+        vault_mem.len()
+    );
+    assert!(
+        !found(&vault_mem),
+        "raw key bytes in the vault's readable memory"
+    );
+    drop(c);
+    drop(v);
+    let _ = std::fs::remove_dir_all(&dir);
 }

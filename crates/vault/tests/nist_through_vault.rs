@@ -3,7 +3,12 @@
 //! operation goes through a shared-memory lane, and the key is destroyed
 //! afterwards.
 // Test data: small counters cast to bytes on purpose; expected errors unwrapped.
-#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::err_expect, clippy::manual_is_multiple_of)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::err_expect,
+    clippy::manual_is_multiple_of
+)]
 
 mod common;
 #[path = "../../cipher/tests/common/mod.rs"]

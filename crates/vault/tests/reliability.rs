@@ -1,7 +1,12 @@
 //! Reliability: clients and vaults killed at bad moments, 64 concurrent
 //! clients, and the keystore under crashes.
 // Test data: small counters cast to bytes on purpose; expected errors unwrapped.
-#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::err_expect, clippy::manual_is_multiple_of)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::err_expect,
+    clippy::manual_is_multiple_of
+)]
 
 mod common;
 
