@@ -105,16 +105,18 @@ fn every_stream_passes_the_battery_in_both_tools() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("bytes from"), "the source is named: {err}");
         let code = compare(source, &out.stdout);
-        // A FIPS failure on good data happens about once per 1000 blocks;
-        // accept at most one so the test is not flaky, but the counts must
-        // still match exactly (checked above).
+        // FIPS 140-2 fails good data at about 0.8 blocks per 1000 (seen here
+        // for /dev/urandom too: 0-3 failures in 1000 blocks). Accept up to 5
+        // (Poisson(0.8) reaches 6 about once in 10^4 runs); the counts must
+        // still match rngtest's exactly (checked above), and broken streams
+        // fail almost every block (bad_and_short_inputs_... is the control).
         let (c, _) = rngtest(&out.stdout);
         let failures = c
             .iter()
             .find(|(k, _)| k == "FIPS 140-2 failures")
             .map_or(0, |x| x.1);
         assert!(
-            failures <= 1,
+            failures <= 5,
             "{source}: {failures} failed blocks, exit {code}"
         );
     }
