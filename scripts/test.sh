@@ -14,7 +14,7 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps --quiet
 step "cargo test"
-cargo test --locked --workspace --release 2>&1
+cargo test --locked --workspace --release --no-fail-fast 2>&1
 for f in scripts/test.d/*.sh; do
     [ -e "$f" ] || continue
     step "$f"
