@@ -407,11 +407,24 @@ fn import(
     Ok(c.import_key(name, kind, persistent, &key)?)
 }
 
-/// Runs a verb; returns the exit code.
+/// Runs a verb; returns the exit code. A reader that closes our stdout early
+/// (`… | head`) is not an error.
 ///
 /// # Errors
 /// Anything that failed, worded for people.
 pub fn run(args: Args) -> Result<u8, CliError> {
+    match run_inner(args) {
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(0)
+        }
+        other => other,
+    }
+}
+
+fn run_inner(args: Args) -> Result<u8, CliError> {
     let socket = args.socket.clone().unwrap_or_else(default_socket);
     if let Cmd::Serve(s) = &args.cmd {
         let cfg = config(socket, s)?;
