@@ -24,8 +24,6 @@ enum Command {
     Rng(cmd::rng::Args),
     /// Key vault: serve keys from secret memory, manage keys, encrypt and decrypt.
     Vault(cmd::vault::Args),
-    /// Run an unmodified program with its heap kept encrypted.
-    Run(cmd::run::Args),
     /// Run the benchmark suite and write a report.
     Bench(cmd::bench::Args),
 }
@@ -36,7 +34,6 @@ fn main() -> ExitCode {
         Command::Probe(a) => cmd::probe::run(a),
         Command::Rng(a) => cmd::rng::run(a),
         Command::Vault(a) => cmd::vault::run(a),
-        Command::Run(a) => cmd::run::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match r {

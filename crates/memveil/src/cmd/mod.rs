@@ -4,5 +4,4 @@
 pub mod bench;
 pub mod probe;
 pub mod rng;
-pub mod run;
 pub mod vault;
