@@ -292,9 +292,21 @@ impl Server {
                     continue;
                 }
             };
+            // The stack first: if secret memory is exhausted the client
+            // gets a reply saying so instead of a bare hang-up.
+            let region = match SecretRegion::new(CONN_STACK, self.shared.cfg.policy) {
+                Ok(r) => r,
+                Err(e) => {
+                    let msg = format!("the vault cannot serve another client now: {e}");
+                    log(format_args!("uid={} pid={}: {msg}", cred.uid, cred.pid));
+                    let _ =
+                        (&stream).write_all(&proto::encode_reply(&err(ErrorCode::Internal, msg)));
+                    continue;
+                }
+            };
             let sh = Arc::clone(&self.shared);
-            match spawn_secret(&self.shared, CONN_STACK, move || {
-                serve_conn(&sh, stream, cred)
+            match stack_thread::spawn(Box::new(SecretStack(region)), move || {
+                serve_conn(&sh, stream, cred);
             }) {
                 Ok(t) => conns.push(t),
                 Err(e) => log(format_args!(

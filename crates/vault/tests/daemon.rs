@@ -152,6 +152,28 @@ fn memlock_exhausted_names_the_limit_and_the_fix() {
     .expect("starts with 8 MiB (the hard limit here)");
     let c = v.client();
     assert_eq!(c.uid(), 0);
+    // Running out of locked memory with clients connected: the client that
+    // does not fit is told why; the others keep working.
+    let mut clients = vec![c];
+    let mut refusal = None;
+    for _ in 0..64 {
+        match memveil_vault::Client::connect(&v.socket) {
+            Ok(c) => clients.push(c),
+            Err(e) => {
+                refusal = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let msg = refusal.expect("64 connections under an 8 MiB memlock limit should not all fit");
+    assert!(
+        msg.contains("cannot serve another client") && msg.contains("RLIMIT_MEMLOCK"),
+        "{msg}"
+    );
+    for c in &mut clients {
+        c.status().expect("earlier clients still served");
+    }
+    drop(clients);
     drop(v);
     let _ = std::fs::remove_dir_all(&dir);
 }
