@@ -17,14 +17,24 @@ fuzz_target!(|data: &[u8]| {
     if data.len() < 8 + 4 * 16 {
         return;
     }
-    let area_len = usize::try_from(u64_at(data, 0) % (1 << 30)).unwrap_or(0).max(1);
+    let area_len = usize::try_from(u64_at(data, 0) % (1 << 30))
+        .unwrap_or(0)
+        .max(1);
     let mut bufs = Buffers::default();
     let mut regs = Vec::new();
     for i in 0..4 {
         let (s, l) = (u64_at(data, 8 + 16 * i), u64_at(data, 16 + 16 * i));
-        let (s, l) = if i % 2 == 0 { (s % (1 << 31), l % (1 << 31)) } else { (s, l) };
+        let (s, l) = if i % 2 == 0 {
+            (s % (1 << 31), l % (1 << 31))
+        } else {
+            (s, l)
+        };
         if let Ok(id) = bufs.register(0, area_len, s, l) {
-            regs.push((id, usize::try_from(s).unwrap_or(0), usize::try_from(l).unwrap_or(0)));
+            regs.push((
+                id,
+                usize::try_from(s).unwrap_or(0),
+                usize::try_from(l).unwrap_or(0),
+            ));
         }
     }
     let _ = ring::check_lane(area_len, u64_at(data, 8));
