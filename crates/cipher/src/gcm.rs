@@ -5,12 +5,16 @@ use aes_gcm::{Aes128Gcm, Aes256Gcm, Nonce, Tag};
 
 use crate::CipherError;
 
+// Inline, never boxed: a `Gcm` placed in secret memory must carry its key
+// schedule and hash key with it (a Box would leave them on the ordinary heap).
+#[allow(clippy::large_enum_variant)]
 enum Inner {
-    G128(Box<Aes128Gcm>),
-    G256(Box<Aes256Gcm>),
+    G128(Aes128Gcm),
+    G256(Aes256Gcm),
 }
 
 /// An AES-GCM key (128 or 256 bits). Wiped on drop; never printed or cloned.
+/// Plain data (no heap allocation), so it can live in secret memory.
 pub struct Gcm {
     inner: Inner,
 }
@@ -27,8 +31,8 @@ impl Gcm {
             expected: "16 (AES-128-GCM) or 32 (AES-256-GCM) bytes",
         };
         let inner = match key.len() {
-            16 => Inner::G128(Box::new(Aes128Gcm::new_from_slice(key).map_err(|_| bad())?)),
-            32 => Inner::G256(Box::new(Aes256Gcm::new_from_slice(key).map_err(|_| bad())?)),
+            16 => Inner::G128(Aes128Gcm::new_from_slice(key).map_err(|_| bad())?),
+            32 => Inner::G256(Aes256Gcm::new_from_slice(key).map_err(|_| bad())?),
             _ => return Err(bad()),
         };
         Ok(Self { inner })
@@ -83,5 +87,28 @@ impl Gcm {
             Inner::G256(c) => c.decrypt_inout_detached(&n, aad, data.into(), &t),
         };
         r.map_err(|_| CipherError::TagMismatch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: `Gcm` once boxed its state, so a `Gcm` inside secret
+    /// memory left the AES schedule on the ordinary heap (found by the vault's
+    /// memory scan). Inline state makes the value at least a full AES-256
+    /// schedule big; a boxed one would be pointer-sized.
+    #[test]
+    fn gcm_keeps_its_schedule_inline() {
+        assert!(
+            std::mem::size_of::<Gcm>() >= 15 * 16,
+            "{}",
+            std::mem::size_of::<Gcm>()
+        );
+        let g = Gcm::new(&[7; 32]).expect("key");
+        let mut d = *b"inline";
+        let t = g.seal(&[0; 12], b"", &mut d);
+        g.open(&[0; 12], b"", &mut d, &t).expect("open");
+        assert_eq!(&d, b"inline");
     }
 }
