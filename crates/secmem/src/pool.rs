@@ -27,6 +27,19 @@ unsafe impl Sync for Inner {}
 // SAFETY: as above; nothing in `Inner` is tied to a thread.
 unsafe impl Send for Inner {}
 
+/// Runs `ctor` and moves its value to `p`, in a frame of its own: the value's
+/// temporaries then live below the caller's frame, where `scrub_stack` reaches
+/// them. (Were this inlined into the caller, they could sit in the caller's own
+/// frame, or its caller's, above anything a scrub can safely overwrite.)
+///
+/// # Safety
+/// `p` must be valid for writes of a `T` and suitably aligned.
+#[inline(never)]
+unsafe fn build_into<T>(p: *mut T, ctor: impl FnOnce() -> T) {
+    // SAFETY: the caller promises `p` is valid and aligned for a T.
+    unsafe { p.write(ctor()) };
+}
+
 /// A pool of secret memory for many small secrets (keys, key schedules, IVs).
 /// Cloning the handle shares the pool.
 #[derive(Clone)]
@@ -127,7 +140,9 @@ impl SecretPool {
         let p = self.ptr_of(first).cast::<T>();
         // SAFETY: `p` points at `n` granules reserved for us alone, aligned to
         // 64 bytes (≥ align_of::<T>(), checked in reserve) and large enough for T.
-        unsafe { p.write(ctor()) };
+        unsafe { build_into(p, ctor) };
+        // `build_into` ran (and returned) below this frame, so every transient
+        // copy the constructor left lies in the stack this scrub overwrites.
         scrub_stack(16 * 1024);
         Ok(SecretBox {
             // SAFETY: `p` is derived from the region's non-null base pointer.
