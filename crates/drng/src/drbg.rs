@@ -309,15 +309,10 @@ impl CtrDrbg {
         };
         let full = out.len() / BLOCK_BYTES;
         let (body, tail) = out.split_at_mut(full * BLOCK_BYTES);
-        // Counter blocks are written and encrypted a chunk at a time so the
-        // chunk is still in L1 when the cipher reads it back.
-        for (j, chunk) in body.chunks_mut(CHUNK_BYTES).enumerate() {
-            let first = self
-                .v
-                .wrapping_add((j * (CHUNK_BYTES / BLOCK_BYTES)) as u128);
-            write_counters(chunk, first);
-            self.aes.ecb_encrypt(chunk)?;
-        }
+        // The output blocks are E(V+1), E(V+2), ...: the CTR keystream from
+        // V+1, which memveil-cipher generates with the counters in registers.
+        self.aes
+            .ctr_keystream(&self.v.wrapping_add(1).to_be_bytes(), body);
         self.v = self.v.wrapping_add(full as u128);
         if !tail.is_empty() {
             self.v = self.v.wrapping_add(1);
@@ -337,31 +332,6 @@ impl Drop for CtrDrbg {
         // The key schedule wipes itself (memveil-cipher); V is wiped here.
         self.v.zeroize();
         self.reseed_counter = 0;
-    }
-}
-
-/// Bytes of counter blocks written and encrypted at a time.
-const CHUNK_BYTES: usize = 16 << 10;
-
-/// Writes the big-endian counter blocks `first+1, first+2, ...` into `buf`
-/// (whole blocks). The common case — no carry out of the low 64 bits within
-/// the buffer — stores two 64-bit halves per block.
-fn write_counters(buf: &mut [u8], first: u128) {
-    #[allow(clippy::cast_possible_truncation)]
-    let (hi, lo) = ((first >> 64) as u64, first as u64);
-    let n = (buf.len() / BLOCK_BYTES) as u64;
-    if lo.checked_add(n).is_some() {
-        let hb = hi.to_be_bytes();
-        let mut c = lo;
-        for blk in buf.chunks_exact_mut(BLOCK_BYTES) {
-            c += 1;
-            blk[..8].copy_from_slice(&hb);
-            blk[8..].copy_from_slice(&c.to_be_bytes());
-        }
-    } else {
-        for (i, blk) in buf.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-            blk.copy_from_slice(&first.wrapping_add(i as u128 + 1).to_be_bytes());
-        }
     }
 }
 
@@ -552,30 +522,6 @@ mod tests {
         ));
         d.reseed(&[3; 32], &[]).expect("reseed");
         d.generate(&mut b, &[]).expect("after reseed");
-    }
-
-    #[test]
-    fn counters_carry_across_64_bits() {
-        let mut fast = vec![0u8; 64];
-        write_counters(&mut fast, (7u128 << 64) | 10);
-        let mut wrap = vec![0u8; 64];
-        write_counters(&mut wrap, (7u128 << 64) | u128::from(u64::MAX - 1));
-        let get = |b: &[u8], i: usize| {
-            let mut x = [0u8; 16];
-            x.copy_from_slice(&b[i * 16..i * 16 + 16]);
-            u128::from_be_bytes(x)
-        };
-        for i in 0..4 {
-            assert_eq!(get(&fast, i), (7u128 << 64) + 11 + i as u128);
-            assert_eq!(
-                get(&wrap, i),
-                (7u128 << 64) + u128::from(u64::MAX) + i as u128
-            );
-        }
-        let mut top = vec![0u8; 32];
-        write_counters(&mut top, u128::MAX);
-        assert_eq!(get(&top, 0), 0);
-        assert_eq!(get(&top, 1), 1);
     }
 
     #[test]
