@@ -24,6 +24,8 @@ enum Command {
     Rng(cmd::rng::Args),
     /// Key vault: serve keys from secret memory, manage keys, encrypt and decrypt.
     Vault(cmd::vault::Args),
+    /// Find AES key schedules (or a byte pattern) in a process, core file or memory image.
+    Keyfind(cmd::keyfind::Args),
     /// Run the benchmark suite and write a report.
     Bench(cmd::bench::Args),
 }
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Command::Probe(a) => cmd::probe::run(a),
         Command::Rng(a) => cmd::rng::run(a),
         Command::Vault(a) => cmd::vault::run(a),
+        Command::Keyfind(a) => cmd::keyfind::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match r {

@@ -1,0 +1,177 @@
+//! `memveil keyfind`: search a memory image, an ELF core file or a live
+//! process for expanded AES-128/256 key schedules (as `aeskeyfind` does).
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use memveil_keyfind::{read_core, read_process, read_raw, scan_image, Image};
+
+/// Flags of `memveil keyfind`.
+///
+/// Exit status: 0 nothing found, 3 at least one key schedule (or the
+/// `--pattern`) found, 2 usage error, 1 the source could not be read.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Exit status: 0 nothing found; 3 a key schedule or the pattern was found; 2 usage error; 1 the source could not be read.\n\
+Keys are shown as a key check value (first 4 bytes of AES_K(0^128)) unless --show-keys. See docs/keyfind.md."
+)]
+pub struct Args {
+    /// Scan every readable mapping of this live process (/proc/PID/mem; needs
+    /// ptrace rights: same user and dumpable, or root).
+    #[arg(long, conflicts_with_all = ["core", "file"])]
+    pid: Option<u32>,
+    /// Scan the PT_LOAD segments of an ELF64 core file (gcore or kernel core).
+    #[arg(long, conflicts_with = "file")]
+    core: Option<PathBuf>,
+    /// Scan a raw memory image (offsets are file offsets).
+    file: Option<PathBuf>,
+    /// Largest number of wrong bits in a schedule still reported.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=64))]
+    max_errors: u32,
+    /// Also search for these exact bytes (hex), e.g. a known secret.
+    #[arg(long)]
+    pattern: Option<String>,
+    /// Print the keys themselves in hex (default: only a key check value).
+    #[arg(long)]
+    show_keys: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Key check value: the first 4 bytes of AES_K(0^128), a standard way to
+/// name a key without showing it.
+fn kcv(key: &[u8]) -> String {
+    let mut blk = [0u8; 16];
+    match memveil_cipher::Aes::new(key) {
+        Ok(a) => {
+            a.encrypt_block(&mut blk);
+            hex(&blk[..4])
+        }
+        Err(_) => "?".into(),
+    }
+}
+
+fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+    anyhow::ensure!(
+        s.len().is_multiple_of(2) && !s.is_empty(),
+        "--pattern must be a non-empty even number of hex digits"
+    );
+    (0..s.len() / 2)
+        .map(|i| {
+            s.get(2 * i..2 * i + 2)
+                .and_then(|d| u8::from_str_radix(d, 16).ok())
+                .context("--pattern must be hex digits only")
+        })
+        .collect()
+}
+
+/// Runs `memveil keyfind`.
+///
+/// # Errors
+/// The source cannot be read or parsed, or `--pattern` is not hex.
+pub fn run(a: Args) -> anyhow::Result<u8> {
+    let pattern = a.pattern.as_deref().map(unhex).transpose()?;
+    let (what, img): (String, Image) = if let Some(pid) = a.pid {
+        (format!("process {pid}"), read_process(pid).context("reading the process (run as root or as its owner; a non-dumpable process needs root)")?)
+    } else if let Some(c) = &a.core {
+        (c.display().to_string(), read_core(c)?)
+    } else if let Some(f) = &a.file {
+        (f.display().to_string(), read_raw(f)?)
+    } else {
+        anyhow::bail!("name a source: --pid N, --core FILE or FILE");
+    };
+    let found = scan_image(&img, a.max_errors);
+    let mut o = String::new();
+    let pattern_hits: Vec<(u64, String)> = match &pattern {
+        Some(p) => img
+            .regions
+            .iter()
+            .flat_map(|r| {
+                r.data
+                    .windows(p.len())
+                    .enumerate()
+                    .filter(|(_, w)| w == p)
+                    .map(move |(i, _)| (r.start + i as u64, r.name.clone()))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    if a.json {
+        let keys: Vec<_> = found
+            .iter()
+            .map(|f| {
+                let mut v = serde_json::json!({
+                    "address": f.address, "region": f.region, "bits": f.bits,
+                    "bit_errors": f.errors, "kcv": kcv(&f.key),
+                });
+                if a.show_keys {
+                    v["key"] = hex(&f.key).into();
+                }
+                v
+            })
+            .collect();
+        let unreadable: Vec<_> = img
+            .unreadable
+            .iter()
+            .map(|u| serde_json::json!({"start": u.0, "len": u.1, "region": u.2, "why": u.3}))
+            .collect();
+        let hits: Vec<_> = pattern_hits
+            .iter()
+            .map(|h| serde_json::json!({"address": h.0, "region": h.1}))
+            .collect();
+        o.push_str(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "source": what, "bytes_scanned": img.bytes(), "keys": keys,
+                "pattern_hits": hits, "unreadable": unreadable,
+            }))?
+        ));
+    } else {
+        o.push_str(&format!(
+            "scanned {what}: {} bytes in {} regions, {} regions unreadable\n",
+            img.bytes(),
+            img.regions.len(),
+            img.unreadable.len()
+        ));
+        for u in &img.unreadable {
+            o.push_str(&format!(
+                "  unreadable {:#x}+{:#x} {}: {}\n",
+                u.0, u.1, u.2, u.3
+            ));
+        }
+        for f in &found {
+            let k = if a.show_keys {
+                hex(&f.key)
+            } else {
+                format!("kcv {}", kcv(&f.key))
+            };
+            o.push_str(&format!(
+                "AES-{} at {:#x} in {} ({} bit errors): {k}\n",
+                f.bits, f.address, f.region, f.errors
+            ));
+        }
+        for h in &pattern_hits {
+            o.push_str(&format!("pattern at {:#x} in {}\n", h.0, h.1));
+        }
+        o.push_str(&format!(
+            "{} key schedules, {} pattern hits\n",
+            found.len(),
+            pattern_hits.len()
+        ));
+    }
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), o.as_bytes()) {
+        // A reader that stops early (`| head`) is not an error.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
+    }
+    Ok(if found.is_empty() && pattern_hits.is_empty() {
+        0
+    } else {
+        3
+    })
+}
