@@ -1,9 +1,25 @@
 //! Holds an AES key schedule in memory until stdin closes, for the key
 //! finder's tests. `holdkey heap|secret HEXKEY`: `heap` expands the key with
 //! memveil-cipher into ordinary heap memory (the unprotected baseline),
-//! `secret` into a memfd_secret pool. Prints `ready` when the key is in place.
+//! `secret` into a memfd_secret pool, `stack`
+//! into a stack buffer that is dropped without being wiped. Prints `ready` when the key is in place.
 
 use std::io::{BufRead as _, Write as _};
+
+/// The careless-copy class: a schedule built in a stack buffer that is
+/// dropped without being wiped stays in the stack mapping below the
+/// stack pointer.
+#[inline(never)]
+fn careless_stack_copy(key: &[u8]) {
+    // A deep frame, the schedule at its lowest address, so the calls made
+    // later (printing, reading stdin) do not happen to overwrite it.
+    let mut buf = [0u8; 64 * 1024];
+    if let Some(s) = memveil_keyfind::expand(key) {
+        let n = s.len().min(buf.len());
+        buf[..n].copy_from_slice(&s[..n]);
+    }
+    std::hint::black_box(&buf);
+}
 
 fn main() -> Result<(), String> {
     let mut a = std::env::args().skip(1);
@@ -33,7 +49,8 @@ fn main() -> Result<(), String> {
             );
             _pool = Some(pool);
         }
-        _ => return Err("usage: holdkey heap|secret HEXKEY".into()),
+        "stack" => careless_stack_copy(&key),
+        _ => return Err("usage: holdkey heap|secret|stack HEXKEY".into()),
     }
     // Forget the caller's copy of the raw key.
     drop(key);

@@ -123,3 +123,17 @@ fn heap_key_is_found_and_secret_key_is_not() {
         );
     }
 }
+
+#[test]
+fn a_dropped_stack_buffer_still_holds_the_schedule() {
+    let h = start("stack");
+    let img = read_process(h.0.id()).expect("read stack holder");
+    let on_stack: Vec<_> = scan_image(&img, 8)
+        .into_iter()
+        .filter(|f| f.key == key() && f.region == "[stack]")
+        .collect();
+    assert!(
+        !on_stack.is_empty(),
+        "the dropped stack copy of the schedule was not found"
+    );
+}
