@@ -52,7 +52,7 @@ pub fn scan(data: &[u8], base: u64, region: &str, max_errors: u32) -> Vec<Found>
         if let Some((bits, errors)) = aes::check(w, max_errors) {
             let n = if bits == 256 { 32 } else { 16 };
             out.push(Found {
-                address: base + off as u64,
+                address: base.wrapping_add(off as u64),
                 region: region.to_owned(),
                 bits,
                 errors,
@@ -70,10 +70,45 @@ pub fn scan(data: &[u8], base: u64, region: &str, max_errors: u32) -> Vec<Found>
 /// Scans every region of an image.
 #[must_use]
 pub fn scan_image(img: &Image, max_errors: u32) -> Vec<Found> {
-    img.regions
+    // Split large regions into 4-byte-aligned chunks scanned on every CPU;
+    // each chunk reads 240 bytes past its end so no schedule straddling a
+    // boundary is missed, and keeps only finds that start inside it.
+    const CHUNK: usize = 4 << 20;
+    let jobs: Vec<(&Region, usize)> = img
+        .regions
         .iter()
-        .flat_map(|r| scan(&r.data, r.start, &r.name, max_errors))
-        .collect()
+        .flat_map(|r| (0..r.data.len()).step_by(CHUNK).map(move |o| (r, o)))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut parts: Vec<(usize, Vec<Found>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.min(jobs.len()).max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(r, o)) = jobs.get(i) else { break };
+                        let end = (o + CHUNK).min(r.data.len());
+                        let stop = (end + 240).min(r.data.len());
+                        let base = r.start.wrapping_add(o as u64);
+                        let lim = r.start.wrapping_add(end as u64);
+                        let f: Vec<Found> = scan(&r.data[o..stop], base, &r.name, max_errors)
+                            .into_iter()
+                            .filter(|f| f.address < lim)
+                            .collect();
+                        mine.push((i, f));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    parts.sort_by_key(|p| p.0);
+    parts.into_iter().flat_map(|p| p.1).collect()
 }
 
 /// Whether `needle` occurs in any region of the image.
@@ -152,5 +187,28 @@ mod tests {
         assert_eq!((found[1].bits, found[1].errors), (256, 0));
         // Too many flips for the threshold: not reported.
         assert_eq!(scan(&img, 0, "img", 0).len(), 1);
+    }
+
+    #[test]
+    fn schedules_straddling_a_thread_chunk_boundary_are_found_once() {
+        let mut data = noise(9 << 20, 3);
+        let k: Vec<u8> = (0..32u8).map(|i| i ^ 0x77).collect();
+        let s = expand(&k).expect("256");
+        for at in [(4 << 20) - 120, (8 << 20) - 4, 9 << 19] {
+            data[at..at + 240].copy_from_slice(&s);
+        }
+        let img = Image {
+            regions: vec![Region {
+                start: 0x4000_0000,
+                name: "r".into(),
+                data,
+            }],
+            unreadable: Vec::new(),
+        };
+        let f: Vec<u64> = scan_image(&img, 8)
+            .iter()
+            .map(|f| f.address - 0x4000_0000)
+            .collect();
+        assert_eq!(f, vec![(4 << 20) - 120, 9 << 19, (8 << 20) - 4]);
     }
 }
