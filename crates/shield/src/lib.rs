@@ -1,1 +1,932 @@
-//! Transparent protection of unmodified programs' memory: ranges kept as ciphertext, decrypted on touch.
+//! Transparent protection of a program's memory from user space: the
+//! software analogue of the `encrypt_mprotect(addr, len, prot, keyid)` call
+//! proposed for Linux MKTME.
+//!
+//! A protected range is registered with a userfaultfd. At most `window` of
+//! its pages are plaintext at any time; the others are missing from the page
+//! tables and held as AES-XTS ciphertext (tweak = page address, key per
+//! KeyID, key schedules in `memfd_secret` memory) in a store of ordinary
+//! memory. Any access to a missing page, by the program or by the kernel on
+//! its behalf (`read(2)` into it, `write(2)` from it), stops the accessing
+//! thread until a handler thread decrypts the page and maps it with
+//! `UFFDIO_COPY`; the oldest resident pages are evicted first (FIFO).
+//!
+//! Eviction is race-free against other threads of the program:
+//! - with `UFFDIO_MOVE` (Linux 6.8+) the page is moved atomically out of the
+//!   program's view into a scratch page, encrypted in place there (so the
+//!   frame the kernel gets back holds ciphertext, never plaintext) and freed;
+//! - otherwise (or when a page is shared after `fork`) it is write-protected
+//!   with `UFFDIO_WRITEPROTECT`, encrypted, and dropped; the frame is then
+//!   freed unwiped, which [`Config::accept_unwiped_free`] must accept.
+//!
+//! What this crate refuses to do: protect memory without a userfaultfd that
+//! also sees kernel-side faults (a user-mode-only descriptor would make
+//! system calls on protected buffers fail with EFAULT), or run the weaker
+//! eviction without the caller accepting it.
+
+mod stats;
+
+pub use stats::{Counters, Snapshot, StatsFile};
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use memveil_cipher::Xts;
+use memveil_secmem::{Level, Policy, SecretBox, SecretPool};
+use memveil_sys::uffd::{self, Fault, Uffd};
+
+/// Page size the shield works in (x86-64 base pages).
+pub const PAGE: usize = 4096;
+/// Number of KeyIDs (6 KeyID bits, as the engine's default).
+pub const KEYIDS: u16 = 64;
+/// Default plaintext window in pages (16 MiB).
+pub const DEFAULT_WINDOW: usize = 4096;
+
+const ZERO: u8 = 0;
+const RESIDENT: u8 = 1;
+const EVICTED: u8 = 2;
+const STATE_MASK: u8 = 3;
+/// Page may not be read by the handler (the program made it unreadable):
+/// it is never evicted while the flag is set.
+const PINNED: u8 = 0x80;
+
+/// How evicted pages leave the program's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    /// `UFFDIO_MOVE` to a scratch page, encrypted there, freed as ciphertext.
+    Move,
+    /// `UFFDIO_WRITEPROTECT`, encrypt, `MADV_DONTNEED`: frame freed unwiped.
+    WriteProtect,
+}
+
+impl Mechanism {
+    /// Short name for reports.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Move => "uffd-move",
+            Mechanism::WriteProtect => "uffd-wp",
+        }
+    }
+}
+
+/// Settings of a [`Shield`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Most pages kept as plaintext at once (at least 1).
+    pub window: usize,
+    /// How long the handler thread polls for the next fault before it sleeps
+    /// in `poll(2)` (a sleeping hand-off costs tens of microseconds on a VM).
+    pub spin: Duration,
+    /// Accepted protection level of the key schedules.
+    pub policy: Policy,
+    /// Accept the write-protect eviction (frames freed unwiped) when the
+    /// kernel lacks `UFFDIO_MOVE`.
+    pub accept_unwiped_free: bool,
+    /// Use the write-protect eviction even when `UFFDIO_MOVE` exists (tests).
+    pub force_write_protect: bool,
+    /// Pages evicted at once when the window is full (amortises the system
+    /// calls; at most `window / 4`).
+    pub evict_batch: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            window: DEFAULT_WINDOW,
+            spin: Duration::from_micros(50),
+            policy: Policy::secret_only(),
+            accept_unwiped_free: false,
+            force_write_protect: false,
+            evict_batch: 32,
+        }
+    }
+}
+
+/// Errors of the shield.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShieldError {
+    /// No userfaultfd that sees kernel-side faults may be created.
+    #[error(
+        "userfaultfd not permitted ({syscall}; /dev/userfaultfd: {dev}): with \
+         vm.unprivileged_userfaultfd=0 only root (CAP_SYS_PTRACE) may handle faults \
+         taken inside system calls{umo}. Fix one of: run as root; \
+         `sysctl vm.unprivileged_userfaultfd=1`; or give your group access to \
+         /dev/userfaultfd (Linux 6.1+: `chgrp GROUP /dev/userfaultfd; chmod 660 /dev/userfaultfd`)"
+    )]
+    NotPermitted {
+        /// Error of the system call.
+        syscall: String,
+        /// Error opening the device node.
+        dev: String,
+        /// Note on the user-mode-only variant.
+        umo: &'static str,
+    },
+    /// The kernel lacks a needed userfaultfd feature.
+    #[error(
+        "userfaultfd on this kernel lacks {0}; Linux 5.7+ is required (6.8+ for wiped eviction)"
+    )]
+    Unsupported(&'static str),
+    /// Only the weaker eviction exists and it was not accepted.
+    #[error(
+        "this kernel lacks UFFDIO_MOVE (Linux 6.8+): evicted frames would return to the \
+         kernel unwiped (plaintext until reused). Boot with init_on_free=1 and pass \
+         --accept-unwiped-free (Config::accept_unwiped_free) to accept it, or upgrade the kernel"
+    )]
+    UnwipedEviction,
+    /// A range that is not page-aligned, empty, or overlaps a protected one.
+    #[error("bad range {addr:#x}+{len:#x}: {why}")]
+    BadRange {
+        /// Start address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+        /// Why it was refused.
+        why: &'static str,
+    },
+    /// A KeyID outside the table.
+    #[error("KeyID {0} out of range: 0..{KEYIDS}")]
+    BadKeyId(u16),
+    /// Secret memory for the keys.
+    #[error(transparent)]
+    Secmem(#[from] memveil_secmem::SecmemError),
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Os {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+fn os(op: &'static str) -> impl FnOnce(io::Error) -> ShieldError {
+    move |source| ShieldError::Os { op, source }
+}
+
+/// Checks that this process may create a userfaultfd serving kernel-side
+/// faults, and which eviction mechanism the kernel allows.
+///
+/// # Errors
+/// [`ShieldError::NotPermitted`] or [`ShieldError::Unsupported`].
+pub fn check() -> Result<Mechanism, ShieldError> {
+    let fd = open_uffd()?;
+    let offered = fd.handshake(0).map_err(os("UFFDIO_API"))?;
+    mechanism_of(offered, false)
+}
+
+fn open_uffd() -> Result<Uffd, ShieldError> {
+    Uffd::open().map_err(|e| ShieldError::NotPermitted {
+        syscall: e.syscall.to_string(),
+        dev: e.dev.to_string(),
+        umo: if e.user_mode_only_allowed {
+            " (a user-mode-only descriptor is allowed, but it cannot serve read(2)/write(2) \
+             on protected buffers, so it is not used)"
+        } else {
+            ""
+        },
+    })
+}
+
+fn mechanism_of(offered: u64, force_wp: bool) -> Result<Mechanism, ShieldError> {
+    if offered & uffd::FEATURE_PAGEFAULT_FLAG_WP == 0 {
+        return Err(ShieldError::Unsupported(
+            "write-protect faults on anonymous memory",
+        ));
+    }
+    if offered & uffd::FEATURE_MOVE != 0 && !force_wp {
+        Ok(Mechanism::Move)
+    } else {
+        Ok(Mechanism::WriteProtect)
+    }
+}
+
+/// A protected range and its ciphertext store.
+struct Range {
+    base: usize,
+    pages: usize,
+    keyid: u16,
+    /// One state byte per page (direct mapping, not the program's heap).
+    states: *mut u8,
+    /// Ciphertext, page `i` at `store + i * PAGE`.
+    store: *mut u8,
+}
+
+impl Range {
+    fn state(&self, i: usize) -> u8 {
+        debug_assert!(i < self.pages);
+        // SAFETY: `states` holds `pages` bytes owned by this range; i < pages.
+        unsafe { self.states.add(i).read() }
+    }
+    fn set_state(&mut self, i: usize, s: u8) {
+        debug_assert!(i < self.pages);
+        // SAFETY: as in `state`; `&mut self` gives exclusive access.
+        unsafe { self.states.add(i).write(s) }
+    }
+    fn store_page(&mut self, i: usize) -> &mut [u8] {
+        // SAFETY: the store holds `pages * PAGE` bytes owned by this range,
+        // i < pages, and `&mut self` gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.store.add(i * PAGE), PAGE) }
+    }
+    fn end(&self) -> usize {
+        self.base + self.pages * PAGE
+    }
+}
+
+impl Drop for Range {
+    fn drop(&mut self) {
+        // SAFETY: both mappings were made by `Range`'s creator for this range
+        // alone and nothing refers to them after drop.
+        unsafe {
+            let _ = uffd::unmap_direct(self.states, self.pages.next_multiple_of(PAGE));
+            let _ = uffd::unmap_direct(self.store, self.pages * PAGE);
+        }
+    }
+}
+
+struct State {
+    ranges: Vec<Range>,
+    fifo: VecDeque<usize>,
+    resident: usize,
+    evicted: usize,
+    window: usize,
+    keys: Vec<Option<SecretBox<Xts>>>,
+    bounce: SecretBox<[u8]>,
+    /// Registered scratch pages the victims are moved into (Move mechanism).
+    scratch: usize,
+    /// Eviction is suspended (around fork).
+    frozen: bool,
+}
+
+// SAFETY: the raw pointers in `Range` refer to mappings owned by the State
+// and are only dereferenced under the State's mutex.
+unsafe impl Send for State {}
+
+struct Inner {
+    uffd: Uffd,
+    mechanism: Mechanism,
+    batch: usize,
+    spin: Duration,
+    level: Level,
+    state: Mutex<State>,
+    stats: StatsFile,
+    stop: AtomicBool,
+    pool: SecretPool,
+}
+
+/// The shield: one userfaultfd, one handler thread, the key table and the
+/// plaintext window shared by all protected ranges.
+pub struct Shield {
+    inner: Arc<Inner>,
+    handler: Option<JoinHandle<()>>,
+}
+
+impl Shield {
+    /// Creates a shield with its handler thread. Counters go to `stats`
+    /// (a shared file [`StatsFile::create`] or [`StatsFile::private`]).
+    ///
+    /// # Errors
+    /// [`ShieldError::NotPermitted`], [`ShieldError::Unsupported`],
+    /// [`ShieldError::UnwipedEviction`], or secret memory errors.
+    pub fn new(cfg: &Config, stats: StatsFile) -> Result<Self, ShieldError> {
+        let fd = open_uffd()?;
+        let offered = Uffd::offered_features().map_err(os("UFFDIO_API"))?;
+        let mechanism = mechanism_of(offered, cfg.force_write_protect)?;
+        if mechanism == Mechanism::WriteProtect
+            && offered & uffd::FEATURE_MOVE == 0
+            && !cfg.accept_unwiped_free
+        {
+            return Err(ShieldError::UnwipedEviction);
+        }
+        fd.handshake(uffd::FEATURE_PAGEFAULT_FLAG_WP)
+            .map_err(os("UFFDIO_API"))?;
+        let window = cfg.window.max(1);
+        let batch = cfg.evict_batch.clamp(1, (window / 4).max(1));
+        let pool = SecretPool::new(64 * 1024, cfg.policy)?;
+        let level = pool.level();
+        let bounce = pool.alloc_bytes(PAGE)?;
+        let scratch_len = batch * PAGE;
+        let scratch = uffd::map_anonymous_direct(scratch_len).map_err(os("mmap scratch"))?;
+        fd.register(scratch as u64, scratch_len as u64, uffd::MODE_MISSING)
+            .map_err(os("UFFDIO_REGISTER scratch"))?;
+        let c = stats.counters();
+        c.window.store(window as u64, Ordering::Relaxed);
+        c.mechanism.store(
+            match mechanism {
+                Mechanism::Move => 1,
+                Mechanism::WriteProtect => 2,
+            },
+            Ordering::Relaxed,
+        );
+        c.level.store(
+            match level {
+                Level::Secret => 1,
+                _ => 2,
+            },
+            Ordering::Relaxed,
+        );
+        let inner = Arc::new(Inner {
+            uffd: fd,
+            mechanism,
+            batch,
+            spin: cfg.spin,
+            level,
+            state: Mutex::new(State {
+                ranges: Vec::new(),
+                fifo: VecDeque::with_capacity(window + 1),
+                resident: 0,
+                evicted: 0,
+                window,
+                keys: (0..KEYIDS).map(|_| None).collect(),
+                bounce,
+                scratch: scratch as usize,
+                frozen: false,
+            }),
+            stats,
+            stop: AtomicBool::new(false),
+            pool,
+        });
+        let worker = Arc::clone(&inner);
+        let handler = std::thread::Builder::new()
+            .name("memveil-shield".into())
+            .spawn(move || worker.serve())
+            .map_err(os("spawn handler thread"))?;
+        Ok(Self {
+            inner,
+            handler: Some(handler),
+        })
+    }
+
+    /// The eviction mechanism in use.
+    #[must_use]
+    pub fn mechanism(&self) -> Mechanism {
+        self.inner.mechanism
+    }
+
+    /// Protection level of the key schedules.
+    #[must_use]
+    pub fn level(&self) -> Level {
+        self.inner.level
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> Snapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// The analogue of `encrypt_mprotect(addr, len, prot, keyid)`: from now on
+    /// `[addr, addr+len)` is kept as ciphertext under `keyid` outside the
+    /// plaintext window, and `prot` is applied. Present pages keep their
+    /// contents; pages beyond the window are evicted at once.
+    ///
+    /// # Safety
+    /// The range must be anonymous private memory owned by the caller, and
+    /// from now until [`Shield::unprotect`] (or drop) it may only be
+    /// unmapped, remapped or `madvise`d through this shield.
+    ///
+    /// # Errors
+    /// [`ShieldError::BadRange`] for unaligned, empty or overlapping ranges,
+    /// [`ShieldError::BadKeyId`], or the kernel's refusal to register it.
+    pub unsafe fn encrypt_mprotect(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        prot: libc::c_int,
+        keyid: u16,
+    ) -> Result<(), ShieldError> {
+        let base = addr as usize;
+        let bad = |why| ShieldError::BadRange {
+            addr: base,
+            len,
+            why,
+        };
+        if len == 0 || !base.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
+            return Err(bad("not a non-empty page-aligned range"));
+        }
+        if keyid >= KEYIDS {
+            return Err(ShieldError::BadKeyId(keyid));
+        }
+        let mut st = self.inner.lock();
+        if st
+            .ranges
+            .iter()
+            .any(|r| base < r.end() && r.base < base + len)
+        {
+            return Err(bad("overlaps a protected range"));
+        }
+        self.inner.ensure_key(&mut st, keyid)?;
+        let pages = len / PAGE;
+        let states = uffd::map_anonymous_direct(pages.next_multiple_of(PAGE))
+            .map_err(os("mmap page states"))?;
+        let store = uffd::map_anonymous_direct(len).map_err(os("mmap ciphertext store"))?;
+        let range = Range {
+            base,
+            pages,
+            keyid,
+            states,
+            store,
+        };
+        // Which pages already hold data: mincore writes 1 per resident page,
+        // which is exactly RESIDENT; 0 is ZERO.
+        // SAFETY: `states` holds `pages` bytes owned by `range`.
+        let states_slice = unsafe { std::slice::from_raw_parts_mut(states, pages) };
+        uffd::resident_pages(base, len, states_slice).map_err(os("mincore"))?;
+        for b in states_slice.iter_mut() {
+            *b &= 1;
+        }
+        self.inner
+            .uffd
+            .register(base as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
+            .map_err(os("UFFDIO_REGISTER"))?;
+        if prot != libc::PROT_READ | libc::PROT_WRITE {
+            // SAFETY: the caller owns the range (function contract).
+            unsafe { uffd::mprotect_direct(addr, len, prot) }.map_err(os("mprotect"))?;
+        }
+        let mut fresh = 0;
+        for (i, s) in states_slice.iter().enumerate() {
+            if *s == RESIDENT {
+                st.fifo.push_back(base + i * PAGE);
+                fresh += 1;
+            }
+        }
+        st.resident += fresh;
+        let pos = st.ranges.partition_point(|r| r.base < base);
+        st.ranges.insert(pos, range);
+        if prot & libc::PROT_READ == 0 {
+            st.set_flags(base, len, PINNED, true);
+        }
+        let c = self.inner.stats.counters();
+        c.pages_protected.fetch_add(pages as u64, Ordering::Relaxed);
+        c.resident.store(st.resident as u64, Ordering::Relaxed);
+        while st.resident > st.window {
+            let over = st.resident - st.window;
+            if self.inner.evict(&mut st, over) == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops protecting `[addr, addr+len)` (a whole range previously passed to
+    /// [`Shield::encrypt_mprotect`]): evicted pages are decrypted back into
+    /// place and the range is unregistered.
+    ///
+    /// # Errors
+    /// [`ShieldError::BadRange`] when it is not a protected range.
+    pub fn unprotect(&self, addr: *mut u8, len: usize) -> Result<(), ShieldError> {
+        let base = addr as usize;
+        let mut st = self.inner.lock();
+        let Some(pos) = st
+            .ranges
+            .iter()
+            .position(|r| r.base == base && r.pages * PAGE == len)
+        else {
+            return Err(ShieldError::BadRange {
+                addr: base,
+                len,
+                why: "not a protected range",
+            });
+        };
+        self.inner.restore_range(&mut st, pos)?;
+        let r = st.ranges.remove(pos);
+        let _ = self.inner.uffd.unregister(base as u64, len as u64);
+        let c = self.inner.stats.counters();
+        c.pages_protected
+            .fetch_sub(r.pages as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether `addr` lies in a protected range.
+    #[must_use]
+    pub fn contains(&self, addr: usize) -> bool {
+        self.inner.lock().find(addr).is_some()
+    }
+
+    /// Drops the contents of the protected pages in `[addr, addr+len)` (the
+    /// `munmap`/`MADV_DONTNEED` of protected memory): plaintext pages are
+    /// wiped before their frames go back to the kernel, ciphertext is
+    /// dropped, and the pages read as zeros afterwards.
+    ///
+    /// # Safety
+    /// No live object may be in the range (its bytes become zero).
+    pub unsafe fn discard(&self, addr: usize, len: usize) {
+        let mut st = self.inner.lock();
+        st.discard(addr, len, &self.inner.stats);
+    }
+
+    /// Marks pages the program made unreadable (`pinned`: never evicted, as
+    /// the handler could not read them) or readable again.
+    pub fn set_unreadable(&self, addr: usize, len: usize, unreadable: bool) {
+        let mut st = self.inner.lock();
+        st.set_flags(addr, len, PINNED, unreadable);
+    }
+
+    /// Brings every evicted page back as plaintext and suspends eviction
+    /// until [`Shield::thaw`]: called before `fork(2)`, since a child does
+    /// not inherit the userfaultfd and would read zeros where pages were
+    /// evicted.
+    ///
+    /// # Errors
+    /// The error of `UFFDIO_COPY`.
+    pub fn freeze(&self) -> Result<(), ShieldError> {
+        let mut st = self.inner.lock();
+        st.frozen = true;
+        for pos in 0..st.ranges.len() {
+            self.inner.restore_range(&mut st, pos)?;
+        }
+        Ok(())
+    }
+
+    /// Resumes eviction after [`Shield::freeze`].
+    pub fn thaw(&self) {
+        self.inner.lock().frozen = false;
+    }
+}
+
+impl Drop for Shield {
+    fn drop(&mut self) {
+        let _ = self.freeze();
+        self.inner.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handler.take() {
+            let _ = h.join();
+        }
+        let mut st = self.inner.lock();
+        for r in &st.ranges {
+            let _ = self
+                .inner
+                .uffd
+                .unregister(r.base as u64, (r.pages * PAGE) as u64);
+        }
+        st.ranges.clear();
+        let scratch_len = self.inner.batch * PAGE;
+        // SAFETY: the scratch area was mapped by `new` for the handler alone,
+        // which has stopped.
+        let _ = unsafe { uffd::unmap_direct(st.scratch as *mut u8, scratch_len) };
+    }
+}
+
+impl State {
+    fn find(&self, addr: usize) -> Option<(usize, usize)> {
+        let pos = self.ranges.partition_point(|r| r.base <= addr);
+        let r = self.ranges.get(pos.checked_sub(1)?)?;
+        (addr < r.end()).then(|| (pos - 1, (addr - r.base) / PAGE))
+    }
+
+    fn set_flags(&mut self, addr: usize, len: usize, flag: u8, on: bool) {
+        let end = addr.saturating_add(len);
+        for r in &mut self.ranges {
+            let lo = addr.max(r.base);
+            let hi = end.min(r.end());
+            if lo >= hi {
+                continue;
+            }
+            for i in (lo - r.base) / PAGE..(hi - r.base).div_ceil(PAGE) {
+                let s = r.state(i);
+                r.set_state(i, if on { s | flag } else { s & !flag });
+            }
+        }
+    }
+
+    fn discard(&mut self, addr: usize, len: usize, stats: &StatsFile) {
+        let end = addr.saturating_add(len);
+        let (mut dropped_res, mut dropped_ev) = (0, 0);
+        for r in &mut self.ranges {
+            let lo = addr.max(r.base).next_multiple_of(PAGE);
+            let hi = end.min(r.end());
+            if lo >= hi {
+                continue;
+            }
+            let first = (lo - r.base) / PAGE;
+            let last = (hi - r.base) / PAGE;
+            for i in first..last {
+                let s = r.state(i);
+                match s & STATE_MASK {
+                    RESIDENT => {
+                        let p = (r.base + i * PAGE) as *mut u8;
+                        if s & PINNED == 0 {
+                            // SAFETY: the page is resident (present, readable
+                            // and writable: pinned pages are skipped) and the
+                            // caller of `discard` owns its contents.
+                            unsafe { zeroize_page(p) };
+                        }
+                        // SAFETY: as above; the contents are being dropped.
+                        let _ = unsafe { uffd::madvise_direct(p, PAGE, libc::MADV_DONTNEED) };
+                        dropped_res += 1;
+                    }
+                    EVICTED => {
+                        // SAFETY: the store page belongs to this range.
+                        let sp = unsafe { r.store.add(i * PAGE) };
+                        // SAFETY: ciphertext store owned by the range.
+                        let _ = unsafe { uffd::madvise_direct(sp, PAGE, libc::MADV_DONTNEED) };
+                        dropped_ev += 1;
+                    }
+                    _ => {}
+                }
+                r.set_state(i, ZERO | (s & PINNED));
+            }
+        }
+        self.resident -= dropped_res;
+        self.evicted -= dropped_ev;
+        let c = stats.counters();
+        c.resident.store(self.resident as u64, Ordering::Relaxed);
+        c.evicted.store(self.evicted as u64, Ordering::Relaxed);
+        c.discards
+            .fetch_add((dropped_res + dropped_ev) as u64, Ordering::Relaxed);
+        if self.fifo.len() > 2 * self.window + 1024 {
+            let ranges = &self.ranges;
+            self.fifo.retain(|&a| {
+                let pos = ranges.partition_point(|r| r.base <= a);
+                pos > 0 && {
+                    let r = &ranges[pos - 1];
+                    a < r.end() && r.state((a - r.base) / PAGE) & STATE_MASK == RESIDENT
+                }
+            });
+        }
+    }
+}
+
+/// Zeroes one page with writes the optimiser keeps.
+///
+/// # Safety
+/// `p` must be a writable, present page no Rust object lives in.
+unsafe fn zeroize_page(p: *mut u8) {
+    use zeroize::Zeroize as _;
+    // SAFETY: the caller promises the page is writable and owned.
+    unsafe { std::slice::from_raw_parts_mut(p, PAGE) }.zeroize();
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ensure_key(&self, st: &mut State, keyid: u16) -> Result<(), ShieldError> {
+        let slot = usize::from(keyid);
+        if st.keys[slot].is_some() {
+            return Ok(());
+        }
+        let mut raw = self.pool.alloc_bytes(32)?;
+        memveil_sys::getrandom(&mut raw).map_err(os("getrandom"))?;
+        let xts = self
+            .pool
+            .alloc(|| Xts::new(&raw[..16], &raw[16..]).expect("distinct random halves"))?;
+        st.keys[slot] = Some(xts);
+        Ok(())
+    }
+
+    fn serve(&self) {
+        let mut faults = [Fault {
+            address: 0,
+            flags: 0,
+        }; 64];
+        let mut last = Instant::now();
+        while !self.stop.load(Ordering::Relaxed) {
+            let n = match self.uffd.read_faults(&mut faults) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("memveil-shield: reading faults failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    0
+                }
+            };
+            if n > 0 {
+                let t0 = Instant::now();
+                let mut st = self.lock();
+                for f in &faults[..n] {
+                    self.resolve(&mut st, f);
+                }
+                drop(st);
+                let c = self.stats.counters();
+                c.handler_ns
+                    .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+                last = Instant::now();
+                continue;
+            }
+            if last.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if let Err(e) = self.uffd.wait(None, 100) {
+                eprintln!("memveil-shield: poll failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    fn resolve(&self, st: &mut State, f: &Fault) {
+        let addr = usize::try_from(f.address).unwrap_or(usize::MAX) & !(PAGE - 1);
+        let c = self.stats.counters();
+        let Some((pos, i)) = st.find(addr) else {
+            // Not ours (a scratch page cannot fault): wake so the thread retries.
+            c.spurious.fetch_add(1, Ordering::Relaxed);
+            let _ = self.uffd.wake(addr as u64, PAGE as u64);
+            return;
+        };
+        let s = st.ranges[pos].state(i) & STATE_MASK;
+        if s == RESIDENT {
+            // Resolved meanwhile, or a write-protect fault on a page that was
+            // being evicted and came back: let the writer go on.
+            c.spurious.fetch_add(1, Ordering::Relaxed);
+            if f.flags & uffd::PAGEFAULT_FLAG_WP != 0 {
+                let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+            } else {
+                let _ = self.uffd.wake(addr as u64, PAGE as u64);
+            }
+            return;
+        }
+        if st.resident >= st.window && !st.frozen {
+            let need = st.resident + 1 - st.window;
+            self.evict(st, need.max(self.batch));
+        }
+        if let Err(e) = self.bring_in(st, pos, i) {
+            eprintln!("memveil-shield: cannot map page {addr:#x}: {e}");
+            let _ = self.uffd.wake(addr as u64, PAGE as u64);
+        }
+    }
+
+    /// Maps page `i` of range `pos` (ZERO or EVICTED) as plaintext.
+    fn bring_in(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
+        let c = self.stats.counters();
+        let State {
+            ranges,
+            keys,
+            bounce,
+            ..
+        } = st;
+        let r = &mut ranges[pos];
+        let addr = r.base + i * PAGE;
+        let s = r.state(i);
+        let evicted = s & STATE_MASK == EVICTED;
+        let src: &[u8] = if evicted {
+            bounce.copy_from_slice(r.store_page(i));
+            let key = keys[usize::from(r.keyid)]
+                .as_ref()
+                .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
+            key.decrypt_unit(addr as u128, bounce)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            bounce
+        } else {
+            &ZEROS
+        };
+        match self.uffd.copy(addr as u64, src) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                let _ = self.uffd.wake(addr as u64, PAGE as u64);
+            }
+            Err(e) => return Err(e),
+        }
+        if evicted {
+            bounce.fill(0);
+            // SAFETY: the store page belongs to this range; its ciphertext is
+            // no longer needed.
+            let _ =
+                unsafe { uffd::madvise_direct(r.store.add(i * PAGE), PAGE, libc::MADV_DONTNEED) };
+            st.evicted -= 1;
+            c.faults_in.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.zero_fills.fetch_add(1, Ordering::Relaxed);
+        }
+        st.ranges[pos].set_state(i, RESIDENT | (s & PINNED));
+        st.fifo.push_back(addr);
+        st.resident += 1;
+        c.resident.store(st.resident as u64, Ordering::Relaxed);
+        c.evicted.store(st.evicted as u64, Ordering::Relaxed);
+        c.max_resident
+            .fetch_max(st.resident as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Evicts up to `n` of the oldest resident pages; returns how many.
+    fn evict(&self, st: &mut State, n: usize) -> usize {
+        let t0 = Instant::now();
+        let n = n.min(self.batch);
+        let mut victims: Vec<(usize, usize)> = Vec::with_capacity(n);
+        let mut skipped = Vec::new();
+        while victims.len() < n {
+            let Some(a) = st.fifo.pop_front() else { break };
+            let Some((pos, i)) = st.find(a) else { continue };
+            let s = st.ranges[pos].state(i);
+            if s & STATE_MASK != RESIDENT || victims.contains(&(pos, i)) {
+                continue;
+            }
+            if s & PINNED != 0 {
+                skipped.push(a);
+                continue;
+            }
+            victims.push((pos, i));
+        }
+        for a in skipped.into_iter().rev() {
+            st.fifo.push_front(a);
+        }
+        let mut done = 0;
+        let mut moved = Vec::with_capacity(victims.len());
+        for &(pos, i) in &victims {
+            let addr = st.ranges[pos].base + i * PAGE;
+            let slot = st.scratch + moved.len() * PAGE;
+            let ok = self.mechanism == Mechanism::Move
+                && self
+                    .uffd
+                    .move_pages(slot as u64, addr as u64, PAGE as u64)
+                    .is_ok();
+            if ok {
+                moved.push((pos, i, slot));
+            } else if self.evict_wp(st, pos, i).is_ok() {
+                done += 1;
+            } else {
+                st.fifo.push_back(addr);
+            }
+        }
+        for &(pos, i, slot) in &moved {
+            // SAFETY: `slot` is a scratch page the victim was just moved into:
+            // present, read-write, touched by nobody but this thread.
+            let page = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, PAGE) };
+            self.seal(st, pos, i, page);
+        }
+        if !moved.is_empty() {
+            // The frames hold ciphertext now; hand them back to the kernel.
+            // SAFETY: the scratch pages are the handler's own.
+            let _ = unsafe {
+                uffd::madvise_direct(
+                    st.scratch as *mut u8,
+                    moved.len() * PAGE,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            done += moved.len();
+        }
+        let c = self.stats.counters();
+        c.evictions.fetch_add(done as u64, Ordering::Relaxed);
+        c.evict_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+        c.resident.store(st.resident as u64, Ordering::Relaxed);
+        c.evicted.store(st.evicted as u64, Ordering::Relaxed);
+        done
+    }
+
+    /// Encrypts the plaintext `page` (the contents of page `i` of range
+    /// `pos`, now out of the program's view) in place, stores the
+    /// ciphertext, and marks the page evicted.
+    fn seal(&self, st: &mut State, pos: usize, i: usize, page: &mut [u8]) {
+        let r = &st.ranges[pos];
+        let addr = r.base + i * PAGE;
+        if let Some(key) = &st.keys[usize::from(r.keyid)] {
+            // A 4096-byte unit is always a valid XTS length.
+            let _ = key.encrypt_unit(addr as u128, page);
+        }
+        let r = &mut st.ranges[pos];
+        r.store_page(i).copy_from_slice(page);
+        let s = r.state(i);
+        r.set_state(i, EVICTED | (s & PINNED));
+        st.resident -= 1;
+        st.evicted += 1;
+    }
+
+    /// Write-protect eviction: the writers of the page wait while it is
+    /// encrypted and dropped, then fault it back in.
+    fn evict_wp(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
+        let addr = st.ranges[pos].base + i * PAGE;
+        self.uffd.write_protect(addr as u64, PAGE as u64, true)?;
+        // SAFETY: the page is resident and readable (not pinned) and, being
+        // write-protected, nobody changes it while it is read.
+        st.bounce
+            .copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) });
+        let p = st.bounce.as_mut_ptr();
+        // SAFETY: `p` is the bounce page in secret memory (PAGE bytes), which
+        // `seal` does not reach through `st`; nothing else uses it meanwhile.
+        let copy = unsafe { std::slice::from_raw_parts_mut(p, PAGE) };
+        self.seal(st, pos, i, copy);
+        st.bounce.fill(0);
+        // SAFETY: the page's contents are saved as ciphertext; dropping it
+        // makes the next access fault it back in.
+        let r = unsafe { uffd::madvise_direct(addr as *mut u8, PAGE, libc::MADV_DONTNEED) };
+        // Clear any write-protect marker and release waiting writers: they
+        // fault on the now-missing page and wait for it to come back.
+        let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+        self.stats
+            .counters()
+            .wp_evictions
+            .fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    /// Decrypts every evicted page of range `pos` back into place.
+    fn restore_range(&self, st: &mut State, pos: usize) -> Result<(), ShieldError> {
+        for i in 0..st.ranges[pos].pages {
+            if st.ranges[pos].state(i) & STATE_MASK == EVICTED {
+                self.bring_in(st, pos, i).map_err(os("UFFDIO_COPY"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+static ZEROS: [u8; PAGE] = [0; PAGE];
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

@@ -18,6 +18,7 @@ pub mod process;
 pub mod rnd;
 pub mod stack_thread;
 pub mod stopflag;
+pub mod uffd;
 
 pub use cpu::getrandom;
 pub use cpu::{cpuid, has_feature, rdrand64, rdseed64, read_msr, CpuFeature, CpuidResult};

@@ -1,0 +1,313 @@
+//! Counters of a shield, kept in a small shared file so that `memveil run`
+//! can show them live while the protected program runs, and sum the files of
+//! every process the program starts.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memveil_sys::uffd;
+
+const MAGIC: u64 = 0x6d76_7368_6c64_0001; // "mvshld" v1
+
+/// The counters, as laid out in the shared file (all little-endian u64).
+#[repr(C)]
+#[derive(Default)]
+pub struct Counters {
+    /// Identifies the layout.
+    pub magic: AtomicU64,
+    /// Process id of the protected process.
+    pub pid: AtomicU64,
+    /// Window in pages.
+    pub window: AtomicU64,
+    /// 1 = uffd-move, 2 = uffd-wp.
+    pub mechanism: AtomicU64,
+    /// 1 = keys in memfd_secret memory, 2 = locked memory only.
+    pub level: AtomicU64,
+    /// Pages in protected ranges.
+    pub pages_protected: AtomicU64,
+    /// Plaintext pages now.
+    pub resident: AtomicU64,
+    /// Ciphertext (evicted) pages now.
+    pub evicted: AtomicU64,
+    /// Most plaintext pages at once.
+    pub max_resident: AtomicU64,
+    /// Evicted pages decrypted back on a fault.
+    pub faults_in: AtomicU64,
+    /// Never-touched (or discarded) pages filled with zeros on a fault.
+    pub zero_fills: AtomicU64,
+    /// Pages evicted.
+    pub evictions: AtomicU64,
+    /// Of those, evicted by write-protection (frame freed unwiped).
+    pub wp_evictions: AtomicU64,
+    /// Faults found already resolved.
+    pub spurious: AtomicU64,
+    /// Pages discarded by the program (munmap, MADV_DONTNEED).
+    pub discards: AtomicU64,
+    /// Time the handler spent resolving faults (ns, includes evictions).
+    pub handler_ns: AtomicU64,
+    /// Time spent evicting (ns).
+    pub evict_ns: AtomicU64,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    /// Processes summed (1 for one shield).
+    pub processes: u64,
+    /// Window in pages.
+    pub window: u64,
+    /// "uffd-move" or "uffd-wp".
+    #[serde(skip)]
+    pub mechanism: u64,
+    /// 1 = secret, 2 = locked.
+    #[serde(skip)]
+    pub level: u64,
+    /// Pages in protected ranges.
+    pub pages_protected: u64,
+    /// Plaintext pages.
+    pub resident_pages: u64,
+    /// Ciphertext pages.
+    pub evicted_pages: u64,
+    /// Most plaintext pages at once.
+    pub max_resident: u64,
+    /// Decrypting faults.
+    pub faults_in: u64,
+    /// Zero-fill faults.
+    pub zero_fills: u64,
+    /// Evictions.
+    pub evictions: u64,
+    /// Write-protect evictions.
+    pub wp_evictions: u64,
+    /// Faults found already resolved.
+    pub spurious: u64,
+    /// Pages discarded by the program.
+    pub discards: u64,
+    /// Handler time, ns.
+    pub handler_ns: u64,
+    /// Eviction time, ns.
+    pub evict_ns: u64,
+}
+
+impl Snapshot {
+    /// Plaintext pages over pages holding data (plaintext + ciphertext).
+    #[must_use]
+    pub fn plaintext_fraction(&self) -> f64 {
+        let data = self.resident_pages + self.evicted_pages;
+        if data == 0 {
+            0.0
+        } else {
+            self.resident_pages as f64 / data as f64
+        }
+    }
+
+    /// Faults of any kind (decrypting and zero-fill).
+    #[must_use]
+    pub fn faults(&self) -> u64 {
+        self.faults_in + self.zero_fills
+    }
+
+    /// Name of the eviction mechanism.
+    #[must_use]
+    pub fn mechanism_name(&self) -> &'static str {
+        match self.mechanism {
+            1 => "uffd-move",
+            2 => "uffd-wp",
+            _ => "unknown",
+        }
+    }
+
+    /// Name of the key protection level.
+    #[must_use]
+    pub fn level_name(&self) -> &'static str {
+        match self.level {
+            1 => "secret",
+            2 => "locked",
+            _ => "unknown",
+        }
+    }
+
+    fn add(&mut self, o: &Snapshot) {
+        self.processes += o.processes;
+        self.window = self.window.max(o.window);
+        self.mechanism = self.mechanism.max(o.mechanism);
+        self.level = self.level.max(o.level);
+        self.pages_protected += o.pages_protected;
+        self.resident_pages += o.resident_pages;
+        self.evicted_pages += o.evicted_pages;
+        self.max_resident += o.max_resident;
+        self.faults_in += o.faults_in;
+        self.zero_fills += o.zero_fills;
+        self.evictions += o.evictions;
+        self.wp_evictions += o.wp_evictions;
+        self.spurious += o.spurious;
+        self.discards += o.discards;
+        self.handler_ns += o.handler_ns;
+        self.evict_ns += o.evict_ns;
+    }
+}
+
+impl Counters {
+    fn snapshot(&self) -> Snapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            processes: 1,
+            window: g(&self.window),
+            mechanism: g(&self.mechanism),
+            level: g(&self.level),
+            pages_protected: g(&self.pages_protected),
+            resident_pages: g(&self.resident),
+            evicted_pages: g(&self.evicted),
+            max_resident: g(&self.max_resident),
+            faults_in: g(&self.faults_in),
+            zero_fills: g(&self.zero_fills),
+            evictions: g(&self.evictions),
+            wp_evictions: g(&self.wp_evictions),
+            spurious: g(&self.spurious),
+            discards: g(&self.discards),
+            handler_ns: g(&self.handler_ns),
+            evict_ns: g(&self.evict_ns),
+        }
+    }
+}
+
+const FILE_LEN: usize = 4096;
+const _: () = assert!(std::mem::size_of::<Counters>() <= FILE_LEN);
+
+/// Where a shield keeps its counters: a shared mapping of a file, or private
+/// memory.
+pub struct StatsFile {
+    ptr: *const Counters,
+    mapped: bool,
+}
+
+// SAFETY: the counters are atomics; the pointer refers to a mapping (or a
+// leaked box) that lives as long as the StatsFile.
+unsafe impl Send for StatsFile {}
+// SAFETY: as above: all access is through atomics.
+unsafe impl Sync for StatsFile {}
+
+impl StatsFile {
+    /// Counters in private memory.
+    #[must_use]
+    pub fn private() -> Self {
+        Self {
+            ptr: Box::into_raw(Box::<Counters>::default()),
+            mapped: false,
+        }
+    }
+
+    /// Creates (truncating) `path` and keeps the counters in a shared mapping
+    /// of it.
+    ///
+    /// # Errors
+    /// Creating, sizing or mapping the file.
+    pub fn create(path: &Path) -> io::Result<Self> {
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        f.set_len(FILE_LEN as u64)?;
+        let s = Self::map(&f, libc::PROT_READ | libc::PROT_WRITE)?;
+        let c = s.counters();
+        c.magic.store(MAGIC, Ordering::Relaxed);
+        c.pid
+            .store(u64::from(std::process::id()), Ordering::Relaxed);
+        Ok(s)
+    }
+
+    fn map(f: &File, prot: libc::c_int) -> io::Result<Self> {
+        if f.metadata()?.len() < FILE_LEN as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a shield statistics file (too short)",
+            ));
+        }
+        // SAFETY: a fresh shared mapping of a file we hold open, at an
+        // address of the kernel's choosing: it overlaps no Rust object.
+        let p = unsafe {
+            uffd::mmap_direct(
+                std::ptr::null_mut(),
+                FILE_LEN,
+                prot,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            ptr: p.cast(),
+            mapped: true,
+        })
+    }
+
+    /// The live counters.
+    #[must_use]
+    pub fn counters(&self) -> &Counters {
+        // SAFETY: `ptr` points at a Counters-sized, 8-aligned region (a
+        // mapping of FILE_LEN bytes, or a box) valid for our lifetime, and
+        // all-zero bytes are valid atomics.
+        unsafe { &*self.ptr }
+    }
+
+    /// A copy of the counters.
+    #[must_use]
+    pub fn snapshot(&self) -> Snapshot {
+        self.counters().snapshot()
+    }
+
+    /// Reads one statistics file (written by another process).
+    ///
+    /// # Errors
+    /// Opening or mapping it, or a file that is not a shield's.
+    pub fn read(path: &Path) -> io::Result<Snapshot> {
+        let f = File::open(path)?;
+        // Read-only mapping: the atomics are only loaded.
+        let s = Self::map(&f, libc::PROT_READ)?;
+        if s.counters().magic.load(Ordering::Relaxed) != MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a shield statistics file (bad magic)",
+            ));
+        }
+        Ok(s.snapshot())
+    }
+
+    /// Sums the statistics files in `dir` (one per protected process).
+    /// Files that vanish or are not shield files are skipped.
+    ///
+    /// # Errors
+    /// Reading the directory.
+    pub fn read_dir(dir: &Path) -> io::Result<Snapshot> {
+        let mut total = Snapshot::default();
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            if e.path().extension().is_some_and(|x| x == "stats") {
+                if let Ok(s) = Self::read(&e.path()) {
+                    total.add(&s);
+                }
+            }
+        }
+        Ok(total)
+    }
+}
+
+impl Drop for StatsFile {
+    fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: the mapping was made by `map` and nothing refers to it
+            // after drop (the references handed out borrow self).
+            let _ = unsafe { uffd::unmap_direct(self.ptr.cast_mut().cast(), FILE_LEN) };
+        } else {
+            // SAFETY: `ptr` came from Box::into_raw in `private`.
+            drop(unsafe { Box::from_raw(self.ptr.cast_mut()) });
+        }
+    }
+}
