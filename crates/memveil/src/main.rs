@@ -26,6 +26,8 @@ enum Command {
     Vault(cmd::vault::Args),
     /// Find AES key schedules (or a byte pattern) in a process, core file or memory image.
     Keyfind(cmd::keyfind::Args),
+    /// Run an unmodified program with its heap kept as ciphertext outside a plaintext window.
+    Run(cmd::run::Args),
     /// Run the benchmark suite and write a report.
     Bench(cmd::bench::Args),
 }
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         Command::Rng(a) => cmd::rng::run(a),
         Command::Vault(a) => cmd::vault::run(a),
         Command::Keyfind(a) => cmd::keyfind::run(a),
+        Command::Run(a) => cmd::run::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match r {

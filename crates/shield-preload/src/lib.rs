@@ -1,1 +1,854 @@
-//! LD_PRELOAD library that puts an unmodified program's heap under memveil-shield.
+//! LD_PRELOAD library that puts an unmodified program's heap under
+//! memveil-shield.
+//!
+//! It replaces the C allocator (`malloc`, `free`, `calloc`, `realloc`,
+//! `reallocarray`, `memalign`, `posix_memalign`, `aligned_alloc`, `valloc`,
+//! `pvalloc`, `malloc_usable_size`) with one that allocates from a single
+//! reserved region, serves the program's anonymous private read-write
+//! `mmap`s and its `sbrk` from the same region, and hands the whole region to
+//! a [`memveil_shield::Shield`] at start-up: from then on at most `window`
+//! pages of it are plaintext, the rest AES-XTS ciphertext.
+//!
+//! `munmap`, `madvise` (DONTNEED/FREE/REMOVE), `mremap` and `mprotect` on the
+//! region are interposed so the shield's bookkeeping stays true (freed
+//! plaintext pages are wiped before their frames go back to the kernel).
+//! Before `fork` every evicted page is brought back (the child does not
+//! inherit the userfaultfd); the child runs unprotected.
+//!
+//! Settings come from the environment (set by `memveil run`):
+//! `MEMVEIL_SHIELD_WINDOW` (pages), `MEMVEIL_SHIELD_KEYID`,
+//! `MEMVEIL_SHIELD_STATS_DIR` (one `PID.stats` file per process),
+//! `MEMVEIL_SHIELD_SPIN_US`, `MEMVEIL_SHIELD_REGION_GIB`,
+//! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`.
+//! If the shield cannot start, the program is not run unprotected: the
+//! library prints why and exits with status 125.
+//!
+//! What it does not cover: memory the C library maps for itself (thread
+//! stacks, `dlopen`ed code), file and shared mappings, `MAP_FIXED` mappings,
+//! and programs that make raw system calls instead of calling these symbols.
+
+// The exports are the C allocator and memory-management API, documented by POSIX.
+#![allow(clippy::missing_safety_doc, missing_docs)]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr::{null_mut, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use memveil_secmem::{Level, Policy};
+use memveil_shield::{Config, Shield, StatsFile, PAGE};
+use memveil_sys::uffd;
+use talc::{OomHandler, Span, Talc};
+
+// ---------------------------------------------------------------------------
+// The preload's own Rust allocations go to the C library's allocator proper,
+// which lives outside the protected region (glibc exports it as __libc_*).
+
+extern "C" {
+    fn __libc_malloc(n: usize) -> *mut c_void;
+    fn __libc_free(p: *mut c_void);
+    fn __libc_memalign(align: usize, n: usize) -> *mut c_void;
+    fn __libc_realloc(p: *mut c_void, n: usize) -> *mut c_void;
+    fn __libc_calloc(n: usize, m: usize) -> *mut c_void;
+}
+
+struct LibcAlloc;
+
+// SAFETY: forwards to glibc's allocator, which satisfies the GlobalAlloc
+// contract for the layouts it is given (memalign for large alignments).
+unsafe impl GlobalAlloc for LibcAlloc {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: plain allocation calls into glibc.
+        unsafe {
+            if l.align() <= 16 {
+                __libc_malloc(l.size()).cast()
+            } else {
+                __libc_memalign(l.align(), l.size()).cast()
+            }
+        }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
+        // SAFETY: `p` came from `alloc` above (GlobalAlloc contract).
+        unsafe { __libc_free(p.cast()) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: LibcAlloc = LibcAlloc;
+
+// ---------------------------------------------------------------------------
+// The region: [base, base+heap_len) for malloc, the rest for mmap and sbrk.
+
+const DEFAULT_REGION_GIB: usize = 16;
+const HEAP_GROW: usize = 4 << 20;
+/// Allocations at least this large go to whole pages of the mmap part, so
+/// freeing them returns (wiped) memory to the kernel.
+const LARGE: usize = 256 << 10;
+/// Header word marking a large allocation.
+const LARGE_MARK: usize = usize::MAX;
+const HDR: usize = 16;
+
+static BASE: AtomicUsize = AtomicUsize::new(0);
+static LEN: AtomicUsize = AtomicUsize::new(0);
+static HEAP_LEN: AtomicUsize = AtomicUsize::new(0);
+static SHIELD: AtomicPtr<Shield> = AtomicPtr::new(null_mut());
+/// Set in a forked child: the region is ordinary memory there.
+static CHILD: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Set on the shield's handler thread: whatever the C library allocates
+    /// for it (thread control, TLS vectors) must not live in memory whose
+    /// faults that thread itself resolves.
+    static INTERNAL: Cell<bool> = const { Cell::new(false) };
+}
+
+fn internal() -> bool {
+    INTERNAL.with(Cell::get)
+}
+
+fn in_region(p: usize) -> bool {
+    let b = BASE.load(Ordering::Acquire);
+    b != 0 && p >= b && p < b + LEN.load(Ordering::Relaxed)
+}
+
+fn env_usize(name: &CStr) -> Option<usize> {
+    // SAFETY: getenv with a NUL-terminated name; the result is a
+    // NUL-terminated string owned by the environment, read at once.
+    let v = unsafe { libc::getenv(name.as_ptr()) };
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: non-null result of getenv, NUL-terminated.
+    unsafe { CStr::from_ptr(v) }.to_str().ok()?.parse().ok()
+}
+
+/// A test-and-set lock that can be held across `fork` (taken in the prepare
+/// handler, released in both parent and child).
+struct SpinLock(AtomicBool);
+
+impl SpinLock {
+    fn lock(&self) {
+        let mut n = 0u32;
+        while self
+            .0
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            n += 1;
+            if n < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    fn unlock(&self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+struct Grow {
+    heap: Span,
+    limit: usize,
+}
+
+impl OomHandler for Grow {
+    fn handle_oom(talc: &mut Talc<Self>, layout: Layout) -> Result<(), ()> {
+        let base = BASE.load(Ordering::Acquire);
+        let want = (layout.size() + layout.align() + 64).max(HEAP_GROW);
+        let old = talc.oom_handler.heap;
+        if old.is_empty() {
+            let top = (base + want.next_multiple_of(PAGE)).min(talc.oom_handler.limit);
+            let span = Span::new(base as *mut u8, top as *mut u8);
+            // SAFETY: the span is the start of the heap part of the region,
+            // reserved for this allocator alone.
+            let got = unsafe { talc.claim(span) }?;
+            talc.oom_handler.heap = got;
+            return Ok(());
+        }
+        let (_, old_top) = old.get_base_acme().ok_or(())?;
+        let old_top = old_top as usize;
+        if old_top >= talc.oom_handler.limit {
+            return Err(());
+        }
+        let top = (old_top + want)
+            .next_multiple_of(PAGE)
+            .min(talc.oom_handler.limit);
+        let req = Span::new(old.get_base_acme().ok_or(())?.0, top as *mut u8);
+        // SAFETY: the extension lies in the heap part of the region, which
+        // nobody else uses.
+        talc.oom_handler.heap = unsafe { talc.extend(old, req) };
+        Ok(())
+    }
+}
+
+struct Heap {
+    talc: Talc<Grow>,
+    pages: PageAlloc,
+}
+
+/// First-fit allocator of whole pages in the mmap part of the region.
+struct PageAlloc {
+    next: usize,
+    end: usize,
+    free: BTreeMap<usize, usize>,
+    brk: Option<(usize, usize, usize)>,
+}
+
+impl PageAlloc {
+    fn alloc(&mut self, len: usize) -> Option<usize> {
+        let len = len.next_multiple_of(PAGE);
+        let hit = self
+            .free
+            .iter()
+            .find(|(_, l)| **l >= len)
+            .map(|(a, l)| (*a, *l));
+        if let Some((a, l)) = hit {
+            self.free.remove(&a);
+            if l > len {
+                self.free.insert(a + len, l - len);
+            }
+            return Some(a);
+        }
+        if self.next + len > self.end {
+            return None;
+        }
+        let a = self.next;
+        self.next += len;
+        Some(a)
+    }
+
+    /// Returns `[a, a+len)`; parts already free are ignored.
+    fn release(&mut self, a: usize, len: usize) {
+        let (mut a, mut len) = (a, len.next_multiple_of(PAGE));
+        // Drop any overlap with free ranges (double free or partial frees).
+        let overl: Vec<(usize, usize)> = self
+            .free
+            .range(..a + len)
+            .filter(|(s, l)| **s + **l > a)
+            .map(|(s, l)| (*s, *l))
+            .collect();
+        for (s, l) in overl {
+            self.free.remove(&s);
+            let lo = s.min(a);
+            let hi = (s + l).max(a + len);
+            a = lo;
+            len = hi - lo;
+        }
+        // Coalesce with neighbours.
+        if let Some((&s, &l)) = self.free.range(..a).next_back() {
+            if s + l == a {
+                self.free.remove(&s);
+                len += l;
+                a = s;
+            }
+        }
+        if let Some(&l) = self.free.get(&(a + len)) {
+            self.free.remove(&(a + len));
+            len += l;
+        }
+        if a + len == self.next {
+            self.next = a;
+        } else {
+            self.free.insert(a, len);
+        }
+    }
+}
+
+static LOCK: SpinLock = SpinLock(AtomicBool::new(false));
+static mut HEAP: Option<Heap> = None;
+
+/// Runs `f` on the heap under the lock, creating the region on first use.
+fn with_heap<R>(f: impl FnOnce(&mut Heap) -> R) -> Option<R> {
+    LOCK.lock();
+    // SAFETY: HEAP is only touched here, under LOCK.
+    let heap = unsafe { &mut *std::ptr::addr_of_mut!(HEAP) };
+    if heap.is_none() {
+        *heap = create_region();
+    }
+    let r = heap.as_mut().map(f);
+    LOCK.unlock();
+    r
+}
+
+fn create_region() -> Option<Heap> {
+    let gib = env_usize(c"MEMVEIL_SHIELD_REGION_GIB")
+        .unwrap_or(DEFAULT_REGION_GIB)
+        .max(1);
+    let len = gib << 30;
+    let base = uffd::map_anonymous_direct(len).ok()? as usize;
+    // Base pages only: UFFDIO_MOVE and per-page eviction need them.
+    // SAFETY: advice on our own fresh mapping; not destructive.
+    let _ = unsafe { uffd::madvise_direct(base as *mut u8, len, libc::MADV_NOHUGEPAGE) };
+    let heap_len = len / 2;
+    BASE.store(base, Ordering::Release);
+    LEN.store(len, Ordering::Release);
+    HEAP_LEN.store(heap_len, Ordering::Release);
+    Some(Heap {
+        talc: Talc::new(Grow {
+            heap: Span::empty(),
+            limit: base + heap_len,
+        }),
+        pages: PageAlloc {
+            next: base + heap_len,
+            end: base + len,
+            free: BTreeMap::new(),
+            brk: None,
+        },
+    })
+}
+
+fn shield() -> Option<&'static Shield> {
+    if CHILD.load(Ordering::Relaxed) {
+        return None;
+    }
+    let p = SHIELD.load(Ordering::Acquire);
+    // SAFETY: SHIELD is set once to a leaked Box and never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Drops the contents of `[a, a+len)` of the region: through the shield
+/// (wipe, zap, forget ciphertext) or, unprotected, by wiping and zapping.
+fn discard(a: usize, len: usize) {
+    if let Some(s) = shield() {
+        // SAFETY: the caller freed the range: no object lives there.
+        unsafe { s.discard(a, len) };
+    } else {
+        // SAFETY: as above; the memory is readable and writable (ours).
+        unsafe {
+            std::ptr::write_bytes(a as *mut u8, 0, len);
+            let _ = uffd::madvise_direct(a as *mut u8, len, libc::MADV_DONTNEED);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The allocator. Each block has a 16-byte header just below the pointer:
+// [total bytes, offset from the start of the raw block] (offset = LARGE_MARK
+// for page allocations, whose raw start is one page below the pointer).
+
+fn alloc(size: usize, align: usize) -> *mut c_void {
+    if internal() {
+        // SAFETY: plain glibc allocation for the handler thread.
+        return unsafe { __libc_memalign(align.max(16), size.max(1)) };
+    }
+    let align = align.max(HDR);
+    let Some(total) = size.checked_add(align) else {
+        return enomem();
+    };
+    if total >= LARGE && align <= PAGE {
+        let Some(bytes) = total.checked_add(PAGE) else {
+            return enomem();
+        };
+        let raw = with_heap(|h| h.pages.alloc(bytes)).flatten();
+        let Some(raw) = raw else { return enomem() };
+        let p = raw + PAGE;
+        write_header(p, bytes, LARGE_MARK);
+        return p as *mut c_void;
+    }
+    let Ok(layout) = Layout::from_size_align(total, align) else {
+        return enomem();
+    };
+    // SAFETY: talc's malloc with a valid non-zero layout, under the lock.
+    let raw = with_heap(|h| unsafe { h.talc.malloc(layout) }.ok()).flatten();
+    let Some(raw) = raw else { return enomem() };
+    let p = raw.as_ptr() as usize + align;
+    write_header(p, total, align);
+    p as *mut c_void
+}
+
+fn write_header(p: usize, total: usize, off: usize) {
+    let h = (p - HDR) as *mut usize;
+    // SAFETY: the header lies inside the block just allocated (offset ≥ 16
+    // bytes below `p`), aligned to 8.
+    unsafe {
+        h.write(total);
+        h.add(1).write(off);
+    }
+}
+
+fn read_header(p: usize) -> (usize, usize) {
+    let h = (p - HDR) as *const usize;
+    // SAFETY: `p` is a live pointer from `alloc` (free's contract), whose
+    // header lies just below it.
+    unsafe { (h.read(), h.add(1).read()) }
+}
+
+fn enomem() -> *mut c_void {
+    set_errno(libc::ENOMEM);
+    null_mut()
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: errno location of the calling thread.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn dealloc(p: usize) {
+    let (total, off) = read_header(p);
+    if off == LARGE_MARK {
+        let raw = p - PAGE;
+        discard(raw, total.next_multiple_of(PAGE));
+        with_heap(|h| h.pages.release(raw, total));
+        return;
+    }
+    let raw = p - off;
+    // SAFETY: layout as allocated (header), pointer from talc.
+    with_heap(|h| unsafe {
+        h.talc.free(
+            NonNull::new_unchecked(raw as *mut u8),
+            Layout::from_size_align_unchecked(total, off),
+        );
+    });
+}
+
+fn usable(p: usize) -> usize {
+    let (total, off) = read_header(p);
+    if off == LARGE_MARK {
+        total - PAGE
+    } else {
+        total - off
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn malloc(n: usize) -> *mut c_void {
+    alloc(n, 16)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    if in_region(p as usize) {
+        dealloc(p as usize);
+    } else {
+        // SAFETY: not ours: allocated by glibc for the handler thread.
+        unsafe { __libc_free(p) }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: usize, m: usize) -> *mut c_void {
+    if internal() {
+        // SAFETY: plain glibc allocation for the handler thread.
+        return unsafe { __libc_calloc(n, m) };
+    }
+    let Some(total) = n.checked_mul(m) else {
+        return enomem();
+    };
+    let p = alloc(total, 16);
+    if !p.is_null() {
+        // SAFETY: `p` has at least `total` writable bytes.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, total) };
+    }
+    p
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, n: usize) -> *mut c_void {
+    if p.is_null() {
+        return alloc(n, 16);
+    }
+    if !in_region(p as usize) {
+        // SAFETY: not ours: a glibc block of the handler thread.
+        return unsafe { __libc_realloc(p, n) };
+    }
+    if n == 0 {
+        dealloc(p as usize);
+        return null_mut();
+    }
+    let have = usable(p as usize);
+    if n <= have && n + LARGE / 2 > have {
+        return p;
+    }
+    let q = alloc(n, 16);
+    if !q.is_null() {
+        // SAFETY: both blocks are live and distinct; copy the smaller size.
+        unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), n.min(have)) };
+        dealloc(p as usize);
+    }
+    q
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, m: usize) -> *mut c_void {
+    match n.checked_mul(m) {
+        // SAFETY: forwarded with the caller's promise.
+        Some(t) => unsafe { realloc(p, t) },
+        None => enomem(),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() || !in_region(p as usize) {
+        return 0;
+    }
+    usable(p as usize)
+}
+
+fn aligned(align: usize, n: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    alloc(n, align)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, n: usize) -> *mut c_void {
+    aligned(align, n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, n: usize) -> *mut c_void {
+    aligned(align, n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, n: usize) -> c_int {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
+        return libc::EINVAL;
+    }
+    let p = alloc(n, align);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller passes a writable pointer (POSIX contract).
+    unsafe { *out = p };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn valloc(n: usize) -> *mut c_void {
+    alloc(n, PAGE)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(n: usize) -> *mut c_void {
+    alloc(n.next_multiple_of(PAGE), PAGE)
+}
+
+// ---------------------------------------------------------------------------
+// Memory-management calls on the region.
+
+fn wants_protection(prot: c_int, flags: c_int, fd: c_int) -> bool {
+    let excluded = libc::MAP_FIXED
+        | libc::MAP_FIXED_NOREPLACE
+        | libc::MAP_SHARED
+        | libc::MAP_HUGETLB
+        | libc::MAP_GROWSDOWN
+        | libc::MAP_STACK;
+    fd == -1
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & excluded == 0
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+        && !internal()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    if len > 0 && wants_protection(prot, flags, fd) {
+        if let Some(Some(a)) = with_heap(|h| h.pages.alloc(len)) {
+            return a as *mut c_void;
+        }
+    }
+    if flags & libc::MAP_FIXED != 0 && in_region(addr as usize) {
+        // The program replaces part of the region: forget what the shield
+        // held there so it never evicts pages of the new mapping.
+        discard(addr as usize, len);
+    }
+    // SAFETY: forwarded unchanged: the caller's mmap(2) contract.
+    unsafe { uffd::mmap_direct(addr, len, prot, flags, fd, off) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    // SAFETY: same contract.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+fn region_part(addr: usize, len: usize) -> bool {
+    let b = BASE.load(Ordering::Acquire);
+    let mmap_lo = b + HEAP_LEN.load(Ordering::Relaxed);
+    b != 0 && addr >= mmap_lo && addr.saturating_add(len) <= b + LEN.load(Ordering::Relaxed)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    let a = addr as usize;
+    if in_region(a) {
+        if !a.is_multiple_of(PAGE) || len == 0 || !region_part(a, len) {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        discard(a, len.next_multiple_of(PAGE));
+        with_heap(|h| h.pages.release(a, len));
+        return 0;
+    }
+    // SAFETY: not our memory: the caller's munmap(2) contract.
+    match unsafe { uffd::unmap_direct(addr.cast(), len) } {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EINVAL));
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let a = addr as usize;
+    if in_region(a) {
+        match advice {
+            libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE => {
+                discard(a, len);
+                return 0;
+            }
+            // Huge pages would defeat per-page eviction; paging out would
+            // write plaintext to swap: both are declined, silently as the
+            // kernel may decline advice.
+            libc::MADV_HUGEPAGE | libc::MADV_COLD | libc::MADV_PAGEOUT | libc::MADV_WILLNEED => {
+                return 0
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: the caller's madvise(2) contract.
+    match unsafe { uffd::madvise_direct(addr.cast(), len, advice) } {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EINVAL));
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let a = addr as usize;
+    if in_region(a) {
+        if let Some(s) = shield() {
+            s.set_unreadable(a, len, prot & libc::PROT_READ == 0);
+        }
+    }
+    // SAFETY: the caller's mprotect(2) contract.
+    match unsafe { uffd::mprotect_direct(addr.cast(), len, prot) } {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EINVAL));
+            -1
+        }
+    }
+}
+
+/// `mremap`: on the region, moves by allocate-copy-free (the new address is
+/// also in the region). The C prototype is variadic; on x86-64 the optional
+/// fifth argument arrives in the same register as a fixed one.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let a = old as usize;
+    if !in_region(a) {
+        // SAFETY: the caller's mremap(2) contract.
+        let r = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) };
+        return if r < 0 {
+            libc::MAP_FAILED
+        } else {
+            usize::try_from(r).unwrap_or(0) as *mut c_void
+        };
+    }
+    if flags & libc::MREMAP_FIXED != 0 || !region_part(a, old_len) || new_len == 0 {
+        set_errno(libc::EINVAL);
+        return libc::MAP_FAILED;
+    }
+    let (old_len, new_len) = (
+        old_len.next_multiple_of(PAGE),
+        new_len.next_multiple_of(PAGE),
+    );
+    if new_len <= old_len {
+        if new_len < old_len {
+            discard(a + new_len, old_len - new_len);
+            with_heap(|h| h.pages.release(a + new_len, old_len - new_len));
+        }
+        return old;
+    }
+    if flags & libc::MREMAP_MAYMOVE == 0 {
+        set_errno(libc::ENOMEM);
+        return libc::MAP_FAILED;
+    }
+    let Some(Some(b)) = with_heap(|h| h.pages.alloc(new_len)) else {
+        set_errno(libc::ENOMEM);
+        return libc::MAP_FAILED;
+    };
+    // SAFETY: both ranges are ours and distinct; the old one is live.
+    unsafe { std::ptr::copy_nonoverlapping(a as *const u8, b as *mut u8, old_len) };
+    discard(a, old_len);
+    with_heap(|h| h.pages.release(a, old_len));
+    b as *mut c_void
+}
+
+/// `sbrk`: a program's own break, in a 1 GiB slice of the region.
+#[no_mangle]
+pub unsafe extern "C" fn sbrk(incr: libc::intptr_t) -> *mut c_void {
+    const SLICE: usize = 1 << 30;
+    let r = with_heap(|h| {
+        if h.pages.brk.is_none() {
+            let lo = h.pages.alloc(SLICE)?;
+            h.pages.brk = Some((lo, lo, lo + SLICE));
+        }
+        let (lo, cur, hi) = h.pages.brk?;
+        let new = cur
+            .checked_add_signed(incr)
+            .filter(|n| *n >= lo && *n <= hi)?;
+        h.pages.brk = Some((lo, new, hi));
+        Some((cur, new))
+    })
+    .flatten();
+    match r {
+        Some((old, new)) => {
+            if new < old {
+                let from = new.next_multiple_of(PAGE);
+                if from < old {
+                    discard(from, old.next_multiple_of(PAGE) - from);
+                }
+            }
+            old as *mut c_void
+        }
+        None => {
+            set_errno(libc::ENOMEM);
+            usize::MAX as *mut c_void
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Start-up and fork.
+
+extern "C" fn before_fork() {
+    LOCK.lock();
+    if let Some(s) = shield() {
+        if let Err(e) = s.freeze() {
+            eprintln!("memveil-shield: cannot restore pages before fork: {e}");
+        }
+    }
+}
+
+extern "C" fn after_fork_parent() {
+    if let Some(s) = shield() {
+        s.thaw();
+    }
+    LOCK.unlock();
+}
+
+extern "C" fn after_fork_child() {
+    // The child has no userfaultfd (it is not inherited) and no handler
+    // thread: its copy of the region is ordinary plaintext memory.
+    CHILD.store(true, Ordering::SeqCst);
+    LOCK.unlock();
+}
+
+fn start() -> Result<(), String> {
+    // Make sure the region exists (the allocator may not have run yet).
+    with_heap(|_| ()).ok_or("cannot reserve the protected region")?;
+    let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(memveil_shield::DEFAULT_WINDOW);
+    let keyid = env_usize(c"MEMVEIL_SHIELD_KEYID").unwrap_or(1);
+    let keyid = u16::try_from(keyid).map_err(|_| format!("KeyID {keyid} out of range"))?;
+    let spin = env_usize(c"MEMVEIL_SHIELD_SPIN_US").unwrap_or(50);
+    let accept_locked = env_usize(c"MEMVEIL_SHIELD_ALLOW_LOCKED") == Some(1);
+    let cfg = Config {
+        window,
+        spin: Duration::from_micros(spin as u64),
+        accept_unwiped_free: env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") == Some(1),
+        force_write_protect: env_usize(c"MEMVEIL_SHIELD_FORCE_WP") == Some(1),
+        policy: if accept_locked {
+            Policy::allow(Level::Locked)
+        } else {
+            Policy::secret_only()
+        },
+        ..Config::default()
+    };
+    let stats = match std::env::var_os("MEMVEIL_SHIELD_STATS_DIR") {
+        Some(d) => {
+            let path = std::path::Path::new(&d).join(format!("{}.stats", std::process::id()));
+            StatsFile::create(&path).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => StatsFile::private(),
+    };
+    // The handler thread is created here; what glibc allocates for it must
+    // stay outside the region, so mark this thread internal meanwhile.
+    INTERNAL.with(|c| c.set(true));
+    let s = Shield::new(&cfg, stats);
+    INTERNAL.with(|c| c.set(false));
+    let s = s.map_err(|e| e.to_string())?;
+    let base = BASE.load(Ordering::Acquire);
+    let len = LEN.load(Ordering::Acquire);
+    // SAFETY: the region is ours, anonymous private, and from now on only
+    // reached through the interposed calls above, which go through the shield.
+    unsafe {
+        s.encrypt_mprotect(
+            base as *mut u8,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            keyid,
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    SHIELD.store(Box::into_raw(Box::new(s)), Ordering::Release);
+    // SAFETY: registering plain extern "C" handlers.
+    let r = unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        )
+    };
+    if r != 0 {
+        return Err(format!("pthread_atfork failed: {r}"));
+    }
+    Ok(())
+}
+
+/// Marks the calling thread as the shield's own (see [`INTERNAL`]); called
+/// by the handler thread through the shield's start hook.
+fn mark_internal() {
+    INTERNAL.with(|c| c.set(true));
+}
+
+extern "C" fn init() {
+    memveil_shield::set_thread_start_hook(mark_internal);
+    if let Err(e) = start() {
+        eprintln!("memveil-shield: refusing to run this program unprotected: {e}");
+        // SAFETY: _exit ends the process at once; nothing to unwind.
+        unsafe { libc::_exit(125) };
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;

@@ -32,11 +32,11 @@ use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use memveil_cipher::Xts;
 use memveil_secmem::{Level, Policy, SecretBox, SecretPool};
+use memveil_sys::stack_thread::{self, StackThread};
 use memveil_sys::uffd::{self, Fault, Uffd};
 
 /// Page size the shield works in (x86-64 base pages).
@@ -80,7 +80,9 @@ pub struct Config {
     /// Most pages kept as plaintext at once (at least 1).
     pub window: usize,
     /// How long the handler thread polls for the next fault before it sleeps
-    /// in `poll(2)` (a sleeping hand-off costs tens of microseconds on a VM).
+    /// in `poll(2)`. Zero by default: measured here, a polling handler on
+    /// another CPU made each fault 3-4x slower than a sleeping one on the
+    /// program's CPU (docs/shield.md).
     pub spin: Duration,
     /// Accepted protection level of the key schedules.
     pub policy: Policy,
@@ -92,17 +94,34 @@ pub struct Config {
     /// Pages evicted at once when the window is full (amortises the system
     /// calls; at most `window / 4`).
     pub evict_batch: usize,
+    /// CPU the handler thread is pinned to: [`HandlerCpu::Current`] (the
+    /// CPU the shield starts on, where the program's main thread starts)
+    /// keeps the fault hand-off on one CPU — waking a thread on another,
+    /// idle CPU costs tens of microseconds on a virtual machine.
+    pub handler_cpu: HandlerCpu,
+}
+
+/// Where the fault handler thread runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerCpu {
+    /// Not pinned: the scheduler decides.
+    Any,
+    /// The CPU the shield was created on.
+    Current,
+    /// This CPU.
+    Cpu(usize),
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
             window: DEFAULT_WINDOW,
-            spin: Duration::from_micros(50),
+            spin: Duration::ZERO,
             policy: Policy::secret_only(),
             accept_unwiped_free: false,
             force_write_protect: false,
             evict_batch: 32,
+            handler_cpu: HandlerCpu::Current,
         }
     }
 }
@@ -272,6 +291,7 @@ struct Inner {
     mechanism: Mechanism,
     batch: usize,
     spin: Duration,
+    handler_cpu: Option<usize>,
     level: Level,
     state: Mutex<State>,
     stats: StatsFile,
@@ -279,11 +299,43 @@ struct Inner {
     pool: SecretPool,
 }
 
+/// The handler thread's stack: locked, not dumped, and private, not secret
+/// memory — after `fork` the C library rewrites the control block of every
+/// thread in the child, which lives at the top of this stack, so the child
+/// must inherit a copy (a `memfd_secret` mapping is shared or, with
+/// `MADV_DONTFORK`, missing). Pages and keys the thread handles stay in
+/// secret memory (the bounce page, the key schedules).
+struct HandlerStack {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the stack is an owned mapping with no thread affinity.
+unsafe impl Send for HandlerStack {}
+
+impl AsMut<[u8]> for HandlerStack {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `base` is a mapping of `len` bytes owned by this value.
+        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    }
+}
+
+impl Drop for HandlerStack {
+    fn drop(&mut self) {
+        // SAFETY: the thread that ran on it has been joined (StackThread
+        // hands the stack back only after join).
+        let _ = unsafe { uffd::unmap_direct(self.base, self.len) };
+    }
+}
+
+/// Stack of the handler thread.
+const HANDLER_STACK: usize = 256 * 1024;
+
 /// The shield: one userfaultfd, one handler thread, the key table and the
 /// plaintext window shared by all protected ranges.
 pub struct Shield {
     inner: Arc<Inner>,
-    handler: Option<JoinHandle<()>>,
+    handler: Option<StackThread<HandlerStack>>,
 }
 
 impl Shield {
@@ -335,6 +387,11 @@ impl Shield {
             mechanism,
             batch,
             spin: cfg.spin,
+            handler_cpu: match cfg.handler_cpu {
+                HandlerCpu::Any => None,
+                HandlerCpu::Current => memveil_sys::process::current_cpu(),
+                HandlerCpu::Cpu(n) => Some(n),
+            },
             level,
             state: Mutex::new(State {
                 ranges: Vec::new(),
@@ -352,9 +409,13 @@ impl Shield {
             pool,
         });
         let worker = Arc::clone(&inner);
-        let handler = std::thread::Builder::new()
-            .name("memveil-shield".into())
-            .spawn(move || worker.serve())
+        // A thread started directly on its stack runs our code first: no
+        // runtime prologue allocates before the start hook has run.
+        let stack = Box::new(HandlerStack {
+            base: uffd::map_stack_direct(HANDLER_STACK).map_err(os("mmap handler stack"))?,
+            len: HANDLER_STACK,
+        });
+        let handler = stack_thread::spawn(stack, move || worker.serve())
             .map_err(os("spawn handler thread"))?;
         Ok(Self {
             inner,
@@ -554,7 +615,7 @@ impl Drop for Shield {
         let _ = self.freeze();
         self.inner.stop.store(true, Ordering::SeqCst);
         if let Some(h) = self.handler.take() {
-            let _ = h.join();
+            drop(h.join());
         }
         let mut st = self.inner.lock();
         for r in &st.ranges {
@@ -681,6 +742,14 @@ impl Inner {
     }
 
     fn serve(&self) {
+        if let Some(hook) = START_HOOK.get() {
+            hook();
+        }
+        if let Some(cpu) = self.handler_cpu {
+            if let Err(e) = memveil_sys::process::pin_to_cpu(cpu) {
+                eprintln!("memveil-shield: cannot pin the fault handler to CPU {cpu}: {e}");
+            }
+        }
         let mut faults = [Fault {
             address: 0,
             flags: 0,
@@ -774,7 +843,10 @@ impl Inner {
         } else {
             &ZEROS
         };
-        match self.uffd.copy(addr as u64, src) {
+        let t0 = Instant::now();
+        let copied = self.uffd.copy(addr as u64, src);
+        c.copy_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+        match copied {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 let _ = self.uffd.wake(addr as u64, PAGE as u64);
@@ -782,11 +854,10 @@ impl Inner {
             Err(e) => return Err(e),
         }
         if evicted {
+            // The stale ciphertext stays in the store: it is overwritten at
+            // the next eviction (dropping it costs a TLB flush now and a
+            // fresh zeroed page then).
             bounce.fill(0);
-            // SAFETY: the store page belongs to this range; its ciphertext is
-            // no longer needed.
-            let _ =
-                unsafe { uffd::madvise_direct(r.store.add(i * PAGE), PAGE, libc::MADV_DONTNEED) };
             st.evicted -= 1;
             c.faults_in.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -926,6 +997,15 @@ impl Inner {
 }
 
 static ZEROS: [u8; PAGE] = [0; PAGE];
+
+static START_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets a function the handler thread runs first (once per process): a
+/// preload library uses it to mark the thread as its own, so that what the
+/// C library allocates for that thread stays outside protected memory.
+pub fn set_thread_start_hook(f: fn()) {
+    let _ = START_HOOK.set(f);
+}
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)

@@ -50,6 +50,8 @@ pub struct Counters {
     pub handler_ns: AtomicU64,
     /// Time spent evicting (ns).
     pub evict_ns: AtomicU64,
+    /// Time spent in `UFFDIO_COPY`, which wakes the faulting thread (ns).
+    pub copy_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -89,6 +91,8 @@ pub struct Snapshot {
     pub handler_ns: u64,
     /// Eviction time, ns.
     pub evict_ns: u64,
+    /// Time in `UFFDIO_COPY` (maps the page and wakes the waiter), ns.
+    pub copy_ns: u64,
 }
 
 impl Snapshot {
@@ -146,6 +150,7 @@ impl Snapshot {
         self.discards += o.discards;
         self.handler_ns += o.handler_ns;
         self.evict_ns += o.evict_ns;
+        self.copy_ns += o.copy_ns;
     }
 }
 
@@ -169,6 +174,7 @@ impl Counters {
             discards: g(&self.discards),
             handler_ns: g(&self.handler_ns),
             evict_ns: g(&self.evict_ns),
+            copy_ns: g(&self.copy_ns),
         }
     }
 }

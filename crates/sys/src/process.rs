@@ -77,3 +77,48 @@ pub fn effective_caps() -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
     u64::from_str_radix(line.trim_start_matches("CapEff:").trim(), 16).ok()
 }
+
+/// Sends `sig` to process `pid` (`kill(2)`).
+///
+/// # Errors
+/// ESRCH when the process is gone, EPERM without the right to signal it.
+pub fn send_signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: kill takes plain integers and touches no memory of ours.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The CPU the calling thread runs on now (`sched_getcpu(3)`), if known.
+#[must_use]
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+    let c = unsafe { libc::sched_getcpu() };
+    usize::try_from(c).ok()
+}
+
+/// Pins the calling thread to one CPU (`sched_setaffinity(2)`).
+///
+/// # Errors
+/// EINVAL for a CPU outside the allowed set.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    if cpu >= 1024 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "CPU number too large",
+        ));
+    }
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` < 1024 = the number of bits in a cpu_set_t (checked).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -490,3 +490,21 @@ pub fn resident_pages(addr: usize, len: usize, out: &mut [u8]) -> io::Result<()>
     // SAFETY: `out` has one writable byte per page of the range (checked).
     cvt(unsafe { libc::syscall(libc::SYS_mincore, addr, len, out.as_mut_ptr()) }).map(drop)
 }
+
+/// Maps `len` bytes for a thread stack with the `mmap` system call itself:
+/// private (a forked child gets its own copy, as the C library expects of
+/// every thread's control block), locked in RAM when `RLIMIT_MEMLOCK`
+/// allows (best effort), and left out of core dumps.
+///
+/// # Errors
+/// The error of `mmap(2)`.
+pub fn map_stack_direct(len: usize) -> io::Result<*mut u8> {
+    let p = map_anonymous_direct(len)?;
+    // SAFETY: advice and locking on the fresh mapping just made; neither
+    // changes its contents.
+    unsafe {
+        let _ = libc::syscall(libc::SYS_mlock, p, len);
+        let _ = madvise_direct(p, len, libc::MADV_DONTDUMP);
+    }
+    Ok(p)
+}

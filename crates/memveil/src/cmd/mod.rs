@@ -5,4 +5,5 @@ pub mod bench;
 pub mod keyfind;
 pub mod probe;
 pub mod rng;
+pub mod run;
 pub mod vault;

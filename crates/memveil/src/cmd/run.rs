@@ -1,0 +1,285 @@
+//! `memveil run`: run an unmodified, dynamically linked program with its heap
+//! kept as ciphertext outside a bounded plaintext window (memveil-shield
+//! through the preload library).
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use memveil_shield::{Mechanism, Snapshot, StatsFile, KEYIDS};
+
+const PRELOAD: &str = "libmemveil_shield_preload.so";
+
+/// Flags of `memveil run`.
+#[derive(clap::Args)]
+#[command(
+    after_help = "The program's heap (malloc, calloc, realloc, ..., its anonymous private read-write mmaps and sbrk) \
+is kept as AES-XTS ciphertext except for at most --window pages of plaintext; pages come back on touch through \
+userfaultfd, also when the kernel touches them inside read(2), write(2), recv(2).\n\
+Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or vm.unprivileged_userfaultfd=1, or \
+access to /dev/userfaultfd), a dynamically linked program.\n\
+Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to start it; 125 when the \
+shield failed inside the program before it ran. See docs/shield.md."
+)]
+pub struct Args {
+    /// Most pages of the program's heap kept as plaintext at once.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    window: u64,
+    /// KeyID whose key encrypts the heap (each run draws fresh random keys).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)))]
+    keyid: u16,
+    /// Print a live statistics line to stderr every SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    live: Option<f64>,
+    /// Write the final statistics and the plaintext fraction over time as JSON.
+    #[arg(long, value_name = "FILE")]
+    stats_json: Option<PathBuf>,
+    /// No summary line at exit.
+    #[arg(long)]
+    quiet: bool,
+    /// Microseconds the fault handler polls for the next fault before sleeping.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    /// Accept keys in mlock-ed memory when memfd_secret is unavailable.
+    #[arg(long)]
+    allow_locked_keys: bool,
+    /// Accept evicting by write-protection on kernels without UFFDIO_MOVE
+    /// (frames go back to the kernel unwiped; boot with init_on_free=1).
+    #[arg(long)]
+    accept_unwiped_free: bool,
+    /// The preload library (default: next to this executable).
+    #[arg(long)]
+    preload: Option<PathBuf>,
+    /// Size of the protected region the heap lives in, GiB (address space).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    region_gib: u64,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    command: Vec<OsString>,
+}
+
+fn find_preload(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        anyhow::ensure!(p.is_file(), "preload library {} not found", p.display());
+        return Ok(p.to_path_buf());
+    }
+    let exe = std::env::current_exe().context("locating the memveil executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [
+        dir.join(PRELOAD),
+        dir.join("../lib/memveil").join(PRELOAD),
+        dir.join("..").join(PRELOAD),
+    ];
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "{PRELOAD} not found next to {}: build it with `cargo build --release -p \
+             memveil-shield-preload` (scripts/install.sh does), or pass --preload PATH",
+                exe.display()
+            )
+        })
+}
+
+fn resolve(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return Some(program.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Whether an ELF executable asks for a dynamic loader (PT_INTERP): only then
+/// does LD_PRELOAD take effect. Scripts (`#!`) are dynamic through their
+/// interpreter.
+fn is_dynamic(path: &Path) -> anyhow::Result<bool> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if data.starts_with(b"#!") {
+        return Ok(true);
+    }
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
+        bail!(
+            "{} is not a 64-bit ELF executable or a script",
+            path.display()
+        );
+    }
+    let u = |o: usize, n: usize| -> Option<u64> {
+        let b = data.get(o..o + n)?;
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(b);
+        Some(u64::from_le_bytes(v))
+    };
+    let phoff = usize::try_from(u(0x20, 8).unwrap_or(0)).unwrap_or(usize::MAX);
+    let phentsize = usize::try_from(u(0x36, 2).unwrap_or(0)).unwrap_or(0);
+    let phnum = usize::try_from(u(0x38, 2).unwrap_or(0)).unwrap_or(0);
+    Ok((0..phnum).any(|i| {
+        phoff
+            .checked_add(i * phentsize)
+            .and_then(|o| u(o, 4))
+            .is_some_and(|t| t == 3)
+    }))
+}
+
+fn summary(s: &Snapshot) -> String {
+    format!(
+        "{} process(es), window {} pages, keys {}, eviction {}; protected {} pages; plaintext {} pages \
+         ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill, evictions {} ({} by write-protect), \
+         handler {:.1} ms",
+        s.processes,
+        s.window,
+        s.level_name(),
+        s.mechanism_name(),
+        s.pages_protected,
+        s.resident_pages,
+        100.0 * s.plaintext_fraction(),
+        s.resident_pages + s.evicted_pages,
+        s.max_resident,
+        s.faults_in,
+        s.zero_fills,
+        s.evictions,
+        s.wp_evictions,
+        s.handler_ns as f64 / 1e6
+    )
+}
+
+/// Runs `memveil run`.
+pub fn run(a: Args) -> anyhow::Result<u8> {
+    let preload = find_preload(a.preload.as_deref())?;
+    let program = PathBuf::from(&a.command[0]);
+    let Some(path) = resolve(&program) else {
+        bail!("{}: command not found in PATH", program.display());
+    };
+    if !is_dynamic(&path)? {
+        bail!(
+            "{} is statically linked: a preload library cannot reach its allocator, so it would run \
+             unprotected; refusing",
+            path.display()
+        );
+    }
+    let mechanism = memveil_shield::check()?;
+    if mechanism == Mechanism::WriteProtect && !a.accept_unwiped_free {
+        bail!(memveil_shield::ShieldError::UnwipedEviction);
+    }
+    let stats_dir = std::env::temp_dir().join(format!(
+        "memveil-run-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir(&stats_dir).with_context(|| format!("creating {}", stats_dir.display()))?;
+    let r = supervise(&a, &preload, &stats_dir);
+    let _ = std::fs::remove_dir_all(&stats_dir);
+    r
+}
+
+fn supervise(a: &Args, preload: &Path, stats_dir: &Path) -> anyhow::Result<u8> {
+    let mut ld = preload.as_os_str().to_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        ld.push(":");
+        ld.push(old);
+    }
+    let flag = |b: bool| if b { "1" } else { "0" };
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..])
+        .env("LD_PRELOAD", ld)
+        .env("MEMVEIL_SHIELD_WINDOW", a.window.to_string())
+        .env("MEMVEIL_SHIELD_KEYID", a.keyid.to_string())
+        .env("MEMVEIL_SHIELD_STATS_DIR", stats_dir)
+        .env("MEMVEIL_SHIELD_SPIN_US", a.spin_us.to_string())
+        .env("MEMVEIL_SHIELD_REGION_GIB", a.region_gib.to_string())
+        .env("MEMVEIL_SHIELD_ALLOW_LOCKED", flag(a.allow_locked_keys))
+        .env("MEMVEIL_SHIELD_ACCEPT_UNWIPED", flag(a.accept_unwiped_free));
+    // Interrupts reach the program (same process group); memveil stays to
+    // report, and passes SIGTERM on.
+    let stop = memveil_sys::stopflag::stop_on_interrupt().context("installing signal handlers")?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut last_live = Instant::now();
+    let mut forwarded = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().context("waiting for the program")? {
+            break st;
+        }
+        if stop.load(Ordering::Relaxed) && !forwarded {
+            let _ = memveil_sys::process::send_signal(child.id(), libc::SIGTERM);
+            forwarded = true;
+        }
+        let s = StatsFile::read_dir(stats_dir).unwrap_or_default();
+        let t = started.elapsed().as_secs_f64();
+        if samples.len() < 100_000 {
+            samples.push(serde_json::json!({
+                "t": t,
+                "plaintext_fraction": s.plaintext_fraction(),
+                "resident_pages": s.resident_pages,
+                "evicted_pages": s.evicted_pages,
+                "faults": s.faults(),
+                "evictions": s.evictions,
+            }));
+        }
+        if let Some(every) = a.live {
+            if last_live.elapsed().as_secs_f64() >= every {
+                last_live = Instant::now();
+                eprintln!("memveil run: [{t:7.1}s] {}", summary(&s));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let s = StatsFile::read_dir(stats_dir).unwrap_or_default();
+    let code = match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
+        _ => 1,
+    };
+    if !a.quiet {
+        let how = match status.signal() {
+            Some(sig) => format!("killed by signal {sig}"),
+            None => format!("exit status {code}"),
+        };
+        eprintln!(
+            "memveil run: {} ({how}, {:.2} s): {}",
+            a.command[0].to_string_lossy(),
+            started.elapsed().as_secs_f64(),
+            summary(&s)
+        );
+        if s.processes == 0 {
+            eprintln!(
+                "memveil run: warning: no process reported statistics: the preload library was not \
+                 loaded (setuid program, or a loader that ignores LD_PRELOAD)"
+            );
+        }
+    }
+    if let Some(path) = &a.stats_json {
+        let mut j = serde_json::to_value(s).context("encoding statistics")?;
+        j["faults"] = s.faults().into();
+        j["plaintext_fraction"] = s.plaintext_fraction().into();
+        j["mechanism"] = s.mechanism_name().into();
+        j["key_level"] = s.level_name().into();
+        j["exit_code"] = code.into();
+        j["seconds"] = started.elapsed().as_secs_f64().into();
+        j["samples"] = samples.into();
+        let mut f =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        writeln!(f, "{}", serde_json::to_string_pretty(&j)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(code)
+}
