@@ -1,6 +1,6 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`engine`, `vault`, `rng`; `shield` once built) has a module with
+//! Each part (`engine`, `vault`, `rng`, `shield`) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
 //! are shared and noisy; the report records value, baseline and ratio.
@@ -12,6 +12,7 @@ pub mod engine;
 pub mod report;
 pub mod rng;
 pub mod rng_share;
+pub mod shield;
 pub mod timing;
 pub mod vault;
 
@@ -88,7 +89,7 @@ pub enum BenchError {
 }
 
 /// The parts `--only` accepts, in run order.
-pub const PARTS: &[&str] = &["engine", "vault", "rng"];
+pub const PARTS: &[&str] = &["engine", "vault", "rng", "shield"];
 
 /// Runs one part by name.
 ///
@@ -99,6 +100,7 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
         "engine" => engine::run(opts),
         "vault" => vault::run(opts),
         "rng" => rng::run(opts),
+        "shield" => shield::run(opts),
         other => Err(BenchError::Part {
             part: "bench",
             msg: format!("unknown part {other:?}; parts are: {}", PARTS.join(", ")),
