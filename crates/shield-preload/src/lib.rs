@@ -779,7 +779,7 @@ fn start() -> Result<(), String> {
     let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(memveil_shield::DEFAULT_WINDOW);
     let keyid = env_usize(c"MEMVEIL_SHIELD_KEYID").unwrap_or(1);
     let keyid = u16::try_from(keyid).map_err(|_| format!("KeyID {keyid} out of range"))?;
-    let spin = env_usize(c"MEMVEIL_SHIELD_SPIN_US").unwrap_or(50);
+    let spin = env_usize(c"MEMVEIL_SHIELD_SPIN_US").unwrap_or(0);
     let accept_locked = env_usize(c"MEMVEIL_SHIELD_ALLOW_LOCKED") == Some(1);
     let cfg = Config {
         window,

@@ -37,6 +37,7 @@ fn main() {
             b as u64 + (i * PAGE) as u64,
             a as u64 + (i * PAGE) as u64,
             PAGE as u64,
+            false,
         )
         .unwrap();
     }

@@ -53,6 +53,9 @@ const STATE_MASK: u8 = 3;
 /// Page may not be read by the handler (the program made it unreadable):
 /// it is never evicted while the flag is set.
 const PINNED: u8 = 0x80;
+/// Page was evicted recently (it is in the ghost queue): if it faults back
+/// soon, it is hot and joins the main queue.
+const GHOST: u8 = 0x40;
 
 /// How evicted pages leave the program's view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,9 +271,23 @@ impl Drop for Range {
     }
 }
 
+/// Resident pages in two FIFO queues (2Q): pages enter `probation`; a page
+/// that faults back while its address is still in `ghosts` (evicted
+/// recently) is hot and enters `main`. Eviction takes from `probation`
+/// while it holds more than a quarter of the window, else from `main`, so a
+/// hot set (hash tables, allocator metadata) survives a stream of cold
+/// pages. Entries may be stale (page discarded or evicted): the page state
+/// is checked when an entry is popped.
+#[derive(Default)]
+struct Queues {
+    probation: VecDeque<usize>,
+    main: VecDeque<usize>,
+    ghosts: VecDeque<usize>,
+}
+
 struct State {
     ranges: Vec<Range>,
-    fifo: VecDeque<usize>,
+    queues: Queues,
     resident: usize,
     evicted: usize,
     window: usize,
@@ -278,6 +295,8 @@ struct State {
     bounce: SecretBox<[u8]>,
     /// Registered scratch pages the victims are moved into (Move mechanism).
     scratch: usize,
+    /// Scratch slots with no frame (victims are moved into these).
+    holes: Vec<usize>,
     /// Eviction is suspended (around fork).
     frozen: bool,
 }
@@ -362,7 +381,7 @@ impl Shield {
         let pool = SecretPool::new(64 * 1024, cfg.policy)?;
         let level = pool.level();
         let bounce = pool.alloc_bytes(PAGE)?;
-        let scratch_len = batch * PAGE;
+        let scratch_len = 2 * batch * PAGE;
         let scratch = uffd::map_anonymous_direct(scratch_len).map_err(os("mmap scratch"))?;
         fd.register(scratch as u64, scratch_len as u64, uffd::MODE_MISSING)
             .map_err(os("UFFDIO_REGISTER scratch"))?;
@@ -395,13 +414,17 @@ impl Shield {
             level,
             state: Mutex::new(State {
                 ranges: Vec::new(),
-                fifo: VecDeque::with_capacity(window + 1),
+                queues: Queues::default(),
                 resident: 0,
                 evicted: 0,
                 window,
                 keys: (0..KEYIDS).map(|_| None).collect(),
                 bounce,
                 scratch: scratch as usize,
+                holes: (0..2 * batch)
+                    .rev()
+                    .map(|k| scratch as usize + k * PAGE)
+                    .collect(),
                 frozen: false,
             }),
             stats,
@@ -512,7 +535,7 @@ impl Shield {
         let mut fresh = 0;
         for (i, s) in states_slice.iter().enumerate() {
             if *s == RESIDENT {
-                st.fifo.push_back(base + i * PAGE);
+                st.queues.probation.push_back(base + i * PAGE);
                 fresh += 1;
             }
         }
@@ -625,7 +648,7 @@ impl Drop for Shield {
                 .unregister(r.base as u64, (r.pages * PAGE) as u64);
         }
         st.ranges.clear();
-        let scratch_len = self.inner.batch * PAGE;
+        let scratch_len = 2 * self.inner.batch * PAGE;
         // SAFETY: the scratch area was mapped by `new` for the handler alone,
         // which has stopped.
         let _ = unsafe { uffd::unmap_direct(st.scratch as *mut u8, scratch_len) };
@@ -699,15 +722,19 @@ impl State {
         c.evicted.store(self.evicted as u64, Ordering::Relaxed);
         c.discards
             .fetch_add((dropped_res + dropped_ev) as u64, Ordering::Relaxed);
-        if self.fifo.len() > 2 * self.window + 1024 {
-            let ranges = &self.ranges;
-            self.fifo.retain(|&a| {
-                let pos = ranges.partition_point(|r| r.base <= a);
-                pos > 0 && {
-                    let r = &ranges[pos - 1];
-                    a < r.end() && r.state((a - r.base) / PAGE) & STATE_MASK == RESIDENT
-                }
-            });
+        let limit = 2 * self.window + 1024;
+        let ranges = &self.ranges;
+        let live = |a: &usize| {
+            let pos = ranges.partition_point(|r| r.base <= *a);
+            pos > 0 && {
+                let r = &ranges[pos - 1];
+                *a < r.end() && r.state((*a - r.base) / PAGE) & STATE_MASK == RESIDENT
+            }
+        };
+        for q in [&mut self.queues.probation, &mut self.queues.main] {
+            if q.len() > limit {
+                q.retain(live);
+            }
         }
     }
 }
@@ -809,62 +836,64 @@ impl Inner {
             }
             return;
         }
-        if st.resident >= st.window && !st.frozen {
-            let need = st.resident + 1 - st.window;
-            self.evict(st, need.max(self.batch));
-        }
+        // Wake the faulting thread first, then make room: the window is
+        // exceeded by at most this one page, for the time of one eviction.
         if let Err(e) = self.bring_in(st, pos, i) {
             eprintln!("memveil-shield: cannot map page {addr:#x}: {e}");
             let _ = self.uffd.wake(addr as u64, PAGE as u64);
         }
+        if st.resident > st.window && !st.frozen {
+            let need = st.resident - st.window;
+            self.evict(st, need.max(self.batch));
+        }
     }
 
-    /// Maps page `i` of range `pos` (ZERO or EVICTED) as plaintext.
+    /// Maps page `i` of range `pos` (ZERO or EVICTED) as plaintext by
+    /// `UFFDIO_COPY` from the bounce page, which wakes the threads waiting on
+    /// it. (Moving a recycled frame in instead was measured slower here: a
+    /// move flushes the source's TLB entry on every CPU of the process, a
+    /// copy into a missing page flushes nothing.)
     fn bring_in(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
         let c = self.stats.counters();
-        let State {
-            ranges,
-            keys,
-            bounce,
-            ..
-        } = st;
-        let r = &mut ranges[pos];
-        let addr = r.base + i * PAGE;
-        let s = r.state(i);
-        let evicted = s & STATE_MASK == EVICTED;
-        let src: &[u8] = if evicted {
-            bounce.copy_from_slice(r.store_page(i));
-            let key = keys[usize::from(r.keyid)]
-                .as_ref()
-                .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
-            key.decrypt_unit(addr as u128, bounce)
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            bounce
-        } else {
-            &ZEROS
+        let (addr, s) = {
+            let r = &st.ranges[pos];
+            (r.base + i * PAGE, r.state(i))
         };
+        let evicted = s & STATE_MASK == EVICTED;
         let t0 = Instant::now();
-        let copied = self.uffd.copy(addr as u64, src);
-        c.copy_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
-        match copied {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                let _ = self.uffd.wake(addr as u64, PAGE as u64);
+        {
+            let State {
+                ranges,
+                keys,
+                bounce,
+                ..
+            } = &mut *st;
+            let res = plaintext_into(&ranges[pos], i, keys, bounce).and_then(|()| {
+                let r = self.uffd.copy(addr as u64, bounce);
+                bounce.fill(0);
+                r
+            });
+            match res {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    let _ = self.uffd.wake(addr as u64, PAGE as u64);
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
+        c.copy_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
         if evicted {
-            // The stale ciphertext stays in the store: it is overwritten at
-            // the next eviction (dropping it costs a TLB flush now and a
-            // fresh zeroed page then).
-            bounce.fill(0);
             st.evicted -= 1;
             c.faults_in.fetch_add(1, Ordering::Relaxed);
         } else {
             c.zero_fills.fetch_add(1, Ordering::Relaxed);
         }
         st.ranges[pos].set_state(i, RESIDENT | (s & PINNED));
-        st.fifo.push_back(addr);
+        if s & GHOST != 0 {
+            st.queues.main.push_back(addr);
+        } else {
+            st.queues.probation.push_back(addr);
+        }
         st.resident += 1;
         c.resident.store(st.resident as u64, Ordering::Relaxed);
         c.evicted.store(st.evicted as u64, Ordering::Relaxed);
@@ -873,63 +902,83 @@ impl Inner {
         Ok(())
     }
 
-    /// Evicts up to `n` of the oldest resident pages; returns how many.
-    fn evict(&self, st: &mut State, n: usize) -> usize {
-        let t0 = Instant::now();
-        let n = n.min(self.batch);
+    /// Picks up to `n` resident, evictable pages (2Q order, see [`Queues`]).
+    fn victims(st: &mut State, n: usize) -> Vec<(usize, usize)> {
         let mut victims: Vec<(usize, usize)> = Vec::with_capacity(n);
-        let mut skipped = Vec::new();
+        let mut pinned = Vec::new();
+        let quarter = st.window / 4;
         while victims.len() < n {
-            let Some(a) = st.fifo.pop_front() else { break };
+            let from_probation = st.queues.probation.len() > quarter || st.queues.main.is_empty();
+            let q = if from_probation {
+                &mut st.queues.probation
+            } else {
+                &mut st.queues.main
+            };
+            let Some(a) = q.pop_front().or_else(|| st.queues.main.pop_front()) else {
+                break;
+            };
             let Some((pos, i)) = st.find(a) else { continue };
             let s = st.ranges[pos].state(i);
             if s & STATE_MASK != RESIDENT || victims.contains(&(pos, i)) {
                 continue;
             }
             if s & PINNED != 0 {
-                skipped.push(a);
+                pinned.push(a);
                 continue;
             }
             victims.push((pos, i));
         }
-        for a in skipped.into_iter().rev() {
-            st.fifo.push_front(a);
-        }
+        // Unreadable pages stay resident; they go back to the main queue.
+        st.queues.main.extend(pinned);
+        victims
+    }
+
+    /// Evicts up to `n` (at most one batch) of the resident pages; returns
+    /// how many.
+    fn evict(&self, st: &mut State, n: usize) -> usize {
+        let t0 = Instant::now();
+        let victims = Self::victims(st, n.min(self.batch));
         let mut done = 0;
-        let mut moved = Vec::with_capacity(victims.len());
         for &(pos, i) in &victims {
             let addr = st.ranges[pos].base + i * PAGE;
-            let slot = st.scratch + moved.len() * PAGE;
-            let ok = self.mechanism == Mechanism::Move
-                && self
-                    .uffd
-                    .move_pages(slot as u64, addr as u64, PAGE as u64)
-                    .is_ok();
-            if ok {
-                moved.push((pos, i, slot));
-            } else if self.evict_wp(st, pos, i).is_ok() {
+            if self.mechanism == Mechanism::Move {
+                if let Some(slot) = st.holes.pop() {
+                    if self
+                        .uffd
+                        .move_pages(slot as u64, addr as u64, PAGE as u64, false)
+                        .is_ok()
+                    {
+                        // SAFETY: `slot` is a scratch page the victim was
+                        // just moved into: present, read-write, touched by
+                        // nobody but this thread.
+                        let page = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, PAGE) };
+                        self.seal(st, pos, i, page);
+                        done += 1;
+                        continue;
+                    }
+                    st.holes.push(slot);
+                }
+            }
+            // No UFFDIO_MOVE, or the page is shared with a forked child.
+            if self.evict_wp(st, pos, i).is_ok() {
                 done += 1;
             } else {
-                st.fifo.push_back(addr);
+                st.queues.main.push_back(addr);
             }
         }
-        for &(pos, i, slot) in &moved {
-            // SAFETY: `slot` is a scratch page the victim was just moved into:
-            // present, read-write, touched by nobody but this thread.
-            let page = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, PAGE) };
-            self.seal(st, pos, i, page);
-        }
-        if !moved.is_empty() {
-            // The frames hold ciphertext now; hand them back to the kernel.
-            // SAFETY: the scratch pages are the handler's own.
+        let used = 2 * self.batch - st.holes.len();
+        if used > 0 {
+            // The moved frames hold ciphertext now: hand them back to the
+            // kernel in one call (one TLB flush for the batch).
+            // SAFETY: the scratch area is the handler's own.
             let _ = unsafe {
                 uffd::madvise_direct(
                     st.scratch as *mut u8,
-                    moved.len() * PAGE,
+                    2 * self.batch * PAGE,
                     libc::MADV_DONTNEED,
                 )
             };
-            done += moved.len();
+            st.holes = (0..2 * self.batch).map(|k| st.scratch + k * PAGE).collect();
         }
         let c = self.stats.counters();
         c.evictions.fetch_add(done as u64, Ordering::Relaxed);
@@ -952,9 +1001,19 @@ impl Inner {
         let r = &mut st.ranges[pos];
         r.store_page(i).copy_from_slice(page);
         let s = r.state(i);
-        r.set_state(i, EVICTED | (s & PINNED));
+        r.set_state(i, EVICTED | GHOST | (s & PINNED));
         st.resident -= 1;
         st.evicted += 1;
+        st.queues.ghosts.push_back(addr);
+        if st.queues.ghosts.len() > st.window {
+            if let Some(old) = st.queues.ghosts.pop_front() {
+                if let Some((p, k)) = st.find(old) {
+                    let r = &mut st.ranges[p];
+                    let s = r.state(k);
+                    r.set_state(k, s & !GHOST);
+                }
+            }
+        }
     }
 
     /// Write-protect eviction: the writers of the page wait while it is
@@ -996,7 +1055,27 @@ impl Inner {
     }
 }
 
-static ZEROS: [u8; PAGE] = [0; PAGE];
+/// Writes the plaintext of page `i` of `r` into `dst`: the decrypted
+/// ciphertext of an evicted page, or zeros.
+fn plaintext_into(
+    r: &Range,
+    i: usize,
+    keys: &[Option<SecretBox<Xts>>],
+    dst: &mut [u8],
+) -> io::Result<()> {
+    if r.state(i) & STATE_MASK != EVICTED {
+        dst.fill(0);
+        return Ok(());
+    }
+    // SAFETY: the store holds `pages * PAGE` bytes owned by the range and
+    // i < pages; nothing writes it meanwhile (the State is borrowed).
+    dst.copy_from_slice(unsafe { std::slice::from_raw_parts(r.store.add(i * PAGE), PAGE) });
+    let key = keys[usize::from(r.keyid)]
+        .as_ref()
+        .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
+    key.decrypt_unit((r.base + i * PAGE) as u128, dst)
+        .map_err(|e| io::Error::other(e.to_string()))
+}
 
 static START_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 

@@ -71,7 +71,9 @@ fn round_trip(force_wp: bool) {
     let st = s.stats();
     assert!(st.evictions >= 56, "{st:?}");
     assert!(st.faults_in >= 4, "{st:?}");
-    assert!(st.max_resident <= 8, "{st:?}");
+    // The window is exceeded by the page just brought in, until the
+    // eviction that follows its wake-up.
+    assert!(st.max_resident <= 9, "{st:?}");
     assert!(st.evicted_pages >= 56, "{st:?}");
     if force_wp {
         assert!(st.wp_evictions > 0, "{st:?}");

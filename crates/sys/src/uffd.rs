@@ -304,16 +304,17 @@ impl Uffd {
 
     /// Moves the pages at `src` to the missing pages at `dst` (both in this
     /// address space, `dst` registered here): afterwards `src` is missing.
+    /// With `wake`, the threads waiting on `dst` are woken.
     ///
     /// # Errors
-    /// EBUSY when a page is shared (after fork) or pinned; ENOTTY/EINVAL on
-    /// kernels older than 6.8.
-    pub fn move_pages(&self, dst: u64, src: u64, len: u64) -> io::Result<()> {
+    /// EBUSY when a page is shared (after fork) or pinned; EEXIST when `dst`
+    /// is present; ENOTTY/EINVAL on kernels older than 6.8.
+    pub fn move_pages(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<()> {
         let mut m = Move {
             dst,
             src,
             len,
-            mode: 1, // DONTWAKE: nobody waits on dst.
+            mode: u64::from(!wake), // UFFDIO_MOVE_MODE_DONTWAKE
             moved: 0,
         };
         ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE, &mut m)
