@@ -92,6 +92,30 @@ pub fn send_signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Names the calling thread (`PR_SET_NAME`, shown by `top -H` and in
+/// `/proc/PID/task/TID/comm`); longer names are cut to 15 bytes.
+///
+/// # Errors
+/// `InvalidInput` for a name with a NUL byte; the error of `prctl(2)`.
+pub fn set_thread_name(name: &str) -> io::Result<()> {
+    let mut buf = [0u8; 16];
+    let n = name.len().min(15);
+    buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+    if buf[..n].contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "thread name has a NUL byte",
+        ));
+    }
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16
+    // bytes; `buf` is 16 bytes and its last byte is always 0.
+    let r = unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr(), 0, 0, 0) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The CPU the calling thread runs on now (`sched_getcpu(3)`), if known.
 #[must_use]
 pub fn current_cpu() -> Option<usize> {

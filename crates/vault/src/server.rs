@@ -132,6 +132,8 @@ impl AsMut<[u8]> for SecretStack {
 
 const CONN_STACK: usize = 256 * 1024;
 const LANE_STACK: usize = 128 * 1024;
+/// The name of every lane worker thread (`/proc/PID/task/TID/comm`).
+pub const LANE_THREAD_NAME: &str = "vault-lane";
 
 struct Shared {
     cfg: Config,
@@ -975,6 +977,8 @@ impl Worker {
     }
 
     fn run(self) {
+        // Shown by `top -H`; `memveil bench` finds the lane worker by it.
+        let _ = memveil_sys::process::set_thread_name(LANE_THREAD_NAME);
         let (Some(submit), Some(complete), Some(sleeping), Some(waiting)) = (
             self.word(ring::OFF_SUBMIT),
             self.word(ring::OFF_COMPLETE),
