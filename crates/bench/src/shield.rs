@@ -500,11 +500,15 @@ struct Server {
 }
 
 impl Server {
+    /// `cpu`: the CPU the server (and under `memveil run` its fault handler)
+    /// is pinned to: `memveil run --cpu N`, or `taskset -c N` for the plain
+    /// server.
     fn start(
         redis: &Path,
         memveil: Option<&Path>,
         dir: &Path,
         stats: Option<&Path>,
+        cpu: Option<usize>,
     ) -> Result<Self, BenchError> {
         let sock = dir.join("redis.sock");
         let log = dir.join("server.log");
@@ -523,10 +527,13 @@ impl Server {
                 if let Some(s) = stats {
                     c.arg("--stats-json").arg(s);
                 }
+                if let Some(n) = cpu {
+                    c.arg("--cpu").arg(n.to_string());
+                }
                 c.arg("--").arg(redis);
                 c
             }
-            None => Command::new(redis),
+            None => pinned_command(redis, cpu),
         };
         cmd.arg("--port")
             .arg("0")
@@ -617,9 +624,27 @@ impl Drop for Server {
     }
 }
 
-/// Runs redis-benchmark against `sock`; returns (SET, GET) requests/s.
-fn redis_benchmark(bench: &Path, sock: &Path, args: &[&str]) -> Result<(f64, f64), BenchError> {
-    let out = Command::new(bench)
+/// `program`, or `taskset -c N program` when pinned to CPU N.
+fn pinned_command(program: &Path, cpu: Option<usize>) -> Command {
+    match cpu {
+        Some(n) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(n.to_string()).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Runs redis-benchmark against `sock` (pinned to `cpu` if given); returns
+/// (SET, GET) requests/s.
+fn redis_benchmark(
+    bench: &Path,
+    sock: &Path,
+    args: &[&str],
+    cpu: Option<usize>,
+) -> Result<(f64, f64), BenchError> {
+    let out = pinned_command(bench, cpu)
         .arg("-s")
         .arg(sock)
         .args(args)
@@ -739,26 +764,36 @@ fn redis_tools(dir: &Path) -> Result<RedisTools, String> {
     })
 }
 
+/// (server CPU, redis-benchmark CPU).
+type Pin = (usize, usize);
+
 fn redis_rows(opts: &BenchOpts, t: &RedisTools, dir: &Path) -> Result<Vec<RedisRow>, BenchError> {
     let n = opts.pick("200000", "200000");
-    let settings: [(&'static str, Vec<&str>); 2] = [
-        ("small", vec!["-n", n, "-t", "set,get", "-q"]),
-        (
-            "large",
-            vec!["-n", n, "-r", "100000", "-d", "512", "-t", "set,get", "-q"],
-        ),
+    let large = vec!["-n", n, "-r", "100000", "-d", "512", "-t", "set,get", "-q"];
+    // (setting, arguments, (server CPU, benchmark CPU)): the pinned setting
+    // places both servers (and the shield's handler) on one CPU and
+    // redis-benchmark on another, as `memveil run --cpu` is meant for.
+    let mut settings: Vec<(&'static str, Vec<&str>, Option<Pin>)> = vec![
+        ("small", vec!["-n", n, "-t", "set,get", "-q"], None),
+        ("large", large.clone(), None),
     ];
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    if cpus > 1 {
+        settings.push(("large_pinned", large, Some((0, 1))));
+    } else {
+        opts.say("shield: one CPU only: the large_pinned redis setting is left out");
+    }
     // redis-server under `memveil run` with the large setting takes 20-50 s
     // here, so the default size runs it once; the small setting (~4 s a
     // side) swings +-20% between rounds, hence three.
     let rounds = |setting: &str| match (setting, opts.size) {
-        ("large", crate::Size::Small) => 1,
-        ("large", crate::Size::Full) => 2,
+        ("large" | "large_pinned", crate::Size::Small) => 1,
+        ("large" | "large_pinned", crate::Size::Full) => 2,
         (_, crate::Size::Small) => 3,
         (_, crate::Size::Full) => 4,
     };
     let mut rows = Vec::new();
-    for (setting, args) in settings {
+    for (setting, args, pin) in settings {
         let (mut plain, mut shield) = ((0.0f64, 0.0f64), (0.0f64, 0.0f64));
         let mut stats = (None, String::new(), Vec::new());
         let mut per_round = Vec::new();
@@ -767,8 +802,11 @@ fn redis_rows(opts: &BenchOpts, t: &RedisTools, dir: &Path) -> Result<Vec<RedisR
             let _ = std::fs::remove_file(&json);
             let side = |protected: bool| -> Result<(f64, f64), BenchError> {
                 opts.say(&format!(
-                    "shield: redis {setting} ({}), {}, round {}",
+                    "shield: redis {setting} ({}{}), {}, round {}",
                     args.join(" "),
+                    pin.map_or(String::new(), |(a, b)| format!(
+                        "; server on CPU {a}, redis-benchmark on CPU {b}"
+                    )),
                     if protected {
                         "under memveil run"
                     } else {
@@ -778,8 +816,8 @@ fn redis_rows(opts: &BenchOpts, t: &RedisTools, dir: &Path) -> Result<Vec<RedisR
                 ));
                 let mv = protected.then_some(t.memveil.as_path());
                 let stats = protected.then_some(json.as_path());
-                let mut s = Server::start(&t.server, mv, dir, stats)?;
-                let r = redis_benchmark(&t.bench, &s.sock, &args)?;
+                let mut s = Server::start(&t.server, mv, dir, stats, pin.map(|p| p.0))?;
+                let r = redis_benchmark(&t.bench, &s.sock, &args, pin.map(|p| p.1))?;
                 if !s.stop() {
                     opts.say("shield: redis-server did not exit on SIGTERM within 10 s; killed");
                 }
@@ -832,7 +870,9 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
          shield starts: for a single-threaded program that stays on its CPU, one CPU does everything); the \
          fault cost is also measured with the handler on the other CPU (a program thread the scheduler moved \
          away). One shield per measurement, default `Config` otherwise (no spinning, eviction batches of up \
-         to 32). redis-server runs under `memveil run` with its defaults, unpinned.\n\n",
+         to 32). redis-server runs under `memveil run` with its defaults, unpinned; in the large_pinned setting both \
+         servers run on CPU 0 (`memveil run --cpu 0`; `taskset -c 0` for the plain one) and redis-benchmark on \
+         CPU 1.\n\n",
         mechanism.name()
     );
     let (mut figs, more, mut plots) = pinned(Some(home), || in_process(opts, home, other))?;
@@ -1184,7 +1224,13 @@ fn redis_figures(
                 r.args.join(" "),
                 op.to_uppercase()
             );
-            if r.setting == "large" {
+            if r.setting == "large_pinned" {
+                note.push_str(
+                    "; both servers pinned to CPU 0 (`memveil run --cpu 0`, `taskset -c 0` for the plain one), \
+                     redis-benchmark on CPU 1",
+                );
+            }
+            if r.setting.starts_with("large") {
                 let _ = write!(
                     note,
                     "; plaintext fraction at exit {frac} ({})",
@@ -1202,30 +1248,30 @@ fn redis_figures(
                 .target(target),
             );
         }
-        if r.setting == "large" {
+        if r.setting.starts_with("large") {
             if let Some(p) = r.plaintext {
                 figs.push(Figure::plain(
-                    "shield.redis_large_plaintext_fraction",
+                    &format!("shield.redis_{}_plaintext_fraction", r.setting),
                     p,
                     "fraction",
                     &format!(
-                        "plaintext fraction of redis-server's heap at exit, large setting ({})",
-                        r.stats_line
+                        "plaintext fraction of redis-server's heap at exit, {} setting ({})",
+                        r.setting, r.stats_line
                     ),
                 ));
             }
-            if !r.samples.is_empty() {
-                plots.push(Plot {
-                    file: "shield_redis_large_plaintext.svg".into(),
-                    title: "redis-server under memveil run, large setting".into(),
-                    x_label: "s".into(),
-                    y_label: "plaintext fraction".into(),
-                    series: vec![Series {
-                        name: "plaintext fraction".into(),
-                        points: r.samples.clone(),
-                    }],
-                });
-            }
+        }
+        if r.setting == "large" && !r.samples.is_empty() {
+            plots.push(Plot {
+                file: "shield_redis_large_plaintext.svg".into(),
+                title: "redis-server under memveil run, large setting".into(),
+                x_label: "s".into(),
+                y_label: "plaintext fraction".into(),
+                series: vec![Series {
+                    name: "plaintext fraction".into(),
+                    points: r.samples.clone(),
+                }],
+            });
         }
         let _ = writeln!(
             table,

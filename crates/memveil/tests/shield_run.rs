@@ -1030,3 +1030,56 @@ fn unprivileged_user_is_refused_naming_the_sysctl() {
         "the program ran although memveil refused: {out}"
     );
 }
+
+// ------------------------------------------------------------ f: --cpu -----
+
+#[test]
+fn cpu_option_pins_the_program_or_refuses() {
+    if !have("cpu_option", &["grep"]) || !root("cpu_option") {
+        return;
+    }
+    preload_built();
+    let limit = Duration::from_secs(60);
+    let o = run(
+        Command::new(MEMVEIL).args([
+            "run",
+            "--quiet",
+            "--cpu",
+            "0",
+            "--",
+            "grep",
+            "Cpus_allowed_list",
+            "/proc/self/status",
+        ]),
+        b"",
+        limit,
+    );
+    assert_eq!(code(o.status), 0, "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout).split_whitespace().last(),
+        Some("0"),
+        "the program is not pinned to CPU 0: {}",
+        text(&o.stdout)
+    );
+    // A CPU this process may not use: refused, the program not run.
+    let o = run(
+        Command::new(MEMVEIL).args([
+            "run",
+            "--cpu",
+            "1023",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo THE-PROGRAM-RAN",
+        ]),
+        b"",
+        limit,
+    );
+    assert_eq!(code(o.status), 1, "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--cpu 1023") && !text(&o.stdout).contains("THE-PROGRAM-RAN"),
+        "stdout: {}\nstderr: {}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+}
