@@ -236,8 +236,7 @@ fn parallel<T: Send>(
     })
 }
 
-/// The CPU that the busiest lane worker of the vault `pid` last ran on (from
-/// `/proc/PID/task/*/stat`: field 39, after 14 and 15, its CPU time).
+/// The CPU that the busiest lane worker of the vault `pid` last ran on.
 fn lane_cpu(pid: u32) -> Option<usize> {
     let mut best: Option<(u64, usize)> = None;
     for t in std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -248,19 +247,12 @@ fn lane_cpu(pid: u32) -> Option<usize> {
         if comm.trim_end() != memveil_vault::server::LANE_THREAD_NAME {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse().ok()) else {
             continue;
         };
-        // Fields after the command name, which may hold spaces: state is 3.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let num = |i: usize| f.get(i - 3).and_then(|x| x.parse::<u64>().ok());
-        if let (Some(u), Some(s), Some(cpu)) = (num(14), num(15), num(39)) {
-            let cpu = usize::try_from(cpu).ok()?;
-            if best.is_none_or(|(t, _)| u + s > t) {
-                best = Some((u + s, cpu));
+        if let Some((cpu, time)) = memveil_sys::process::thread_cpu(pid, tid) {
+            if best.is_none_or(|(t, _)| time > t) {
+                best = Some((time, cpu));
             }
         }
     }

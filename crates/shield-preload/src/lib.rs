@@ -19,7 +19,9 @@
 //! `MEMVEIL_SHIELD_WINDOW` (pages), `MEMVEIL_SHIELD_KEYID`,
 //! `MEMVEIL_SHIELD_STATS_DIR` (one `PID.stats` file per process),
 //! `MEMVEIL_SHIELD_SPIN_US`, `MEMVEIL_SHIELD_REGION_GIB`,
-//! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`.
+//! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`,
+//! `MEMVEIL_SHIELD_FOLLOW=0` (the fault handler stays on the CPU the
+//! program started on instead of following the faulting thread).
 //! If the shield cannot start, the program is not run unprotected: the
 //! library prints why and exits with status 125.
 //!
@@ -39,7 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use memveil_secmem::{Level, Policy};
-use memveil_shield::{Config, Shield, StatsFile, PAGE};
+use memveil_shield::{Config, HandlerCpu, Shield, StatsFile, PAGE};
 use memveil_sys::uffd;
 use talc::{OomHandler, Span, Talc};
 
@@ -786,6 +788,11 @@ fn start() -> Result<(), String> {
         spin: Duration::from_micros(spin as u64),
         accept_unwiped_free: env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") == Some(1),
         force_write_protect: env_usize(c"MEMVEIL_SHIELD_FORCE_WP") == Some(1),
+        handler_cpu: if env_usize(c"MEMVEIL_SHIELD_FOLLOW") == Some(0) {
+            HandlerCpu::Current
+        } else {
+            HandlerCpu::Follow
+        },
         policy: if accept_locked {
             Policy::allow(Level::Locked)
         } else {

@@ -97,10 +97,10 @@ pub struct Config {
     /// Pages evicted at once when the window is full (amortises the system
     /// calls; at most `window / 4`).
     pub evict_batch: usize,
-    /// CPU the handler thread is pinned to: [`HandlerCpu::Current`] (the
-    /// CPU the shield starts on, where the program's main thread starts)
-    /// keeps the fault hand-off on one CPU — waking a thread on another,
-    /// idle CPU costs tens of microseconds on a virtual machine.
+    /// CPU the handler thread is pinned to. The default,
+    /// [`HandlerCpu::Follow`], keeps the fault hand-off on one CPU — waking
+    /// a thread on another, idle CPU costs tens of microseconds on a
+    /// virtual machine — and moves with the thread that faults.
     pub handler_cpu: HandlerCpu,
 }
 
@@ -113,7 +113,16 @@ pub enum HandlerCpu {
     Current,
     /// This CPU.
     Cpu(usize),
+    /// Starts as [`HandlerCpu::Current`]; every [`FOLLOW_EVERY`] faults it
+    /// looks up the CPU the faulting thread last ran on and moves there
+    /// when it differs (the scheduler moves unpinned programs about).
+    Follow,
 }
+
+/// Faults between two looks at the faulting thread's CPU under
+/// [`HandlerCpu::Follow`] (a look is a `pread` of `/proc/PID/task/TID/stat`,
+/// a few µs; the file stays open while the same thread faults).
+pub const FOLLOW_EVERY: u64 = 8;
 
 impl Default for Config {
     fn default() -> Self {
@@ -124,7 +133,7 @@ impl Default for Config {
             accept_unwiped_free: false,
             force_write_protect: false,
             evict_batch: 32,
-            handler_cpu: HandlerCpu::Current,
+            handler_cpu: HandlerCpu::Follow,
         }
     }
 }
@@ -311,6 +320,8 @@ struct Inner {
     batch: usize,
     spin: Duration,
     handler_cpu: Option<usize>,
+    /// [`HandlerCpu::Follow`], and the kernel reports faulting threads.
+    follow: bool,
     level: Level,
     state: Mutex<State>,
     stats: StatsFile,
@@ -374,8 +385,12 @@ impl Shield {
         {
             return Err(ShieldError::UnwipedEviction);
         }
-        fd.handshake(uffd::FEATURE_PAGEFAULT_FLAG_WP)
-            .map_err(os("UFFDIO_API"))?;
+        let follow =
+            cfg.handler_cpu == HandlerCpu::Follow && offered & uffd::FEATURE_THREAD_ID != 0;
+        fd.handshake(
+            uffd::FEATURE_PAGEFAULT_FLAG_WP | if follow { uffd::FEATURE_THREAD_ID } else { 0 },
+        )
+        .map_err(os("UFFDIO_API"))?;
         let window = cfg.window.max(1);
         let batch = cfg.evict_batch.clamp(1, (window / 4).max(1));
         let pool = SecretPool::new(64 * 1024, cfg.policy)?;
@@ -408,9 +423,10 @@ impl Shield {
             spin: cfg.spin,
             handler_cpu: match cfg.handler_cpu {
                 HandlerCpu::Any => None,
-                HandlerCpu::Current => memveil_sys::process::current_cpu(),
+                HandlerCpu::Current | HandlerCpu::Follow => memveil_sys::process::current_cpu(),
                 HandlerCpu::Cpu(n) => Some(n),
             },
+            follow,
             level,
             state: Mutex::new(State {
                 ranges: Vec::new(),
@@ -772,14 +788,20 @@ impl Inner {
         if let Some(hook) = START_HOOK.get() {
             hook();
         }
-        if let Some(cpu) = self.handler_cpu {
+        let mut on = self.handler_cpu;
+        if let Some(cpu) = on {
             if let Err(e) = memveil_sys::process::pin_to_cpu(cpu) {
                 eprintln!("memveil-shield: cannot pin the fault handler to CPU {cpu}: {e}");
+                on = None;
             }
         }
+        let pid = std::process::id();
+        let mut until_look = FOLLOW_EVERY;
+        let mut stat: Option<memveil_sys::process::ThreadStat> = None;
         let mut faults = [Fault {
             address: 0,
             flags: 0,
+            tid: 0,
         }; 64];
         let mut last = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
@@ -801,6 +823,13 @@ impl Inner {
                 let c = self.stats.counters();
                 c.handler_ns
                     .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+                if self.follow {
+                    until_look = until_look.saturating_sub(n as u64);
+                    if until_look == 0 {
+                        until_look = FOLLOW_EVERY;
+                        on = self.follow_thread(faults[n - 1].tid, pid, &mut stat, on);
+                    }
+                }
                 last = Instant::now();
                 continue;
             }
@@ -813,6 +842,35 @@ impl Inner {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+    }
+
+    /// Moves the handler to the CPU thread `tid` last ran on when that is
+    /// not `on` (the handler's CPU); returns the handler's CPU. `stat`
+    /// caches the open stat file of the last thread looked at.
+    fn follow_thread(
+        &self,
+        tid: u32,
+        pid: u32,
+        stat: &mut Option<memveil_sys::process::ThreadStat>,
+        on: Option<usize>,
+    ) -> Option<usize> {
+        if stat.as_ref().is_none_or(|s| s.tid() != tid) {
+            *stat = memveil_sys::process::ThreadStat::open(pid, tid);
+        }
+        let Some((cpu, _)) = stat
+            .as_ref()
+            .and_then(memveil_sys::process::ThreadStat::read)
+        else {
+            return on;
+        };
+        if on == Some(cpu) || memveil_sys::process::pin_to_cpu(cpu).is_err() {
+            return on;
+        }
+        self.stats
+            .counters()
+            .handler_moves
+            .fetch_add(1, Ordering::Relaxed);
+        Some(cpu)
     }
 
     fn resolve(&self, st: &mut State, f: &Fault) {

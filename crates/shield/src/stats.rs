@@ -52,6 +52,8 @@ pub struct Counters {
     pub evict_ns: AtomicU64,
     /// Time spent in `UFFDIO_COPY`, which wakes the faulting thread (ns).
     pub copy_ns: AtomicU64,
+    /// Times the handler moved to the faulting thread's CPU.
+    pub handler_moves: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -93,6 +95,8 @@ pub struct Snapshot {
     pub evict_ns: u64,
     /// Time in `UFFDIO_COPY` (maps the page and wakes the waiter), ns.
     pub copy_ns: u64,
+    /// Times the handler moved to the faulting thread's CPU.
+    pub handler_moves: u64,
 }
 
 impl Snapshot {
@@ -151,6 +155,7 @@ impl Snapshot {
         self.handler_ns += o.handler_ns;
         self.evict_ns += o.evict_ns;
         self.copy_ns += o.copy_ns;
+        self.handler_moves += o.handler_moves;
     }
 }
 
@@ -175,6 +180,7 @@ impl Counters {
             handler_ns: g(&self.handler_ns),
             evict_ns: g(&self.evict_ns),
             copy_ns: g(&self.copy_ns),
+            handler_moves: g(&self.handler_moves),
         }
     }
 }

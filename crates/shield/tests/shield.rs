@@ -240,3 +240,42 @@ fn refuses_bad_ranges_and_keyids() {
     let e = unsafe { s.encrypt_mprotect(buf.as_mut_ptr(), PAGE, 3, 1) }.unwrap_err();
     assert!(e.to_string().contains("overlaps"), "{e}");
 }
+
+#[test]
+fn handler_follows_the_faulting_thread_to_its_cpu() {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    if cpus < 2 {
+        println!("SKIP: one CPU only: the handler has nowhere to follow to");
+        return;
+    }
+    // The shield (and its handler) start on CPU 0; the faulting thread
+    // runs on CPU 1 only.
+    std::thread::spawn(move || {
+        memveil_sys::process::pin_to_cpu(0).expect("pin to CPU 0");
+        let Some(s) = shield(8, false) else { return };
+        let buf = pages(64);
+        protect(&s, buf, 1);
+        let addr = buf.as_mut_ptr() as usize;
+        std::thread::spawn(move || {
+            memveil_sys::process::pin_to_cpu(1).expect("pin to CPU 1");
+            // SAFETY: the 64 leaked pages above, used only through the shield.
+            let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, 64 * PAGE) };
+            for round in 0..4u8 {
+                for p in buf.chunks_mut(PAGE) {
+                    p[0] = round;
+                }
+            }
+        })
+        .join()
+        .unwrap();
+        let st = s.stats();
+        assert!(st.faults() > 4 * memveil_shield::FOLLOW_EVERY);
+        assert!(
+            st.handler_moves >= 1,
+            "the handler never moved to CPU 1 after {} faults there",
+            st.faults()
+        );
+    })
+    .join()
+    .unwrap();
+}

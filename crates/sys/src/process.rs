@@ -116,6 +116,66 @@ pub fn set_thread_name(name: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// What `/proc/PID/task/TID/stat` says of a thread: the CPU it last ran on
+/// (field 39) and the CPU time it used, user plus system, in clock ticks
+/// (fields 14 and 15). None when the thread is gone or the file unreadable.
+#[must_use]
+pub fn thread_cpu(pid: u32, tid: u32) -> Option<(usize, u64)> {
+    ThreadStat::open(pid, tid)?.read()
+}
+
+/// `/proc/PID/task/TID/stat`, kept open to be read again cheaply (a
+/// `pread`, no path lookup): see [`thread_cpu`]. Reads into a stack buffer,
+/// so it is safe in threads that must not allocate from the program's heap.
+pub struct ThreadStat {
+    file: std::fs::File,
+    tid: u32,
+}
+
+impl ThreadStat {
+    /// Opens the stat file of thread `tid` of process `pid`.
+    #[must_use]
+    pub fn open(pid: u32, tid: u32) -> Option<Self> {
+        let file = std::fs::File::open(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+        Some(Self { file, tid })
+    }
+
+    /// The thread this reads.
+    #[must_use]
+    pub fn tid(&self) -> u32 {
+        self.tid
+    }
+
+    /// (CPU last run on, CPU time in ticks), as [`thread_cpu`].
+    #[must_use]
+    pub fn read(&self) -> Option<(usize, u64)> {
+        use std::os::unix::fs::FileExt as _;
+        let mut buf = [0u8; 1024];
+        let n = loop {
+            match self.file.read_at(&mut buf, 0) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        };
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        // The command name (field 2) may hold spaces and parentheses: the
+        // fields that follow start after its last ')', at field 3.
+        let (_, rest) = text.rsplit_once(')')?;
+        let mut fields = rest.split_whitespace();
+        let mut at = 3;
+        let mut field = |k: usize| -> Option<u64> {
+            let v = fields.nth(k - at)?.parse().ok();
+            at = k + 1;
+            v
+        };
+        let utime = field(14)?;
+        let stime = field(15)?;
+        let cpu = field(39)?;
+        Some((usize::try_from(cpu).ok()?, utime + stime))
+    }
+}
+
 /// The CPU the calling thread runs on now (`sched_getcpu(3)`), if known.
 #[must_use]
 pub fn current_cpu() -> Option<usize> {
@@ -145,4 +205,34 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_cpu_reads_this_thread_and_follows_a_pin() {
+        // SAFETY: gettid takes no arguments.
+        let tid = u32::try_from(unsafe { libc::gettid() }).expect("tid");
+        let pid = std::process::id();
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let (_, time) = thread_cpu(pid, tid).expect("own stat");
+        let target = cpus - 1;
+        if pin_to_cpu(target).is_ok() {
+            // Burn a little time so the stat file shows where we ran.
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_millis(5) {
+                std::hint::spin_loop();
+            }
+            let (cpu, later) = thread_cpu(pid, tid).expect("own stat");
+            assert_eq!(cpu, target);
+            assert!(later >= time);
+        }
+        assert_eq!(thread_cpu(pid, u32::MAX), None, "no such thread");
+        // Kept open, it reads again.
+        let st = ThreadStat::open(pid, tid).expect("open");
+        assert_eq!(st.tid(), tid);
+        assert!(st.read().is_some() && st.read().is_some());
+    }
 }

@@ -19,6 +19,8 @@ pub const MODE_WP: u64 = 2;
 
 /// API feature: write-protect faults are reported (anonymous memory).
 pub const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+/// API feature: fault messages carry the faulting thread's id (4.14+).
+pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 /// API feature: `UFFDIO_MOVE` (Linux 6.8+).
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
@@ -98,6 +100,8 @@ pub struct Fault {
     pub address: u64,
     /// `PAGEFAULT_FLAG_*` bits.
     pub flags: u64,
+    /// The faulting thread's id, with [`FEATURE_THREAD_ID`]; 0 without.
+    pub tid: u32,
 }
 
 /// Raw `struct uffd_msg` (32 bytes).
@@ -362,6 +366,8 @@ impl Uffd {
                 out[k] = Fault {
                     flags: m.arg0,
                     address: m.arg1,
+                    // `feat.ptid`, the first 32 bits of the union.
+                    tid: u32::try_from(m.arg2 & 0xffff_ffff).unwrap_or(0),
                 };
                 k += 1;
             }
