@@ -46,9 +46,11 @@ pub struct Args {
     /// (0: sleep at once, measured fastest on this VM).
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
-    /// Accept keys in mlock-ed memory when memfd_secret is unavailable.
-    #[arg(long)]
-    allow_locked_keys: bool,
+    /// Accept a weaker home for the keys when memfd_secret is unavailable
+    /// ("locked": mlock-ed memory, readable by root), as `memveil vault
+    /// serve --allow-level`.
+    #[arg(long, value_name = "LEVEL", value_parser = ["secret", "locked"])]
+    allow_level: Option<String>,
     /// Accept evicting by write-protection on kernels without UFFDIO_MOVE
     /// (frames go back to the kernel unwiped; boot with init_on_free=1).
     #[arg(long)]
@@ -211,7 +213,10 @@ fn supervise(a: &Args, preload: &Path, stats_dir: &Path) -> anyhow::Result<u8> {
         .env("MEMVEIL_SHIELD_STATS_DIR", stats_dir)
         .env("MEMVEIL_SHIELD_SPIN_US", a.spin_us.to_string())
         .env("MEMVEIL_SHIELD_REGION_GIB", a.region_gib.to_string())
-        .env("MEMVEIL_SHIELD_ALLOW_LOCKED", flag(a.allow_locked_keys))
+        .env(
+            "MEMVEIL_SHIELD_ALLOW_LOCKED",
+            flag(a.allow_level.as_deref() == Some("locked")),
+        )
         .env("MEMVEIL_SHIELD_ACCEPT_UNWIPED", flag(a.accept_unwiped_free));
     if let Some(cpu) = a.cpu {
         // Inherited by the program through fork and exec.
