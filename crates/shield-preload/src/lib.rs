@@ -480,8 +480,21 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, n: usize) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, m: usize) -> *mut c_void {
     match n.checked_mul(m) {
-        // SAFETY: forwarded with the caller's promise.
-        Some(t) => unsafe { realloc(p, t) },
+        // Through the dynamic linker, not to our `realloc` directly: when the
+        // program keeps its own allocator (loaded ahead of this library, see
+        // `memveil run --allocator`), `p` is that allocator's, and so must
+        // be the `realloc` (jemalloc has no `reallocarray` of its own).
+        Some(t) => match first_definition(c"realloc", &FIRST_REALLOC) {
+            // SAFETY: `f` is the process's `realloc` (dlsym), called with the
+            // caller's promise about `p`.
+            Some(f) => unsafe {
+                std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>(
+                    f,
+                )(p, t)
+            },
+            // SAFETY: as above, ours.
+            None => unsafe { realloc(p, t) },
+        },
         None => enomem(),
     }
 }
@@ -533,7 +546,35 @@ pub unsafe extern "C" fn valloc(n: usize) -> *mut c_void {
 
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(n: usize) -> *mut c_void {
-    alloc(n.next_multiple_of(PAGE), PAGE)
+    // Through the dynamic linker, as `reallocarray` (jemalloc has no
+    // `pvalloc`): the first `memalign` is the allocator in use.
+    let n = n.next_multiple_of(PAGE);
+    match first_definition(c"memalign", &FIRST_MEMALIGN) {
+        // SAFETY: `f` is the process's `memalign` (dlsym).
+        Some(f) => unsafe {
+            std::mem::transmute::<usize, unsafe extern "C" fn(usize, usize) -> *mut c_void>(f)(
+                PAGE, n,
+            )
+        },
+        None => alloc(n, PAGE),
+    }
+}
+
+static FIRST_REALLOC: AtomicUsize = AtomicUsize::new(0);
+static FIRST_MEMALIGN: AtomicUsize = AtomicUsize::new(0);
+
+/// The address of the first definition of `name` in the process's global
+/// scope (`dlsym(RTLD_DEFAULT)`), cached in `cache`: the program's own
+/// allocator when `memveil run` loads it ahead of this library, else ours.
+fn first_definition(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<usize> {
+    let mut f = cache.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; no memory of ours is
+        // handed over.
+        f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+        cache.store(f, Ordering::Relaxed);
+    }
+    (f != 0).then_some(f)
 }
 
 // ---------------------------------------------------------------------------
