@@ -11,7 +11,7 @@ use std::time::Instant;
 fn main() {
     let window: usize = std::env::args().nth(1).map_or(16, |a| a.parse().unwrap());
     let wp = std::env::args().nth(2).is_some_and(|a| a == "wp");
-    let spin = std::env::var("SPIN_US").map_or(50, |v| v.parse().unwrap());
+    let spin = std::env::var("SPIN_US").map_or(0, |v| v.parse().unwrap());
     let cfg = Config {
         window,
         force_write_protect: wp,

@@ -62,10 +62,10 @@ pub struct Args {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     region_gib: u64,
     /// Run the program, and so its fault handler, on this one CPU (as
-    /// `taskset -c N`). A fault then costs two context switches on one CPU
-    /// instead of a wake-up across CPUs, which costs tens of microseconds on
-    /// a VM: recommended for single-threaded servers (redis: twice the
-    /// throughput here). Default: wherever the scheduler puts it.
+    /// `taskset -c N`): the fault hand-off then never crosses CPUs, where a
+    /// wake-up costs tens of microseconds on a VM. Without it the handler
+    /// follows the thread that faults (it looks every 8 faults). Default:
+    /// wherever the scheduler puts the program.
     #[arg(long, value_name = "N")]
     cpu: Option<usize>,
     /// Whose malloc the program uses. auto: a program linked against its
