@@ -1156,3 +1156,43 @@ fn own_allocator_is_kept_and_protected() {
         );
     }
 }
+
+// ------------------------------------- h: MAP_FIXED over the region -------
+
+#[test]
+fn map_fixed_over_the_region_stays_protected() {
+    if !have("map_fixed", &["cc"]) || !root("map_fixed") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("fixed");
+    let exe = dir.path("map_fixed");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/map_fixed.c");
+    let o = run(
+        Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(src),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "cc: {}", text(&o.stderr));
+    // Control: plainly, the new pages are an ordinary mapping (no "um").
+    let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
+    assert_eq!(
+        text(&plain.stdout),
+        "new-zero 1 old-kept 1 new-b 1 registered 0\n"
+    );
+    // Under memveil run the replacement happens inside the protected
+    // mapping: same contents, and the pages stay registered.
+    let prot = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--"])
+            .arg(&exe),
+        b"",
+        Duration::from_secs(30),
+    );
+    assert_eq!(code(prot.status), 0, "{}", text(&prot.stderr));
+    assert_eq!(
+        text(&prot.stdout),
+        "new-zero 1 old-kept 1 new-b 1 registered 1\n",
+        "MAP_FIXED over the region left pages outside the shield's mapping"
+    );
+}

@@ -26,8 +26,10 @@
 //! library prints why and exits with status 125.
 //!
 //! What it does not cover: memory the C library maps for itself (thread
-//! stacks, `dlopen`ed code), file and shared mappings, `MAP_FIXED` mappings,
-//! and programs that make raw system calls instead of calling these symbols.
+//! stacks, `dlopen`ed code), file and shared mappings, `MAP_FIXED` mappings
+//! other than anonymous private ones over the region's page half (those are
+//! done in place), and programs that make raw system calls instead of
+//! calling these symbols.
 
 // The exports are the C allocator and memory-management API, documented by POSIX.
 #![allow(clippy::missing_safety_doc, missing_docs)]
@@ -610,9 +612,34 @@ pub unsafe extern "C" fn mmap(
         }
     }
     if flags & libc::MAP_FIXED != 0 && in_region(addr as usize) {
-        // The program replaces part of the region: forget what the shield
+        let a = addr as usize;
+        let plain_anon = fd == -1
+            && flags & libc::MAP_ANONYMOUS != 0
+            && flags & libc::MAP_PRIVATE != 0
+            && flags
+                & (libc::MAP_SHARED | libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK)
+                == 0;
+        if plain_anon && len > 0 && a.is_multiple_of(PAGE) && region_part(a, len) && !internal() {
+            // Fresh anonymous memory over the region's page half (an
+            // allocator resetting or decommitting what it mapped): done in
+            // place, so the pages stay in the protected mapping. Handing it
+            // to the kernel would make a new mapping outside userfaultfd,
+            // where the pages would never be encrypted.
+            let len = len.next_multiple_of(PAGE);
+            // SAFETY: our own interposed mprotect on region pages the caller
+            // owns (it asked to replace them).
+            if unsafe { mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) } == 0 {
+                discard(a, len);
+                let rw = libc::PROT_READ | libc::PROT_WRITE;
+                // SAFETY: as above.
+                if prot == rw || unsafe { mprotect(addr, len, prot) } == 0 {
+                    return addr;
+                }
+            }
+        }
+        // Anything else replaces part of the region: forget what the shield
         // held there so it never evicts pages of the new mapping.
-        discard(addr as usize, len);
+        discard(a, len);
     }
     // SAFETY: forwarded unchanged: the caller's mmap(2) contract.
     unsafe { uffd::mmap_direct(addr, len, prot, flags, fd, off) }
