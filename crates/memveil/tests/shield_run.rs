@@ -1189,3 +1189,39 @@ fn map_fixed_over_the_region_stays_protected() {
         "MAP_FIXED over the region left pages outside the shield's mapping"
     );
 }
+
+// ------------------------------------------ i: the region full -------------
+
+#[test]
+fn region_full_refuses_rather_than_maps_unprotected() {
+    if !have("region_full", &["cc"]) || !root("region_full") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("full");
+    let exe = dir.path("region_full");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/region_full.c");
+    let o = run(
+        Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(src),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "cc: {}", text(&o.stderr));
+    // Control: plainly, the kernel maps the 3 GiB (MAP_NORESERVE).
+    let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
+    assert_eq!(text(&plain.stdout), "small ok big mapped\n");
+    let prot = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--region-gib", "1", "--"])
+            .arg(&exe),
+        b"",
+        Duration::from_secs(30),
+    );
+    assert_eq!(code(prot.status), 0, "{}", text(&prot.stderr));
+    assert_eq!(text(&prot.stdout), "small ok big ENOMEM\n");
+    assert!(
+        text(&prot.stderr).contains("--region-gib"),
+        "the refusal does not say how to fix it: {}",
+        text(&prot.stderr)
+    );
+}

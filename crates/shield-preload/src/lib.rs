@@ -597,6 +597,9 @@ fn wants_protection(prot: c_int, flags: c_int, fd: c_int) -> bool {
         && !internal()
 }
 
+/// Whether the "region full" refusal was printed (once per process).
+static REGION_FULL_SAID: AtomicBool = AtomicBool::new(false);
+
 #[no_mangle]
 pub unsafe extern "C" fn mmap(
     addr: *mut c_void,
@@ -607,8 +610,24 @@ pub unsafe extern "C" fn mmap(
     off: libc::off_t,
 ) -> *mut c_void {
     if len > 0 && wants_protection(prot, flags, fd) {
-        if let Some(Some(a)) = with_heap(|h| h.pages.alloc(len)) {
-            return a as *mut c_void;
+        match with_heap(|h| h.pages.alloc(len)) {
+            Some(Some(a)) => return a as *mut c_void,
+            Some(None) => {
+                // The region's page half is full: refuse rather than hand out
+                // memory the shield cannot protect.
+                if !REGION_FULL_SAID.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "memveil-shield: the protected region has no room for an mmap of {len} bytes: \
+                         refused (ENOMEM) rather than mapped unprotected; rerun with a larger \
+                         memveil run --region-gib"
+                    );
+                }
+                set_errno(libc::ENOMEM);
+                return libc::MAP_FAILED;
+            }
+            // No region at all (it could not be reserved): the shield does
+            // not start either, and the program is refused before `main`.
+            None => {}
         }
     }
     if flags & libc::MAP_FIXED != 0 && in_region(addr as usize) {
