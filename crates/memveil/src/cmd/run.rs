@@ -152,21 +152,29 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
             path.display()
         );
     }
-    let u = |o: u64, n: usize| -> Option<u64> {
-        let o = usize::try_from(o).ok()?;
+    Ok(parse_elf(&data))
+}
+
+/// [`elf_info`] on the bytes of a 64-bit little-endian ELF file. Every
+/// offset comes from the file, so every sum is checked: a malformed file
+/// yields fewer headers or names, never a panic.
+fn parse_elf(data: &[u8]) -> Elf {
+    // The `n`-byte little-endian field at `base + add`.
+    let u = |base: u64, add: u64, n: usize| -> Option<u64> {
+        let o = usize::try_from(base.checked_add(add)?).ok()?;
         let b = data.get(o..o.checked_add(n)?)?;
         let mut v = [0u8; 8];
         v[..n].copy_from_slice(b);
         Some(u64::from_le_bytes(v))
     };
-    let phoff = u(0x20, 8).unwrap_or(0);
-    let phentsize = u(0x36, 2).unwrap_or(0);
-    let phnum = u(0x38, 2).unwrap_or(0);
+    let phoff = u(0x20, 0, 8).unwrap_or(0);
+    let phentsize = u(0x36, 0, 2).unwrap_or(0);
+    let phnum = u(0x38, 0, 2).unwrap_or(0);
     // (type, file offset, virtual address, file size) of each program header.
     let headers: Vec<(u64, u64, u64, u64)> = (0..phnum)
         .filter_map(|i| {
             let h = phoff.checked_add(i.checked_mul(phentsize)?)?;
-            Some((u(h, 4)?, u(h + 0x08, 8)?, u(h + 0x10, 8)?, u(h + 0x20, 8)?))
+            Some((u(h, 0, 4)?, u(h, 0x08, 8)?, u(h, 0x10, 8)?, u(h, 0x20, 8)?))
         })
         .collect();
     let dynamic = headers.iter().any(|h| h.0 == 3);
@@ -176,7 +184,11 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
     let mut strtab = None;
     if let Some(&(_, off, _, size)) = headers.iter().find(|h| h.0 == 2) {
         for k in 0..size / 16 {
-            let (Some(tag), Some(val)) = (u(off + 16 * k, 8), u(off + 16 * k + 8, 8)) else {
+            let entry = off.checked_add(16 * k);
+            let (Some(tag), Some(val)) = (
+                entry.and_then(|e| u(e, 0, 8)),
+                entry.and_then(|e| u(e, 8, 8)),
+            ) else {
                 break;
             };
             match tag {
@@ -191,7 +203,7 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
         headers
             .iter()
             .find(|h| h.0 == 1 && va >= h.2 && va - h.2 < h.3)
-            .map(|h| va - h.2 + h.1)
+            .and_then(|h| (va - h.2).checked_add(h.1))
     });
     let needed = strtab_file.map_or_else(Vec::new, |base| {
         needed_off
@@ -204,7 +216,7 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
             })
             .collect()
     });
-    Ok(Elf { dynamic, needed })
+    Elf { dynamic, needed }
 }
 
 /// The malloc implementations a program may bring (DT_NEEDED name prefixes).
@@ -402,4 +414,43 @@ fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> 
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elf_names_its_loader_and_libraries() {
+        let e = elf_info(Path::new("/bin/true")).expect("/bin/true");
+        assert!(e.dynamic);
+        assert!(e.needed.iter().any(|n| n == "libc.so.6"), "{:?}", e.needed);
+        assert_eq!(own_allocator(&e.needed), None);
+        let needed = vec!["libm.so.6".to_owned(), "libjemalloc.so.2".to_owned()];
+        assert_eq!(own_allocator(&needed), Some("libjemalloc.so.2"));
+    }
+
+    #[test]
+    fn malformed_elf_yields_nothing_and_never_panics() {
+        // A header whose program-header table sits at the end of the
+        // address space, with many large entries.
+        let mut data = vec![0u8; 64];
+        data[..5].copy_from_slice(b"\x7fELF\x02");
+        data[0x20..0x28].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+        data[0x36..0x38].copy_from_slice(&0xffffu16.to_le_bytes());
+        data[0x38..0x3a].copy_from_slice(&0xffffu16.to_le_bytes());
+        let e = parse_elf(&data);
+        assert!(!e.dynamic && e.needed.is_empty());
+        // A PT_DYNAMIC header whose entries lie past the end of the file.
+        let mut data = vec![0u8; 64 + 56];
+        data[..5].copy_from_slice(b"\x7fELF\x02");
+        data[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        data[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        data[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        data[64..68].copy_from_slice(&2u32.to_le_bytes());
+        data[64 + 8..64 + 16].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+        data[64 + 0x20..64 + 0x28].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = parse_elf(&data);
+        assert!(!e.dynamic && e.needed.is_empty());
+    }
 }
