@@ -582,20 +582,24 @@ fn first_definition(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<usize>
 // ---------------------------------------------------------------------------
 // Memory-management calls on the region.
 
-fn wants_protection(prot: c_int, flags: c_int, fd: c_int) -> bool {
-    let excluded = libc::MAP_FIXED
-        | libc::MAP_FIXED_NOREPLACE
-        | libc::MAP_SHARED
-        | libc::MAP_HUGETLB
-        | libc::MAP_GROWSDOWN
-        | libc::MAP_STACK;
+/// Plain anonymous private memory, the kind the region holds: no file, not
+/// shared, no huge pages, not a stack.
+fn anonymous_private(flags: c_int, fd: c_int) -> bool {
+    let excluded = libc::MAP_SHARED | libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK;
     fd == -1
         && flags & libc::MAP_ANONYMOUS != 0
         && flags & libc::MAP_PRIVATE != 0
         && flags & excluded == 0
-        && prot == libc::PROT_READ | libc::PROT_WRITE
+}
+
+fn wants_protection(prot: c_int, flags: c_int, fd: c_int) -> bool {
+    anonymous_private(flags, fd)
+        && flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) == 0
+        && prot == RW
         && !internal()
 }
+
+const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
 
 /// Whether the "region full" refusal was printed (once per process).
 static REGION_FULL_SAID: AtomicBool = AtomicBool::new(false);
@@ -632,13 +636,12 @@ pub unsafe extern "C" fn mmap(
     }
     if flags & libc::MAP_FIXED != 0 && in_region(addr as usize) {
         let a = addr as usize;
-        let plain_anon = fd == -1
-            && flags & libc::MAP_ANONYMOUS != 0
-            && flags & libc::MAP_PRIVATE != 0
-            && flags
-                & (libc::MAP_SHARED | libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK)
-                == 0;
-        if plain_anon && len > 0 && a.is_multiple_of(PAGE) && region_part(a, len) && !internal() {
+        if anonymous_private(flags, fd)
+            && len > 0
+            && a.is_multiple_of(PAGE)
+            && region_part(a, len)
+            && !internal()
+        {
             // Fresh anonymous memory over the region's page half (an
             // allocator resetting or decommitting what it mapped): done in
             // place, so the pages stay in the protected mapping. Handing it
@@ -647,11 +650,10 @@ pub unsafe extern "C" fn mmap(
             let len = len.next_multiple_of(PAGE);
             // SAFETY: our own interposed mprotect on region pages the caller
             // owns (it asked to replace them).
-            if unsafe { mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) } == 0 {
+            if unsafe { mprotect(addr, len, RW) } == 0 {
                 discard(a, len);
-                let rw = libc::PROT_READ | libc::PROT_WRITE;
                 // SAFETY: as above.
-                if prot == rw || unsafe { mprotect(addr, len, prot) } == 0 {
+                if prot == RW || unsafe { mprotect(addr, len, prot) } == 0 {
                     return addr;
                 }
             }
@@ -904,15 +906,7 @@ fn start() -> Result<(), String> {
     let len = LEN.load(Ordering::Acquire);
     // SAFETY: the region is ours, anonymous private, and from now on only
     // reached through the interposed calls above, which go through the shield.
-    unsafe {
-        s.encrypt_mprotect(
-            base as *mut u8,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            keyid,
-        )
-    }
-    .map_err(|e| e.to_string())?;
+    unsafe { s.encrypt_mprotect(base as *mut u8, len, RW, keyid) }.map_err(|e| e.to_string())?;
     SHIELD.store(Box::into_raw(Box::new(s)), Ordering::Release);
     // SAFETY: registering plain extern "C" handlers.
     let r = unsafe {
