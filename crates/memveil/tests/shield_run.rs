@@ -269,6 +269,24 @@ fn random_secret() -> String {
     hex(&b)
 }
 
+/// Compiles `tests/data/NAME.c` (with `extra` arguments after the source)
+/// into `dir`; the executable's path.
+fn compile_c(dir: &TempDir, name: &str, extra: &[&str]) -> PathBuf {
+    let exe = dir.path(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{name}.c"));
+    let o = run(
+        Command::new("cc")
+            .args(["-O1", "-o"])
+            .arg(&exe)
+            .arg(src)
+            .args(extra),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "cc {name}.c: {}", text(&o.stderr));
+    exe
+}
+
 // -------------------------------------------------------- a: python3 -----
 
 #[test]
@@ -1113,18 +1131,7 @@ fn own_allocator_is_kept_and_protected() {
     }
     preload_built();
     let dir = TempDir::new("alloc");
-    let exe = dir.path("own_allocator");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/own_allocator.c");
-    let o = run(
-        Command::new("cc")
-            .args(["-O1", "-o"])
-            .arg(&exe)
-            .arg(src)
-            .arg(JEMALLOC),
-        b"",
-        Duration::from_secs(60),
-    );
-    assert!(o.status.success(), "cc: {}", text(&o.stderr));
+    let exe = compile_c(&dir, "own_allocator", &[JEMALLOC]);
     let want = "reallocarray keeps this 7 usable-ok\n";
     for (allocator, named) in [("auto", "libjemalloc.so.2"), ("memveil", "memveil")] {
         let stats = dir.path(&format!("{allocator}.json"));
@@ -1159,14 +1166,7 @@ fn map_fixed_over_the_region_stays_protected() {
     }
     preload_built();
     let dir = TempDir::new("fixed");
-    let exe = dir.path("map_fixed");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/map_fixed.c");
-    let o = run(
-        Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(src),
-        b"",
-        Duration::from_secs(60),
-    );
-    assert!(o.status.success(), "cc: {}", text(&o.stderr));
+    let exe = compile_c(&dir, "map_fixed", &[]);
     // Control: plainly, the new pages are an ordinary mapping (no "um").
     let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
     assert_eq!(
@@ -1199,14 +1199,7 @@ fn region_full_refuses_rather_than_maps_unprotected() {
     }
     preload_built();
     let dir = TempDir::new("full");
-    let exe = dir.path("region_full");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/region_full.c");
-    let o = run(
-        Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(src),
-        b"",
-        Duration::from_secs(60),
-    );
-    assert!(o.status.success(), "cc: {}", text(&o.stderr));
+    let exe = compile_c(&dir, "region_full", &[]);
     // Control: plainly, the kernel maps the 3 GiB (MAP_NORESERVE).
     let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
     assert_eq!(text(&plain.stdout), "small ok big mapped\n");
