@@ -1218,3 +1218,38 @@ fn region_full_refuses_rather_than_maps_unprotected() {
         text(&prot.stderr)
     );
 }
+
+// --------------------------------- j: signals reach the program's threads --
+
+#[test]
+fn process_signals_reach_the_program_not_the_fault_handler() {
+    if !have("signals", &["cc"]) || !root("signals") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("signals");
+    let exe = compile_c(&dir, "sigwait_blocked", &["-pthread"]);
+    let expected = "signals 50 heap-bad 0\n";
+    // Control: plainly, the program collects its 50 signals.
+    let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
+    assert_eq!(code(plain.status), 0, "{}", text(&plain.stderr));
+    assert_eq!(text(&plain.stdout), expected);
+    // Protected, with a window small enough that its heap is evicted: a
+    // handler thread that left the signals unblocked would take them and
+    // die of SIGUSR1 (exit 138) instead.
+    let stats = dir.path("stats.json");
+    let prot = run(
+        &mut shielded(64, &stats, &[], &exe),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        code(prot.status),
+        0,
+        "a process-directed signal did not reach the program's sigwait: {}",
+        text(&prot.stderr)
+    );
+    assert_eq!(text(&prot.stdout), expected);
+    assert_protected(&stats, "signals");
+}
+

@@ -46,6 +46,12 @@ pub struct StackThread<S: AsMut<[u8]> + Send + 'static> {
 /// aligned, at least 64 KiB). The stack object is kept alive, untouched,
 /// until the thread has exited.
 ///
+/// The thread starts with every signal blocked, so a signal sent to the
+/// process goes to one of the program's own threads: its handler never runs
+/// on this stack, and a program that blocks a signal everywhere to `sigwait`
+/// for it still gets it, instead of the signal's default action taking
+/// place on this thread.
+///
 /// # Errors
 /// `InvalidInput` for a stack that is too small or unaligned; the error of
 /// `pthread_create(3)`.
@@ -83,7 +89,14 @@ where
             return Err(io::Error::from_raw_os_error(r));
         }
         let mut t: libc::pthread_t = 0;
+        // The new thread inherits the creator's mask: block everything
+        // around the create, then restore the creator's.
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
         let r = libc::pthread_create(&mut t, &attr, trampoline, start.cast());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         libc::pthread_attr_destroy(&mut attr);
         if r != 0 {
             drop(Box::from_raw(start));
@@ -165,6 +178,55 @@ mod tests {
         let addr = rx.recv().expect("recv");
         assert!(t.join().is_some());
         assert!((lo..hi).contains(&addr), "{addr:x} not in {lo:x}..{hi:x}");
+    }
+
+    /// The calling thread's blocked-signal mask.
+    fn blocked() -> libc::sigset_t {
+        // SAFETY: all-zero is a valid sigset_t; pthread_sigmask with a null
+        // new set only reads the mask into `cur`.
+        unsafe {
+            let mut cur: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+            cur
+        }
+    }
+
+    fn is_blocked(set: &libc::sigset_t, sig: libc::c_int) -> bool {
+        // SAFETY: `set` is a valid, initialised sigset_t.
+        unsafe { libc::sigismember(set, sig) == 1 }
+    }
+
+    #[test]
+    fn thread_blocks_every_signal_and_the_creator_keeps_its_mask() {
+        let before = blocked();
+        assert!(
+            !is_blocked(&before, libc::SIGTERM),
+            "test thread blocks SIGTERM already"
+        );
+        let m = crate::Mapping::anonymous(128 * 1024, crate::Protection::ReadWrite).expect("map");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = spawn(Box::new(Stack(m)), move || {
+            let mask = blocked();
+            let sigs = [
+                libc::SIGTERM,
+                libc::SIGINT,
+                libc::SIGUSR1,
+                libc::SIGCHLD,
+                libc::SIGALRM,
+            ];
+            tx.send(sigs.iter().all(|&s| is_blocked(&mask, s)))
+                .expect("send");
+        })
+        .expect("spawn");
+        assert!(
+            rx.recv().expect("recv"),
+            "the new thread must block every signal"
+        );
+        assert!(t.join().is_some());
+        assert!(
+            !is_blocked(&blocked(), libc::SIGTERM),
+            "creator's mask changed"
+        );
     }
 
     struct SecretStack(crate::Mapping);
