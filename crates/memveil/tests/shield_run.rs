@@ -1253,3 +1253,33 @@ fn process_signals_reach_the_program_not_the_fault_handler() {
     assert_protected(&stats, "signals");
 }
 
+// ------------------------------------------- k: fork without exec --------
+
+#[test]
+fn fork_without_exec_keeps_both_heaps_intact() {
+    if !have("fork", &["cc"]) || !root("fork") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("fork");
+    let exe = compile_c(&dir, "fork_heap", &[]);
+    let expected = "child 0 parent-bad 0\n";
+    let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
+    assert_eq!(code(plain.status), 0, "{}", text(&plain.stderr));
+    assert_eq!(text(&plain.stdout), expected);
+    let stats = dir.path("stats.json");
+    let prot = run(
+        &mut shielded(64, &stats, &[], &exe),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(prot.status), 0, "{}", text(&prot.stderr));
+    assert_eq!(text(&prot.stdout), expected);
+    let j = assert_protected(&stats, "fork");
+    // The parent's sweeps while the child held its pages went through the
+    // write-protect eviction (a page shared with the child cannot be moved).
+    assert!(
+        j["wp_evictions"].as_u64().unwrap_or(0) > 0,
+        "no page shared with the child was evicted; the test proves nothing: {j}"
+    );
+}

@@ -8,13 +8,16 @@
 //! KeyID, key schedules in `memfd_secret` memory) in a store of ordinary
 //! memory. Any access to a missing page, by the program or by the kernel on
 //! its behalf (`read(2)` into it, `write(2)` from it), stops the accessing
-//! thread until a handler thread decrypts the page and maps it with
-//! `UFFDIO_COPY`; the oldest resident pages are evicted first (FIFO).
+//! thread until a handler thread decrypts the page and maps it back; the
+//! victims are chosen by a 2Q policy (see `Queues`).
 //!
 //! Eviction is race-free against other threads of the program:
-//! - with `UFFDIO_MOVE` (Linux 6.8+) the page is moved atomically out of the
-//!   program's view into a scratch page, encrypted in place there (so the
-//!   frame the kernel gets back holds ciphertext, never plaintext) and freed;
+//! - with `UFFDIO_MOVE` (Linux 6.8+) the page's frame is moved atomically
+//!   out of the program's view into the page's slot in the store and
+//!   encrypted in place there, so the frame itself holds the ciphertext;
+//!   bringing the page back decrypts the frame in its slot and moves it
+//!   home. Frames circulate between the program and the store: none is
+//!   allocated, copied or freed per fault, and none leaves with plaintext;
 //! - otherwise (or when a page is shared after `fork`) it is write-protected
 //!   with `UFFDIO_WRITEPROTECT`, encrypted, and dropped; the frame is then
 //!   freed unwiped, which [`Config::accept_unwiped_free`] must accept.
@@ -244,7 +247,11 @@ struct Range {
     keyid: u16,
     /// One state byte per page (direct mapping, not the program's heap).
     states: *mut u8,
-    /// Ciphertext, page `i` at `store + i * PAGE`.
+    /// Ciphertext, page `i` at `store + i * PAGE`. With the Move mechanism
+    /// the store is registered with the userfaultfd (a move's destination
+    /// must be) and slot `i` holds a frame exactly while page `i` is
+    /// evicted; the handler touches a slot only then, so it never faults on
+    /// one.
     store: *mut u8,
 }
 
@@ -302,10 +309,6 @@ struct State {
     window: usize,
     keys: Vec<Option<SecretBox<Xts>>>,
     bounce: SecretBox<[u8]>,
-    /// Registered scratch pages the victims are moved into (Move mechanism).
-    scratch: usize,
-    /// Scratch slots with no frame (victims are moved into these).
-    holes: Vec<usize>,
     /// Eviction is suspended (around fork).
     frozen: bool,
 }
@@ -326,7 +329,23 @@ struct Inner {
     state: Mutex<State>,
     stats: StatsFile,
     stop: AtomicBool,
+    /// A registered page that is never filled except to stop the handler:
+    /// [`Shield`]'s drop touches it, so a handler asleep in `read(2)` wakes,
+    /// maps zeros there (releasing the toucher) and sees `stop`.
+    doorbell: usize,
     pool: SecretPool,
+}
+
+/// Source of the zeros mapped at the doorbell (read-only data, outside any
+/// protected range).
+static ZEROS: [u8; PAGE] = [0; PAGE];
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: the last reference is gone, so the handler has stopped and
+        // nothing uses the doorbell page any more.
+        let _ = unsafe { uffd::unmap_direct(self.doorbell as *mut u8, PAGE) };
+    }
 }
 
 /// The handler thread's stack: locked, not dumped, and private, not secret
@@ -396,10 +415,9 @@ impl Shield {
         let pool = SecretPool::new(64 * 1024, cfg.policy)?;
         let level = pool.level();
         let bounce = pool.alloc_bytes(PAGE)?;
-        let scratch_len = 2 * batch * PAGE;
-        let scratch = uffd::map_anonymous_direct(scratch_len).map_err(os("mmap scratch"))?;
-        fd.register(scratch as u64, scratch_len as u64, uffd::MODE_MISSING)
-            .map_err(os("UFFDIO_REGISTER scratch"))?;
+        let doorbell = uffd::map_anonymous_direct(PAGE).map_err(os("mmap doorbell"))?;
+        fd.register(doorbell as u64, PAGE as u64, uffd::MODE_MISSING)
+            .map_err(os("UFFDIO_REGISTER doorbell"))?;
         let c = stats.counters();
         c.window.store(window as u64, Ordering::Relaxed);
         c.mechanism.store(
@@ -436,15 +454,11 @@ impl Shield {
                 window,
                 keys: (0..KEYIDS).map(|_| None).collect(),
                 bounce,
-                scratch: scratch as usize,
-                holes: (0..2 * batch)
-                    .rev()
-                    .map(|k| scratch as usize + k * PAGE)
-                    .collect(),
                 frozen: false,
             }),
             stats,
             stop: AtomicBool::new(false),
+            doorbell: doorbell as usize,
             pool,
         });
         let worker = Arc::clone(&inner);
@@ -525,6 +539,22 @@ impl Shield {
         let states = uffd::map_anonymous_direct(pages.next_multiple_of(PAGE))
             .map_err(os("mmap page states"))?;
         let store = uffd::map_anonymous_direct(len).map_err(os("mmap ciphertext store"))?;
+        if self.inner.mechanism == Mechanism::Move {
+            // Evicted frames are moved into their slots, which the kernel
+            // allows only into a range registered here. The handler touches
+            // a slot only while it holds a frame, so it never faults on one.
+            let registered = self
+                .inner
+                .uffd
+                .register(store as u64, len as u64, uffd::MODE_MISSING);
+            if let Err(e) = registered {
+                // SAFETY: the store was mapped just above and is used by nobody.
+                let _ = unsafe { uffd::unmap_direct(store, len) };
+                // SAFETY: as for the store.
+                let _ = unsafe { uffd::unmap_direct(states, pages.next_multiple_of(PAGE)) };
+                return Err(os("UFFDIO_REGISTER store")(e));
+            }
+        }
         let range = Range {
             base,
             pages,
@@ -564,12 +594,7 @@ impl Shield {
         let c = self.inner.stats.counters();
         c.pages_protected.fetch_add(pages as u64, Ordering::Relaxed);
         c.resident.store(st.resident as u64, Ordering::Relaxed);
-        while st.resident > st.window {
-            let over = st.resident - st.window;
-            if self.inner.evict(&mut st, over) == 0 {
-                break;
-            }
-        }
+        self.inner.shrink_to_window(&mut st);
         Ok(())
     }
 
@@ -643,9 +668,15 @@ impl Shield {
         Ok(())
     }
 
-    /// Resumes eviction after [`Shield::freeze`].
+    /// Resumes eviction after [`Shield::freeze`], and evicts at once down to
+    /// the window: the handler evicts only when a page faults, so without
+    /// this the whole heap [`Shield::freeze`] brought back would stay
+    /// plaintext until the program next touched an evicted page. After a
+    /// `fork` the pages the child still shares go by write-protection.
     pub fn thaw(&self) {
-        self.inner.lock().frozen = false;
+        let mut st = self.inner.lock();
+        st.frozen = false;
+        self.inner.shrink_to_window(&mut st);
     }
 }
 
@@ -653,6 +684,12 @@ impl Drop for Shield {
     fn drop(&mut self) {
         let _ = self.freeze();
         self.inner.stop.store(true, Ordering::SeqCst);
+        let bell = self.inner.doorbell as *const u8;
+        // SAFETY: the doorbell is a page of our own, registered missing: the
+        // read faults and waits until the handler maps zeros there, which
+        // wakes a handler asleep in read(2) (one that is busy finds the
+        // fault on its next read).
+        let _ = unsafe { bell.read_volatile() };
         if let Some(h) = self.handler.take() {
             drop(h.join());
         }
@@ -664,14 +701,31 @@ impl Drop for Shield {
                 .unregister(r.base as u64, (r.pages * PAGE) as u64);
         }
         st.ranges.clear();
-        let scratch_len = 2 * self.inner.batch * PAGE;
-        // SAFETY: the scratch area was mapped by `new` for the handler alone,
-        // which has stopped.
-        let _ = unsafe { uffd::unmap_direct(st.scratch as *mut u8, scratch_len) };
     }
 }
 
 impl State {
+    /// Books page `i` of range `pos` as evicted (its ciphertext is in its
+    /// store slot) and remembers it in the ghost queue.
+    fn mark_evicted(&mut self, pos: usize, i: usize) {
+        let r = &mut self.ranges[pos];
+        let addr = r.base + i * PAGE;
+        let s = r.state(i);
+        r.set_state(i, EVICTED | GHOST | (s & PINNED));
+        self.resident -= 1;
+        self.evicted += 1;
+        self.queues.ghosts.push_back(addr);
+        if self.queues.ghosts.len() > self.window {
+            if let Some(old) = self.queues.ghosts.pop_front() {
+                if let Some((p, k)) = self.find(old) {
+                    let r = &mut self.ranges[p];
+                    let s = r.state(k);
+                    r.set_state(k, s & !GHOST);
+                }
+            }
+        }
+    }
+
     fn find(&self, addr: usize) -> Option<(usize, usize)> {
         let pos = self.ranges.partition_point(|r| r.base <= addr);
         let r = self.ranges.get(pos.checked_sub(1)?)?;
@@ -804,6 +858,9 @@ impl Inner {
             tid: 0,
         }; 64];
         let mut last = Instant::now();
+        // Without a spin the handler sleeps in read(2) itself: one system
+        // call per wake-up instead of read, poll and read again.
+        let blocking = self.spin.is_zero() && self.uffd.set_blocking(true).is_ok();
         while !self.stop.load(Ordering::Relaxed) {
             let n = match self.uffd.read_faults(&mut faults) {
                 Ok(n) => n,
@@ -817,6 +874,10 @@ impl Inner {
                 let t0 = Instant::now();
                 let mut st = self.lock();
                 for f in &faults[..n] {
+                    if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
+                        let _ = self.uffd.copy(self.doorbell as u64, &ZEROS);
+                        continue;
+                    }
                     self.resolve(&mut st, f);
                 }
                 drop(st);
@@ -833,6 +894,9 @@ impl Inner {
                 last = Instant::now();
                 continue;
             }
+            if blocking {
+                continue;
+            }
             if last.elapsed() < self.spin {
                 std::hint::spin_loop();
                 continue;
@@ -842,6 +906,10 @@ impl Inner {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+        // Stopped before the doorbell rang (or before the fault was read):
+        // fill it now, which releases a toucher already waiting and spares
+        // one still to come the fault.
+        let _ = self.uffd.copy(self.doorbell as u64, &ZEROS);
     }
 
     /// Moves the handler to the CPU thread `tid` last ran on when that is
@@ -906,11 +974,12 @@ impl Inner {
         }
     }
 
-    /// Maps page `i` of range `pos` (ZERO or EVICTED) as plaintext by
-    /// `UFFDIO_COPY` from the bounce page, which wakes the threads waiting on
-    /// it. (Moving a recycled frame in instead was measured slower here: a
-    /// move flushes the source's TLB entry on every CPU of the process, a
-    /// copy into a missing page flushes nothing.)
+    /// Maps page `i` of range `pos` (ZERO or EVICTED) as plaintext and wakes
+    /// the threads waiting on it. With `UFFDIO_MOVE`, an evicted page's
+    /// frame waits in its store slot: it is decrypted there and moved back,
+    /// so no frame is allocated, copied or freed (see [`Inner::move_in`]).
+    /// A page never written, and every page under the write-protect
+    /// mechanism, is built in the bounce page and mapped by `UFFDIO_COPY`.
     fn bring_in(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
         let c = self.stats.counters();
         let (addr, s) = {
@@ -919,25 +988,27 @@ impl Inner {
         };
         let evicted = s & STATE_MASK == EVICTED;
         let t0 = Instant::now();
-        {
+        let res = if evicted && self.mechanism == Mechanism::Move {
+            self.move_in(st, pos, i)
+        } else {
             let State {
                 ranges,
                 keys,
                 bounce,
                 ..
             } = &mut *st;
-            let res = plaintext_into(&ranges[pos], i, keys, bounce).and_then(|()| {
+            plaintext_into(&ranges[pos], i, keys, bounce).and_then(|()| {
                 let r = self.uffd.copy(addr as u64, bounce);
                 bounce.fill(0);
                 r
-            });
-            match res {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    let _ = self.uffd.wake(addr as u64, PAGE as u64);
-                }
-                Err(e) => return Err(e),
+            })
+        };
+        match res {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                let _ = self.uffd.wake(addr as u64, PAGE as u64);
             }
+            Err(e) => return Err(e),
         }
         c.copy_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
         if evicted {
@@ -958,6 +1029,62 @@ impl Inner {
         c.max_resident
             .fetch_max(st.resident as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Brings evicted page `i` of range `pos` back (Move mechanism): its
+    /// frame, in the store slot, is decrypted in place and moved to the
+    /// page's address with `UFFDIO_MOVE`, which wakes the waiting threads.
+    /// The plaintext exists only in the frame that becomes the program's
+    /// page. When the move is refused (the page's protection differs from
+    /// the store's after `mprotect`), the frame is copied in with
+    /// `UFFDIO_COPY`, then wiped and dropped; if that fails too, it is
+    /// encrypted again so the page stays evicted.
+    fn move_in(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
+        let State { ranges, keys, .. } = &mut *st;
+        let r = &mut ranges[pos];
+        let addr = r.base + i * PAGE;
+        let key = keys[usize::from(r.keyid)]
+            .as_ref()
+            .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
+        // The page is EVICTED, so its slot holds a frame: touching it does
+        // not fault.
+        let slot = r.store_page(i);
+        key.decrypt_unit(addr as u128, slot)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let src = slot.as_ptr() as u64;
+        if self
+            .uffd
+            .move_pages(addr as u64, src, PAGE as u64, true)
+            .is_ok()
+        {
+            return Ok(());
+        }
+        let copied = self.uffd.copy(addr as u64, slot);
+        match &copied {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(_) => {
+                // Still evicted: back to ciphertext (4096 bytes: always a
+                // valid XTS unit).
+                let _ = key.encrypt_unit(addr as u128, slot);
+                return copied;
+            }
+        }
+        // SAFETY: the slot is a present page of the store owned by this
+        // range, and the page's contents now live at `addr`.
+        unsafe { release_slot(slot.as_mut_ptr()) };
+        copied
+    }
+
+    /// Evicts until at most `window` pages are resident (or nothing more
+    /// can be evicted: every resident page pinned).
+    fn shrink_to_window(&self, st: &mut State) {
+        while st.resident > st.window {
+            let over = st.resident - st.window;
+            if self.evict(st, over) == 0 {
+                break;
+            }
+        }
     }
 
     /// Picks up to `n` resident, evictable pages (2Q order, see [`Queues`]).
@@ -992,29 +1119,29 @@ impl Inner {
     }
 
     /// Evicts up to `n` (at most one batch) of the resident pages; returns
-    /// how many.
+    /// how many. With `UFFDIO_MOVE` each victim's frame is moved out of the
+    /// program's view into its store slot and encrypted there: the frame
+    /// itself becomes the ciphertext, and no plaintext frame is ever freed.
     fn evict(&self, st: &mut State, n: usize) -> usize {
         let t0 = Instant::now();
         let victims = Self::victims(st, n.min(self.batch));
         let mut done = 0;
         for &(pos, i) in &victims {
-            let addr = st.ranges[pos].base + i * PAGE;
+            let r = &mut st.ranges[pos];
+            let addr = r.base + i * PAGE;
             if self.mechanism == Mechanism::Move {
-                if let Some(slot) = st.holes.pop() {
-                    if self
-                        .uffd
-                        .move_pages(slot as u64, addr as u64, PAGE as u64, false)
-                        .is_ok()
-                    {
-                        // SAFETY: `slot` is a scratch page the victim was
-                        // just moved into: present, read-write, touched by
-                        // nobody but this thread.
-                        let page = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, PAGE) };
-                        self.seal(st, pos, i, page);
-                        done += 1;
-                        continue;
-                    }
-                    st.holes.push(slot);
+                let slot = r.store_page(i).as_mut_ptr();
+                if self
+                    .uffd
+                    .move_pages(slot as u64, addr as u64, PAGE as u64, false)
+                    .is_ok()
+                {
+                    let State { ranges, keys, .. } = &mut *st;
+                    let r = &mut ranges[pos];
+                    encrypt_page(keys, r.keyid, addr, r.store_page(i));
+                    st.mark_evicted(pos, i);
+                    done += 1;
+                    continue;
                 }
             }
             // No UFFDIO_MOVE, or the page is shared with a forked child.
@@ -1024,20 +1151,6 @@ impl Inner {
                 st.queues.main.push_back(addr);
             }
         }
-        let used = 2 * self.batch - st.holes.len();
-        if used > 0 {
-            // The moved frames hold ciphertext now: hand them back to the
-            // kernel in one call (one TLB flush for the batch).
-            // SAFETY: the scratch area is the handler's own.
-            let _ = unsafe {
-                uffd::madvise_direct(
-                    st.scratch as *mut u8,
-                    2 * self.batch * PAGE,
-                    libc::MADV_DONTNEED,
-                )
-            };
-            st.holes = (0..2 * self.batch).map(|k| st.scratch + k * PAGE).collect();
-        }
         let c = self.stats.counters();
         c.evictions.fetch_add(done as u64, Ordering::Relaxed);
         c.evict_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
@@ -1046,60 +1159,56 @@ impl Inner {
         done
     }
 
-    /// Encrypts the plaintext `page` (the contents of page `i` of range
-    /// `pos`, now out of the program's view) in place, stores the
-    /// ciphertext, and marks the page evicted.
-    fn seal(&self, st: &mut State, pos: usize, i: usize, page: &mut [u8]) {
-        let r = &st.ranges[pos];
-        let addr = r.base + i * PAGE;
-        if let Some(key) = &st.keys[usize::from(r.keyid)] {
-            // A 4096-byte unit is always a valid XTS length.
-            let _ = key.encrypt_unit(addr as u128, page);
-        }
-        let r = &mut st.ranges[pos];
-        r.store_page(i).copy_from_slice(page);
-        let s = r.state(i);
-        r.set_state(i, EVICTED | GHOST | (s & PINNED));
-        st.resident -= 1;
-        st.evicted += 1;
-        st.queues.ghosts.push_back(addr);
-        if st.queues.ghosts.len() > st.window {
-            if let Some(old) = st.queues.ghosts.pop_front() {
-                if let Some((p, k)) = st.find(old) {
-                    let r = &mut st.ranges[p];
-                    let s = r.state(k);
-                    r.set_state(k, s & !GHOST);
-                }
-            }
-        }
-    }
-
     /// Write-protect eviction: the writers of the page wait while it is
-    /// encrypted and dropped, then fault it back in.
+    /// encrypted and dropped, then fault it back in. The ciphertext goes to
+    /// the store slot by `UFFDIO_COPY` when the store is registered (Move
+    /// mechanism: touching its empty slot would fault on this very thread).
     fn evict_wp(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
         let addr = st.ranges[pos].base + i * PAGE;
         self.uffd.write_protect(addr as u64, PAGE as u64, true)?;
-        // SAFETY: the page is resident and readable (not pinned) and, being
-        // write-protected, nobody changes it while it is read.
-        st.bounce
-            .copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) });
-        let p = st.bounce.as_mut_ptr();
-        // SAFETY: `p` is the bounce page in secret memory (PAGE bytes), which
-        // `seal` does not reach through `st`; nothing else uses it meanwhile.
-        let copy = unsafe { std::slice::from_raw_parts_mut(p, PAGE) };
-        self.seal(st, pos, i, copy);
-        st.bounce.fill(0);
+        let saved = {
+            let State {
+                ranges,
+                keys,
+                bounce,
+                ..
+            } = &mut *st;
+            let r = &mut ranges[pos];
+            // SAFETY: the page is resident and readable (not pinned) and,
+            // being write-protected, nobody changes it while it is read.
+            bounce.copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) });
+            encrypt_page(keys, r.keyid, addr, bounce);
+            let saved = if self.mechanism == Mechanism::Move {
+                self.uffd.copy(r.store_page(i).as_ptr() as u64, bounce)
+            } else {
+                r.store_page(i).copy_from_slice(bounce);
+                Ok(())
+            };
+            bounce.fill(0);
+            saved
+        };
+        saved.inspect_err(|_| {
+            let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+        })?;
         // SAFETY: the page's contents are saved as ciphertext; dropping it
         // makes the next access fault it back in.
-        let r = unsafe { uffd::madvise_direct(addr as *mut u8, PAGE, libc::MADV_DONTNEED) };
+        let dropped = unsafe { uffd::madvise_direct(addr as *mut u8, PAGE, libc::MADV_DONTNEED) };
         // Clear any write-protect marker and release waiting writers: they
         // fault on the now-missing page and wait for it to come back.
         let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+        if let Err(e) = dropped {
+            // Still resident: its store slot goes empty again.
+            let slot = st.ranges[pos].store_page(i).as_mut_ptr();
+            // SAFETY: the slot was just filled and is owned by the range.
+            unsafe { release_slot(slot) };
+            return Err(e);
+        }
+        st.mark_evicted(pos, i);
         self.stats
             .counters()
             .wp_evictions
             .fetch_add(1, Ordering::Relaxed);
-        r
+        Ok(())
     }
 
     /// Decrypts every evicted page of range `pos` back into place.
@@ -1110,6 +1219,30 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+/// Encrypts the plaintext `page` at `addr` in place under `keyid`'s key
+/// (the page's address is the tweak).
+fn encrypt_page(keys: &[Option<SecretBox<Xts>>], keyid: u16, addr: usize, page: &mut [u8]) {
+    if let Some(key) = &keys[usize::from(keyid)] {
+        // A 4096-byte unit is always a valid XTS length.
+        let _ = key.encrypt_unit(addr as u128, page);
+    }
+}
+
+/// Wipes a store slot and hands its frame back to the kernel: the slot is
+/// empty again (Move mechanism: a slot holds a frame only while its page is
+/// evicted).
+///
+/// # Safety
+/// `slot` must be a present, writable store page that no Rust object lives
+/// in and whose contents are no longer needed.
+unsafe fn release_slot(slot: *mut u8) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        zeroize_page(slot);
+        let _ = uffd::madvise_direct(slot, PAGE, libc::MADV_DONTNEED);
     }
 }
 

@@ -337,12 +337,33 @@ impl Uffd {
         ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut w)
     }
 
-    /// Reads pending fault messages without blocking into `out`; returns how
-    /// many were read (0 when none is pending). Events other than page
-    /// faults are not requested, so none are returned.
+    /// Makes [`Uffd::read_faults`] wait for a message (`blocking`) or
+    /// return at once when none is pending (the default).
     ///
     /// # Errors
-    /// The error of `read(2)` other than EAGAIN.
+    /// The error of `fcntl(2)`.
+    pub fn set_blocking(&self, blocking: bool) -> io::Result<()> {
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: F_GETFL/F_SETFL on a descriptor this value owns.
+        let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) }.into())?;
+        let flags = i32::try_from(flags).unwrap_or(0);
+        let flags = if blocking {
+            flags & !libc::O_NONBLOCK
+        } else {
+            flags | libc::O_NONBLOCK
+        };
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }.into()).map(drop)
+    }
+
+    /// Reads pending fault messages into `out`; returns how many were read.
+    /// Without [`Uffd::set_blocking`] it returns 0 at once when none is
+    /// pending; blocking, it waits for one (and returns 0 when a signal
+    /// interrupts the wait). Events other than page faults are not
+    /// requested, so none are returned.
+    ///
+    /// # Errors
+    /// The error of `read(2)` other than EAGAIN and EINTR.
     pub fn read_faults(&self, out: &mut [Fault]) -> io::Result<usize> {
         const MAX: usize = 64;
         let mut msgs = [Msg::default(); MAX];
@@ -353,7 +374,10 @@ impl Uffd {
         let r = unsafe { libc::read(self.fd.as_raw_fd(), msgs.as_mut_ptr().cast(), bytes) };
         if r < 0 {
             let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock {
+            return if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) {
                 Ok(0)
             } else {
                 Err(e)
