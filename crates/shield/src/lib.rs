@@ -404,8 +404,11 @@ impl Shield {
         {
             return Err(ShieldError::UnwipedEviction);
         }
-        let follow =
-            cfg.handler_cpu == HandlerCpu::Follow && offered & uffd::FEATURE_THREAD_ID != 0;
+        // Nothing to follow when the process may run on one CPU only
+        // (`memveil run --cpu N`, taskset): the look costs a system call.
+        let follow = cfg.handler_cpu == HandlerCpu::Follow
+            && offered & uffd::FEATURE_THREAD_ID != 0
+            && memveil_sys::process::allowed_cpus().is_none_or(|n| n > 1);
         fd.handshake(
             uffd::FEATURE_PAGEFAULT_FLAG_WP | if follow { uffd::FEATURE_THREAD_ID } else { 0 },
         )

@@ -184,6 +184,21 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(c).ok()
 }
 
+/// How many CPUs the calling thread may run on (`sched_getaffinity(2)`);
+/// `None` when the kernel does not say.
+#[must_use]
+pub fn allowed_cpus() -> Option<usize> {
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: `set` was filled in by the kernel.
+    usize::try_from(unsafe { libc::CPU_COUNT(&set) }).ok()
+}
+
 /// Pins the calling thread to one CPU (`sched_setaffinity(2)`).
 ///
 /// # Errors
@@ -210,6 +225,19 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_cpus_counts_the_affinity_mask() {
+        let n = allowed_cpus().expect("sched_getaffinity");
+        assert!(n >= 1);
+        let cpu = current_cpu().expect("sched_getcpu");
+        std::thread::spawn(move || {
+            pin_to_cpu(cpu).expect("pin");
+            assert_eq!(allowed_cpus(), Some(1));
+        })
+        .join()
+        .expect("thread");
+    }
 
     #[test]
     fn thread_cpu_reads_this_thread_and_follows_a_pin() {
