@@ -290,15 +290,31 @@ impl Drop for Range {
 /// Resident pages in two FIFO queues (2Q): pages enter `probation`; a page
 /// that faults back while its address is still in `ghosts` (evicted
 /// recently) is hot and enters `main`. Eviction takes from `probation`
-/// while it holds more than a quarter of the window, else from `main`, so a
-/// hot set (hash tables, allocator metadata) survives a stream of cold
-/// pages. Entries may be stale (page discarded or evicted): the page state
-/// is checked when an entry is popped.
+/// while it holds more than [`PROBATION_SHARE`] of the window, else from
+/// `main`, so a hot set (hash tables, allocator metadata) survives a stream
+/// of cold pages. Entries may be stale (page discarded or evicted): the page
+/// state is checked when an entry is popped.
 #[derive(Default)]
 struct Queues {
     probation: VecDeque<usize>,
     main: VecDeque<usize>,
     ghosts: VecDeque<usize>,
+}
+
+/// The window is divided by this for the pages probation may hold before
+/// victims come from it (and for the ghosts remembered, see
+/// [`ghost_capacity`]). The 2Q paper's 1/4 and a ghost list as long as the
+/// window let a large set touched uniformly at random (redis's values)
+/// return to `main` as often as the hot set does, and push the hot set out:
+/// redis-benchmark `-r 100000 -d 512` took 1.12 faults per GET and 0.72 per
+/// SET. With 1/8 for both it takes 0.91 and 0.60; values alone would need
+/// 0.87 a GET (BENCHMARKS.md, "Shield").
+const PROBATION_SHARE: usize = 8;
+
+/// How many evicted pages' addresses the ghost queue remembers: a page is
+/// hot when it faults back within this many evictions.
+fn ghost_capacity(window: usize) -> usize {
+    (window / PROBATION_SHARE).max(4)
 }
 
 struct State {
@@ -404,11 +420,12 @@ impl Shield {
         {
             return Err(ShieldError::UnwipedEviction);
         }
-        // Nothing to follow when the process may run on one CPU only
-        // (`memveil run --cpu N`, taskset): the look costs a system call.
+        // Nothing to follow when the process (its main thread) may run on
+        // one CPU only (`memveil run --cpu N`, taskset): a look costs a
+        // system call.
         let follow = cfg.handler_cpu == HandlerCpu::Follow
             && offered & uffd::FEATURE_THREAD_ID != 0
-            && memveil_sys::process::allowed_cpus().is_none_or(|n| n > 1);
+            && memveil_sys::process::allowed_cpus(std::process::id()).is_none_or(|n| n > 1);
         fd.handshake(
             uffd::FEATURE_PAGEFAULT_FLAG_WP | if follow { uffd::FEATURE_THREAD_ID } else { 0 },
         )
@@ -718,7 +735,7 @@ impl State {
         self.resident -= 1;
         self.evicted += 1;
         self.queues.ghosts.push_back(addr);
-        if self.queues.ghosts.len() > self.window {
+        if self.queues.ghosts.len() > ghost_capacity(self.window) {
             if let Some(old) = self.queues.ghosts.pop_front() {
                 if let Some((p, k)) = self.find(old) {
                     let r = &mut self.ranges[p];
@@ -1094,9 +1111,10 @@ impl Inner {
     fn victims(st: &mut State, n: usize) -> Vec<(usize, usize)> {
         let mut victims: Vec<(usize, usize)> = Vec::with_capacity(n);
         let mut pinned = Vec::new();
-        let quarter = st.window / 4;
+        let probation_max = st.window / PROBATION_SHARE;
         while victims.len() < n {
-            let from_probation = st.queues.probation.len() > quarter || st.queues.main.is_empty();
+            let from_probation =
+                st.queues.probation.len() > probation_max || st.queues.main.is_empty();
             let q = if from_probation {
                 &mut st.queues.probation
             } else {

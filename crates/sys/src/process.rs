@@ -184,14 +184,17 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(c).ok()
 }
 
-/// How many CPUs the calling thread may run on (`sched_getaffinity(2)`);
-/// `None` when the kernel does not say.
+/// How many CPUs thread `tid` may run on (`sched_getaffinity(2)`; 0: the
+/// calling thread, the process id: the main thread); `None` when the kernel
+/// does not say.
 #[must_use]
-pub fn allowed_cpus() -> Option<usize> {
+pub fn allowed_cpus(tid: u32) -> Option<usize> {
+    let tid = libc::pid_t::try_from(tid).ok()?;
     // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let r =
+        unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if r != 0 {
         return None;
     }
@@ -228,12 +231,14 @@ mod tests {
 
     #[test]
     fn allowed_cpus_counts_the_affinity_mask() {
-        let n = allowed_cpus().expect("sched_getaffinity");
+        let n = allowed_cpus(0).expect("sched_getaffinity");
         assert!(n >= 1);
         let cpu = current_cpu().expect("sched_getcpu");
         std::thread::spawn(move || {
             pin_to_cpu(cpu).expect("pin");
-            assert_eq!(allowed_cpus(), Some(1));
+            assert_eq!(allowed_cpus(0), Some(1));
+            // The main thread is not pinned by this.
+            assert_eq!(allowed_cpus(std::process::id()), Some(n));
         })
         .join()
         .expect("thread");
