@@ -1219,6 +1219,40 @@ fn region_full_refuses_rather_than_maps_unprotected() {
     );
 }
 
+/// Runs a compiled test program plainly (the control) and under `memveil
+/// run --window 64`: both must exit 0 and print `expected`; `why` says what
+/// a failed protected run means. The protected run's `--stats-json`.
+fn plain_then_protected(
+    dir: &TempDir,
+    exe: &Path,
+    expected: &str,
+    what: &str,
+    why: &str,
+) -> serde_json::Value {
+    let plain = run(&mut Command::new(exe), b"", Duration::from_secs(30));
+    assert_eq!(
+        code(plain.status),
+        0,
+        "{what}, plain: {}",
+        text(&plain.stderr)
+    );
+    assert_eq!(text(&plain.stdout), expected, "{what}, plain");
+    let stats = dir.path("stats.json");
+    let prot = run(
+        &mut shielded(64, &stats, &[], exe),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        code(prot.status),
+        0,
+        "{what}: {why}: {}",
+        text(&prot.stderr)
+    );
+    assert_eq!(text(&prot.stdout), expected, "{what}: {why}");
+    assert_protected(&stats, what)
+}
+
 // --------------------------------- j: signals reach the program's threads --
 
 #[test]
@@ -1229,28 +1263,16 @@ fn process_signals_reach_the_program_not_the_fault_handler() {
     preload_built();
     let dir = TempDir::new("signals");
     let exe = compile_c(&dir, "sigwait_blocked", &["-pthread"]);
-    let expected = "signals 50 heap-bad 0\n";
-    // Control: plainly, the program collects its 50 signals.
-    let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
-    assert_eq!(code(plain.status), 0, "{}", text(&plain.stderr));
-    assert_eq!(text(&plain.stdout), expected);
-    // Protected, with a window small enough that its heap is evicted: a
-    // handler thread that left the signals unblocked would take them and
-    // die of SIGUSR1 (exit 138) instead.
-    let stats = dir.path("stats.json");
-    let prot = run(
-        &mut shielded(64, &stats, &[], &exe),
-        b"",
-        Duration::from_secs(60),
+    // The program collects its 50 signals plainly; protected, with its heap
+    // evicted, a handler thread that left the signals unblocked would take
+    // them and die of SIGUSR1 (exit 138) instead.
+    plain_then_protected(
+        &dir,
+        &exe,
+        "signals 50 heap-bad 0\n",
+        "signals",
+        "a process-directed signal did not reach the program's sigwait",
     );
-    assert_eq!(
-        code(prot.status),
-        0,
-        "a process-directed signal did not reach the program's sigwait: {}",
-        text(&prot.stderr)
-    );
-    assert_eq!(text(&prot.stdout), expected);
-    assert_protected(&stats, "signals");
 }
 
 // ------------------------------------------- k: fork without exec --------
@@ -1263,19 +1285,13 @@ fn fork_without_exec_keeps_both_heaps_intact() {
     preload_built();
     let dir = TempDir::new("fork");
     let exe = compile_c(&dir, "fork_heap", &[]);
-    let expected = "child 0 parent-bad 0\n";
-    let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
-    assert_eq!(code(plain.status), 0, "{}", text(&plain.stderr));
-    assert_eq!(text(&plain.stdout), expected);
-    let stats = dir.path("stats.json");
-    let prot = run(
-        &mut shielded(64, &stats, &[], &exe),
-        b"",
-        Duration::from_secs(60),
+    let j = plain_then_protected(
+        &dir,
+        &exe,
+        "child 0 parent-bad 0\n",
+        "fork",
+        "a heap changed across fork",
     );
-    assert_eq!(code(prot.status), 0, "{}", text(&prot.stderr));
-    assert_eq!(text(&prot.stdout), expected);
-    let j = assert_protected(&stats, "fork");
     // The parent's sweeps while the child held its pages went through the
     // write-protect eviction (a page shared with the child cannot be moved).
     assert!(
