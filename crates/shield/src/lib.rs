@@ -307,7 +307,7 @@ struct Queues {
 /// window let a large set touched uniformly at random (redis's values)
 /// return to `main` as often as the hot set does, and push the hot set out:
 /// redis-benchmark `-r 100000 -d 512` took 1.12 faults per GET and 0.72 per
-/// SET. With 1/8 for both it takes 0.91 and 0.60; values alone would need
+/// SET. With 1/8 for both it takes 0.92 and 0.60; values alone would need
 /// 0.87 a GET (BENCHMARKS.md, "Shield").
 const PROBATION_SHARE: usize = 8;
 
