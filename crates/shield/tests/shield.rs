@@ -311,3 +311,41 @@ fn dropping_a_shield_stops_its_handler_at_any_moment() {
         "dropping a shield hung (handler never woke)"
     );
 }
+
+#[test]
+fn read_only_pages_survive_eviction_and_return() {
+    // A page the program made read-only lives in a mapping whose protection
+    // differs from the store's: it cannot be moved out or home, so it goes
+    // by write-protection and comes back by copy (the slot is then wiped
+    // and dropped). Contents must survive both ways, and the page must be
+    // writable again once the program says so.
+    let Some(s) = shield(4, false) else { return };
+    let buf = pages(32);
+    protect(&s, buf, 1);
+    fill(buf, 21);
+    let ro = &mut buf[8 * PAGE..16 * PAGE];
+    // SAFETY: pages of the protected range, which the test owns.
+    unsafe { uffd::mprotect_direct(ro.as_mut_ptr(), ro.len(), libc::PROT_READ) }.expect("mprotect");
+    let before = s.stats();
+    for _ in 0..3 {
+        check(buf, 21);
+    }
+    let st = s.stats();
+    assert!(
+        st.wp_evictions > before.wp_evictions && st.faults_in > before.faults_in + 16,
+        "read-only pages were not evicted and brought back: {st:?}"
+    );
+    let ro = &mut buf[8 * PAGE..16 * PAGE];
+    // SAFETY: as above.
+    unsafe {
+        uffd::mprotect_direct(
+            ro.as_mut_ptr(),
+            ro.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    }
+    .expect("mprotect");
+    fill(buf, 22);
+    check(buf, 22);
+    check(buf, 22);
+}
