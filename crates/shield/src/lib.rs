@@ -559,22 +559,6 @@ impl Shield {
         let states = uffd::map_anonymous_direct(pages.next_multiple_of(PAGE))
             .map_err(os("mmap page states"))?;
         let store = uffd::map_anonymous_direct(len).map_err(os("mmap ciphertext store"))?;
-        if self.inner.mechanism == Mechanism::Move {
-            // Evicted frames are moved into their slots, which the kernel
-            // allows only into a range registered here. The handler touches
-            // a slot only while it holds a frame, so it never faults on one.
-            let registered = self
-                .inner
-                .uffd
-                .register(store as u64, len as u64, uffd::MODE_MISSING);
-            if let Err(e) = registered {
-                // SAFETY: the store was mapped just above and is used by nobody.
-                let _ = unsafe { uffd::unmap_direct(store, len) };
-                // SAFETY: as for the store.
-                let _ = unsafe { uffd::unmap_direct(states, pages.next_multiple_of(PAGE)) };
-                return Err(os("UFFDIO_REGISTER store")(e));
-            }
-        }
         let range = Range {
             base,
             pages,
@@ -582,6 +566,16 @@ impl Shield {
             states,
             store,
         };
+        if self.inner.mechanism == Mechanism::Move {
+            // Evicted frames are moved into their slots, which the kernel
+            // allows only into a range registered here. The handler touches
+            // a slot only while it holds a frame, so it never faults on one.
+            // On failure `range` unmaps both mappings as it drops.
+            self.inner
+                .uffd
+                .register(store as u64, len as u64, uffd::MODE_MISSING)
+                .map_err(os("UFFDIO_REGISTER store"))?;
+        }
         // Which pages already hold data: mincore writes 1 per resident page,
         // which is exactly RESIDENT; 0 is ZERO.
         // SAFETY: `states` holds `pages` bytes owned by `range`.
