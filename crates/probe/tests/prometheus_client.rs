@@ -1,11 +1,13 @@
 //! The Prometheus output read back by an independent parser: the official
 //! Python client's text-format parser (Debian python3-prometheus-client,
-//! listed in scripts/packages.txt). Prints SKIP when it is not installed.
+//! listed in scripts/packages.txt). Skips when it is not installed (a failure
+//! under CI=true, which installs it).
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use memveil_probe::{decode, render, HostFacts};
+use memveil_testkit::{skip, Need};
 
 const PARSER: &str = r#"
 import sys
@@ -65,7 +67,10 @@ fn official_parser_reads_every_fixture() {
         let expected = text.lines().filter(|l| !l.starts_with('#')).count();
         match parse_with_python(&text) {
             None => {
-                eprintln!("SKIP official_parser_reads_every_fixture: python3 prometheus_client not installed (apt-get install python3-prometheus-client)");
+                skip(
+                    Need::Installed("python3-prometheus-client"),
+                    "python3 cannot import prometheus_client (apt-get install python3-prometheus-client)",
+                );
                 return;
             }
             Some(Ok(n)) => assert_eq!(n, expected, "{}", p.display()),

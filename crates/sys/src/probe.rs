@@ -159,8 +159,8 @@ mod tests {
         match (memfd_secret(), try_memfd_secret()) {
             (Ok(_), r) => r.expect("memfd_secret works, so one page must map"),
             (Err(e), r) => {
-                eprintln!("SKIP memfd_secret_try: memfd_secret unavailable here: {e}");
                 assert!(r.is_err());
+                memveil_testkit::skip(memveil_testkit::Need::MemfdSecret, e);
             }
         }
     }
@@ -169,7 +169,7 @@ mod tests {
     fn userfaultfd_user_mode_only_or_reason() {
         match try_userfaultfd(UFFD_USER_MODE_ONLY) {
             Ok(_) => {}
-            Err(e) => eprintln!("SKIP userfaultfd: {e}"),
+            Err(e) => memveil_testkit::skip(memveil_testkit::Need::Userfaultfd, e),
         }
     }
 }
