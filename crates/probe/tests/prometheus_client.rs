@@ -22,8 +22,18 @@ for fam in text_string_to_metric_families(text):
 print(n)
 "#;
 
+/// Debian's interpreter, which python3-prometheus-client installs into (a
+/// pyenv or virtualenv `python3` earlier on PATH does not see the package).
+fn python3() -> &'static str {
+    if std::path::Path::new("/usr/bin/python3").is_file() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
 fn parse_with_python(text: &str) -> Option<Result<usize, String>> {
-    let ok = Command::new("python3")
+    let ok = Command::new(python3())
         .args(["-c", "import prometheus_client"])
         .stderr(Stdio::null())
         .status()
@@ -31,7 +41,7 @@ fn parse_with_python(text: &str) -> Option<Result<usize, String>> {
     if !ok {
         return None;
     }
-    let mut child = Command::new("python3")
+    let mut child = Command::new(python3())
         .args(["-c", PARSER])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -69,7 +79,7 @@ fn official_parser_reads_every_fixture() {
             None => {
                 skip(
                     Need::Installed("python3-prometheus-client"),
-                    "python3 cannot import prometheus_client (apt-get install python3-prometheus-client)",
+                    format!("{} cannot import prometheus_client (apt-get install python3-prometheus-client)", python3()),
                 );
                 return;
             }
