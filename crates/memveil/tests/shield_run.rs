@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use memveil_testkit::{skip, Need};
+
 const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
 const WORKLOAD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/shield_workload.py");
 const PRELOAD: &str = "libmemveil_shield_preload.so";
@@ -68,7 +70,7 @@ fn which(prog: &str) -> Option<PathBuf> {
 
 /// Whether every tool is present; prints what is missing (and why the test
 /// is skipped) otherwise.
-fn have(test: &str, tools: &[&str]) -> bool {
+fn have(test: &str, tools: &[&'static str]) -> bool {
     let missing: Vec<&str> = tools
         .iter()
         .copied()
@@ -77,9 +79,12 @@ fn have(test: &str, tools: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    eprintln!(
-        "SKIP {test}: {} not installed (scripts/install.sh --deps installs them from scripts/packages.txt)",
-        missing.join(", ")
+    skip(
+        Need::Installed(missing[0]),
+        format!(
+            "{test}: {} not installed (scripts/install.sh --deps installs them from scripts/packages.txt)",
+            missing.join(", ")
+        ),
     );
     false
 }
@@ -91,7 +96,10 @@ fn root(test: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    eprintln!("SKIP {test}: needs root (memveil run needs userfaultfd for kernel-side faults)");
+    skip(
+        Need::Root,
+        format!("{test}: memveil run needs userfaultfd for kernel-side faults"),
+    );
     false
 }
 
@@ -1019,16 +1027,22 @@ fn unprivileged_user_is_refused_naming_the_sysctl() {
     let sysctl =
         std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
     if sysctl.trim() != "0" {
-        eprintln!(
-            "SKIP unprivileged_refusal: vm.unprivileged_userfaultfd is {:?} here, so unprivileged users are allowed",
-            sysctl.trim()
+        skip(
+            Need::HostSetting("vm.unprivileged_userfaultfd=0"),
+            format!(
+                "vm.unprivileged_userfaultfd is {:?} here, so unprivileged users are allowed",
+                sysctl.trim()
+            ),
         );
         return;
     }
     if let Ok(m) = std::fs::metadata("/dev/userfaultfd") {
         use std::os::unix::fs::PermissionsExt as _;
         if m.permissions().mode() & 0o006 != 0 {
-            eprintln!("SKIP unprivileged_refusal: /dev/userfaultfd is open to everyone here");
+            skip(
+                Need::HostSetting("/dev/userfaultfd root-only"),
+                "/dev/userfaultfd is open to everyone here",
+            );
             return;
         }
     }
@@ -1126,7 +1140,12 @@ fn own_allocator_is_kept_and_protected() {
         return;
     }
     if !Path::new(JEMALLOC).is_file() {
-        eprintln!("SKIP own_allocator: {JEMALLOC} missing (Debian package libjemalloc2, which redis-server pulls in)");
+        skip(
+            Need::Installed("libjemalloc2"),
+            format!(
+                "{JEMALLOC} missing (Debian package libjemalloc2, which redis-server pulls in)"
+            ),
+        );
         return;
     }
     preload_built();
