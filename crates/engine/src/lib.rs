@@ -1,5 +1,5 @@
 //! A software multi-key memory-encryption engine: the model of Intel TME-MK
-//! (and TME), AMD SME and TSME, as DESIGN.md §1 describes them.
+//! (and TME), AMD SME and TSME, as docs/engine.md describes them.
 //!
 //! - **Physical memory** of N 4 KiB frames holds ciphertext (the "DRAM"). Each
 //!   page is encrypted with AES-XTS (128-bit keys by default) whose tweak is the

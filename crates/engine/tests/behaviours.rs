@@ -1,4 +1,4 @@
-//! The behaviours DESIGN.md §1 requires of the engine, one test each.
+//! The behaviours docs/engine.md promises of the engine, one test each.
 
 use memveil_engine::{
     Algorithm, Config, Engine, EngineError, KeyProgram, Mode, ProgramError, Status, PAGE,
