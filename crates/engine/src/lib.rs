@@ -501,14 +501,18 @@ impl Overhead {
 mod tests {
     use super::*;
 
-    #[test]
-    fn concurrent_programming_is_device_busy() {
-        let e = Engine::new(Config {
+    fn four_frames() -> Engine {
+        Engine::new(Config {
             frames: 4,
             policy: Policy::allow(Level::Locked),
             ..Config::default()
         })
-        .expect("engine");
+        .expect("engine")
+    }
+
+    #[test]
+    fn concurrent_programming_is_device_busy() {
+        let e = four_frames();
         let held = e.keys.begin().expect("first programmer");
         assert_eq!(e.program_status(&KeyProgram::clear(1)), Status::DeviceBusy);
         drop(held);
@@ -521,12 +525,7 @@ mod tests {
     /// and a domain's address for it pointed into frame 0.
     #[test]
     fn frame_numbers_that_overflow_are_refused_not_wrapped() {
-        let e = Engine::new(Config {
-            frames: 4,
-            policy: Policy::allow(Level::Locked),
-            ..Config::default()
-        })
-        .expect("engine");
+        let e = four_frames();
         e.write(0, b"frame zero").expect("write");
         e.flush();
         let wraps = 1usize << 52; // wraps * PAGE == 2^64
