@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use memveil_shield::{Config, Shield, StatsFile, PAGE};
 use memveil_sys::uffd;
+use memveil_testkit::{skip, Need};
 
 /// A range of fresh anonymous pages (leaked: the tests own them for good).
 fn pages(n: usize) -> &'static mut [u8] {
@@ -28,7 +29,7 @@ fn shield(window: usize, force_wp: bool) -> Option<Shield> {
     match Shield::new(&cfg, StatsFile::private()) {
         Ok(s) => Some(s),
         Err(e) => {
-            println!("SKIP: shield unavailable here: {e}");
+            skip(Need::Userfaultfd, format!("shield unavailable here: {e}"));
             None
         }
     }
@@ -244,7 +245,7 @@ fn refuses_bad_ranges_and_keyids() {
 fn handler_follows_the_faulting_thread_to_its_cpu() {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     if cpus < 2 {
-        println!("SKIP: one CPU only: the handler has nowhere to follow to");
+        skip(Need::SecondCpu, "the handler has nowhere to follow to");
         return;
     }
     // The shield (and its handler) start on CPU 0; the faulting thread
@@ -285,7 +286,7 @@ fn dropping_a_shield_stops_its_handler_at_any_moment() {
     // doorbell page to wake it. Shields dropped at once (handler maybe not
     // started yet), idle, or with pages evicted must all stop, never hang.
     if let Err(e) = memveil_shield::check() {
-        println!("SKIP: shield unavailable here: {e}");
+        skip(Need::Userfaultfd, format!("shield unavailable here: {e}"));
         return;
     }
     let (tx, rx) = std::sync::mpsc::channel();
