@@ -7,37 +7,17 @@
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 use std::time::{Duration, Instant};
 
-use memveil_shield::{Bound, Config, Shield, Snapshot, StatsFile, PAGE};
-use memveil_sys::uffd;
+use memveil_shield::{Bound, Config, Shield, Snapshot, PAGE};
 
-/// A range of fresh anonymous pages (leaked: the tests own them for good).
-fn pages(n: usize) -> &'static mut [u8] {
-    let p = uffd::map_anonymous_direct(n * PAGE).expect("mmap");
-    // SAFETY: a fresh mapping of n pages, owned by the test from now on.
-    unsafe { std::slice::from_raw_parts_mut(p, n * PAGE) }
-}
+mod common;
+use common::pages;
 
 fn shield(cfg: Config) -> Option<Shield> {
-    match Shield::new(&cfg, StatsFile::private()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            println!("SKIP: shield unavailable here: {e}");
-            None
-        }
-    }
+    common::shield(&cfg)
 }
 
 fn protect(s: &Shield, buf: &mut [u8]) {
-    // SAFETY: `buf` is a leaked anonymous mapping used only through the shield.
-    unsafe {
-        s.encrypt_mprotect(
-            buf.as_mut_ptr(),
-            buf.len(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            1,
-        )
-    }
-    .expect("encrypt_mprotect");
+    common::protect(s, buf, 1);
 }
 
 /// Writes a word derived from the page number into every page, in order.

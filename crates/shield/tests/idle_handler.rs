@@ -8,8 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memveil_shield::{Config, Shield, StatsFile, PAGE};
-use memveil_sys::uffd;
+use memveil_shield::{Config, Shield, PAGE};
+use memveil_testkit::{skip, Need};
+
+mod common;
 
 /// Sweeps `pages` pages of `buf` (4x the window: every touch faults).
 fn sweep(buf: *mut u8, pages: usize, v: u8) {
@@ -20,13 +22,11 @@ fn sweep(buf: *mut u8, pages: usize, v: u8) {
 }
 
 fn setup(idle: bool) -> Option<(Shield, usize)> {
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    if cpus < 2 {
-        println!("SKIP: one CPU only: there is no other CPU to keep a woken thread from");
-        return None;
-    }
-    if memveil_sys::process::allowed_cpus(std::process::id()).is_some_and(|n| n < 2) {
-        println!("SKIP: this process may use one CPU only (taskset)");
+    if memveil_sys::process::allowed_cpus(std::process::id()).is_none_or(|n| n < 2) {
+        skip(
+            Need::SecondCpu,
+            "there is no other CPU for the woken thread to be placed on",
+        );
         return None;
     }
     let cfg = Config {
@@ -35,17 +35,10 @@ fn setup(idle: bool) -> Option<(Shield, usize)> {
         idle_handler: idle,
         ..Config::default()
     };
-    let s = match Shield::new(&cfg, StatsFile::private()) {
-        Ok(s) => s,
-        Err(e) => {
-            println!("SKIP: shield unavailable here: {e}");
-            return None;
-        }
-    };
-    let p = uffd::map_anonymous_direct(256 * PAGE).unwrap();
-    // SAFETY: a fresh mapping used only through the shield (leaked).
-    unsafe { s.encrypt_mprotect(p, 256 * PAGE, libc::PROT_READ | libc::PROT_WRITE, 1) }.unwrap();
-    Some((s, p as usize))
+    let s = common::shield(&cfg)?;
+    let buf = common::pages(256);
+    common::protect(&s, buf, 1);
+    Some((s, buf.as_mut_ptr() as usize))
 }
 
 #[test]

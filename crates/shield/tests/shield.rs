@@ -8,44 +8,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use memveil_shield::{Config, Shield, StatsFile, PAGE};
+use memveil_shield::{Config, Shield, PAGE};
 use memveil_sys::uffd;
+
+mod common;
+use common::{pages, protect};
 use memveil_testkit::{skip, Need};
 
-/// A range of fresh anonymous pages (leaked: the tests own them for good).
-fn pages(n: usize) -> &'static mut [u8] {
-    let p = uffd::map_anonymous_direct(n * PAGE).expect("mmap");
-    // SAFETY: a fresh mapping of n pages, owned by the test from now on.
-    unsafe { std::slice::from_raw_parts_mut(p, n * PAGE) }
-}
-
 fn shield(window: usize, force_wp: bool) -> Option<Shield> {
-    let cfg = Config {
+    common::shield(&Config {
         window,
         force_write_protect: force_wp,
         accept_unwiped_free: force_wp,
         ..Config::default()
-    };
-    match Shield::new(&cfg, StatsFile::private()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            skip(Need::Userfaultfd, format!("shield unavailable here: {e}"));
-            None
-        }
-    }
-}
-
-fn protect(s: &Shield, buf: &mut [u8], keyid: u16) {
-    // SAFETY: `buf` is a leaked anonymous mapping used only through the shield.
-    unsafe {
-        s.encrypt_mprotect(
-            buf.as_mut_ptr(),
-            buf.len(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            keyid,
-        )
-    }
-    .expect("encrypt_mprotect");
+    })
 }
 
 fn fill(buf: &mut [u8], seed: u64) {
