@@ -13,6 +13,7 @@ pub mod report;
 pub mod rng;
 pub mod rng_share;
 pub mod shield;
+mod shield_suite;
 pub mod timing;
 pub mod vault;
 

@@ -381,6 +381,87 @@ fn python3_workload_same_output_and_exit_status() {
 /// A database of 3000 customers and 40000 orders, as one SQL script. The
 /// page cache is kept small so that sqlite reads pages with read(2) into
 /// (protected) buffers all the time.
+#[test]
+fn window_flags_bound_the_plaintext_and_the_summary_advises() {
+    // Flags that contradict each other, or a bound that is no bound, are
+    // refused before anything runs.
+    let both = run(
+        Command::new(MEMVEIL).args([
+            "run",
+            "--window",
+            "64",
+            "--max-plaintext",
+            "25%",
+            "--",
+            "true",
+        ]),
+        b"",
+        Duration::from_secs(20),
+    );
+    assert_eq!(code(both.status), 2, "{}", text(&both.stderr));
+    assert!(
+        text(&both.stderr).contains("cannot be used with"),
+        "{}",
+        text(&both.stderr)
+    );
+    let zero = run(
+        Command::new(MEMVEIL).args(["run", "--max-plaintext", "0%", "--", "true"]),
+        b"",
+        Duration::from_secs(20),
+    );
+    assert_eq!(code(zero.status), 2, "{}", text(&zero.stderr));
+    assert!(
+        text(&zero.stderr).contains("bad plaintext bound"),
+        "{}",
+        text(&zero.stderr)
+    );
+    if !have("window_flags", &["python3"]) || !root("window_flags") {
+        return;
+    }
+    preload_built();
+    // A bound of 1 MiB (256 pages) over python3's ~10 MB heap: the adaptive
+    // window never holds more, however the program faults, and the summary
+    // says faults dominated and which setting would help.
+    let py = python3();
+    let dir = TempDir::new("bound");
+    let stats = dir.path("bound.json");
+    let limit = Duration::from_secs(120);
+    let args = [WORKLOAD, "6000", "48"];
+    let plain = run(Command::new(&py).args(args), b"", limit);
+    assert!(
+        plain.status.success(),
+        "plain python3 failed: {}",
+        text(&plain.stderr)
+    );
+    let mut c = Command::new(MEMVEIL);
+    c.args(["run", "--max-plaintext", "1M", "--stats-json"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&py)
+        .args(args);
+    let prot = run(&mut c, b"", limit);
+    assert_eq!(code(prot.status), 0, "{}", text(&prot.stderr));
+    assert_eq!(
+        text(&prot.stdout),
+        text(&plain.stdout),
+        "output differs under a 1 MiB bound"
+    );
+    let j = assert_protected(&stats, "python3, --max-plaintext 1M");
+    let n = |k: &str| j[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(n("adaptive"), 1, "{j}");
+    assert_eq!(n("bound"), 256, "{j}");
+    assert!(
+        n("max_window") <= 256 && n("max_resident") <= 256,
+        "the bound was exceeded: {j}"
+    );
+    let err = text(&prot.stderr);
+    assert!(err.contains("(adaptive, at most"), "{err}");
+    assert!(
+        err.contains("faults took about"),
+        "no advice although faults dominated: {err}"
+    );
+}
+
 fn sqlite_create_script() -> String {
     let mut g = Lcg(12345);
     let mut s = String::from(

@@ -115,6 +115,42 @@ fn internal() -> bool {
     INTERNAL.with(Cell::get)
 }
 
+thread_local! {
+    /// The thread told the shield where it runs (see `follow_this_thread`).
+    static FOLLOWED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The key whose destructor unregisters a thread as it exits (0 until made).
+static EXIT_KEY: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn thread_exits(_: *mut c_void) {
+    memveil_shield::unregister_thread();
+}
+
+/// Registers the calling thread with the shield, once, so the fault handler
+/// can follow it on every fault (its rseq area); a `pthread_key` destructor
+/// unregisters it when it exits (cancelled threads included). Cheap after
+/// the first call: one thread-local flag.
+fn follow_this_thread() {
+    if FOLLOWED.with(Cell::get) {
+        return;
+    }
+    FOLLOWED.with(|c| c.set(true));
+    let Some(key) = EXIT_KEY
+        .load(Ordering::Acquire)
+        .checked_sub(1)
+        .and_then(|k| libc::pthread_key_t::try_from(k).ok())
+    else {
+        return;
+    };
+    if !memveil_shield::register_thread() {
+        return;
+    }
+    // SAFETY: a key made by pthread_key_create in `start`; any non-null
+    // value makes the destructor run at thread exit.
+    unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<c_void>()) };
+}
+
 fn in_region(p: usize) -> bool {
     let b = BASE.load(Ordering::Acquire);
     b != 0 && p >= b && p < b + LEN.load(Ordering::Relaxed)
@@ -348,6 +384,7 @@ fn alloc(size: usize, align: usize) -> *mut c_void {
         // SAFETY: plain glibc allocation for the handler thread.
         return unsafe { __libc_memalign(align.max(16), size.max(1)) };
     }
+    follow_this_thread();
     let align = align.max(HDR);
     let Some(total) = size.checked_add(align) else {
         return enomem();
@@ -870,6 +907,7 @@ extern "C" fn after_fork_child() {
     // The child has no userfaultfd (it is not inherited) and no handler
     // thread: its copy of the region is ordinary plaintext memory.
     CHILD.store(true, Ordering::SeqCst);
+    memveil_shield::reset_after_fork();
     LOCK.unlock();
 }
 
@@ -924,6 +962,13 @@ fn start() -> Result<(), String> {
     // reached through the interposed calls above, which go through the shield.
     unsafe { s.encrypt_mprotect(base as *mut u8, len, RW, keyid) }.map_err(|e| e.to_string())?;
     SHIELD.store(Box::into_raw(Box::new(s)), Ordering::Release);
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: creating a key with a plain extern "C" destructor.
+    if unsafe { libc::pthread_key_create(&mut key, Some(thread_exits)) } == 0 {
+        EXIT_KEY.store(key as usize + 1, Ordering::Release);
+        FOLLOWED.with(|c| c.set(false));
+        follow_this_thread();
+    }
     // SAFETY: registering plain extern "C" handlers.
     let r = unsafe {
         libc::pthread_atfork(

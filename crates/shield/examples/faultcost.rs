@@ -26,6 +26,9 @@ fn main() {
         ..Config::default()
     };
     let s = Shield::new(&cfg, StatsFile::private()).unwrap();
+    if std::env::var("RSEQ").map_or(true, |v| v != "0") {
+        memveil_shield::register_thread();
+    }
     let pages = (window * 4).max(1024);
     let p = memveil_sys::uffd::map_anonymous_direct(pages * PAGE).unwrap();
     // SAFETY: fresh mapping used only through the shield.

@@ -335,16 +335,20 @@ impl Inner {
                 let t0 = Instant::now();
                 // Odd while a batch is in hand (see `progress`).
                 self.progress.fetch_add(1, Ordering::Release);
-                self.handle(&faults[..n], &mut wakes);
+                let cpu = self.handle(&faults[..n], &mut wakes);
                 self.progress.fetch_add(1, Ordering::Release);
                 let c = self.stats.counters();
                 c.handler_ns
                     .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
                 if self.follow {
-                    until_look = until_look.saturating_sub(n as u64);
-                    if until_look == 0 {
-                        until_look = FOLLOW_EVERY;
-                        on = self.follow_thread(faults[n - 1].tid, pid, &mut stat, on);
+                    if let Some(cpu) = cpu {
+                        on = self.move_to(cpu, on);
+                    } else {
+                        until_look = until_look.saturating_sub(n as u64);
+                        if until_look == 0 {
+                            until_look = FOLLOW_EVERY;
+                            on = self.follow_thread(faults[n - 1].tid, pid, &mut stat, on);
+                        }
                     }
                 }
                 last = Instant::now();
@@ -369,10 +373,11 @@ impl Inner {
     }
 
     /// Resolves a batch of faults, makes room, then wakes the faulting
-    /// threads with the lock released.
-    fn handle(&self, faults: &[Fault], wakes: &mut Wakes) {
+    /// threads with the lock released. Returns the CPU of the last faulting
+    /// thread when it registered where it runs (see [`crate::threads`]).
+    fn handle(&self, faults: &[Fault], wakes: &mut Wakes) -> Option<usize> {
         wakes.clear();
-        {
+        let cpu = {
             let mut st = self.lock();
             for f in faults {
                 if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
@@ -387,10 +392,17 @@ impl Inner {
             } else {
                 self.publish(&st);
             }
-        }
+            // The thread is blocked in the fault just resolved (it is woken
+            // below), so its rseq area exists.
+            let tid = faults.last().map_or(0, |f| f.tid);
+            (self.follow && tid != 0)
+                .then(|| crate::threads::cpu_of(tid, |a| st.find(a).is_some()))
+                .flatten()
+        };
         for &(a, len) in wakes.iter() {
             let _ = self.uffd.wake(a, len);
         }
+        cpu
     }
 
     /// Publishes the window and page counts to the statistics.
@@ -421,9 +433,15 @@ impl Inner {
         if stat.as_ref().is_none_or(|s| s.tid() != tid) {
             *stat = ThreadStat::open(pid, tid);
         }
-        let Some((cpu, _)) = stat.as_ref().and_then(ThreadStat::read) else {
-            return on;
-        };
+        match stat.as_ref().and_then(ThreadStat::read) {
+            Some((cpu, _)) => self.move_to(cpu, on),
+            None => on,
+        }
+    }
+
+    /// Moves the handler to `cpu` when it is not there (`on`); returns the
+    /// handler's CPU.
+    fn move_to(&self, cpu: usize, on: Option<usize>) -> Option<usize> {
         if on == Some(cpu) || memveil_sys::process::pin_to_cpu(cpu).is_err() {
             return on;
         }

@@ -47,9 +47,11 @@ mod handler;
 mod policy;
 mod state;
 mod stats;
+mod threads;
 
 pub use policy::{Bound, RUN_MAX};
 pub use stats::{Counters, Snapshot, StatsFile};
+pub use threads::{register_thread, reset_after_fork, unregister_thread};
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -138,9 +140,10 @@ pub enum HandlerCpu {
     Current,
     /// This CPU.
     Cpu(usize),
-    /// Starts as [`HandlerCpu::Current`]; every [`FOLLOW_EVERY`] faults it
-    /// looks up the CPU the faulting thread last ran on and moves there
-    /// when it differs (the scheduler moves unpinned programs about).
+    /// Starts as [`HandlerCpu::Current`] and moves to the CPU of the thread
+    /// that faults when it differs (the scheduler moves unpinned programs
+    /// about): on every fault for threads that called [`register_thread`]
+    /// (their CPU is a memory read), every [`FOLLOW_EVERY`] faults for others.
     Follow,
 }
 

@@ -225,6 +225,28 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Gives the calling thread the CPUs the process's main thread may use
+/// (undoing [`pin_to_cpu`] on a thread that inherited a pin).
+///
+/// # Errors
+/// The error of `sched_getaffinity(2)` or `sched_setaffinity(2)`.
+pub fn unpin() -> io::Result<()> {
+    let pid = libc::pid_t::try_from(std::process::id())
+        .map_err(|_| io::Error::other("process id out of range"))?;
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    if unsafe { libc::sched_getaffinity(pid, size, &mut set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The calling thread's id (`gettid(2)`).
 #[must_use]
 pub fn gettid() -> u32 {
@@ -279,6 +301,9 @@ mod tests {
             assert_eq!(allowed_cpus(0), Some(1));
             // The main thread is not pinned by this.
             assert_eq!(allowed_cpus(std::process::id()), Some(n));
+            // And unpinning gives the thread the main thread's CPUs back.
+            unpin().expect("unpin");
+            assert_eq!(allowed_cpus(0), Some(n));
         })
         .join()
         .expect("thread");

@@ -328,7 +328,9 @@ fn advice(s: &Snapshot, secs: f64, fixed: Option<u64>) -> Option<String> {
         )
     } else if s.adaptive > 0 && s.max_window >= s.bound && near > 0.25 {
         format!(
-            "the working set exceeds the plaintext bound ({} pages of {data} holding data):              --max-plaintext 50% would keep twice as much plaintext and fault less; --cpu N helps              a single-threaded program when the machine is busy",
+            "the working set exceeds the plaintext bound ({} pages of {data} holding data): \
+             --max-plaintext 50% would keep twice as much plaintext and fault less; --cpu N helps \
+             a single-threaded program when the machine is busy",
             s.bound
         )
     } else {
@@ -521,6 +523,71 @@ mod tests {
         assert_eq!(own_allocator(&e.needed), None);
         let needed = vec!["libm.so.6".to_owned(), "libjemalloc.so.2".to_owned()];
         assert_eq!(own_allocator(&needed), Some("libjemalloc.so.2"));
+    }
+
+    fn snap(f: impl FnOnce(&mut Snapshot)) -> Snapshot {
+        let mut s = Snapshot {
+            processes: 1,
+            resident_pages: 4096,
+            evicted_pages: 12_000,
+            ..Snapshot::default()
+        };
+        f(&mut s);
+        s
+    }
+
+    #[test]
+    fn advice_only_when_faults_took_a_good_part_of_the_run() {
+        // 1000 faults of ~10 us in 10 s: nothing to say.
+        let calm = snap(|s| {
+            s.faults_in = 1000;
+            s.handler_ns = 3_000_000;
+        });
+        assert_eq!(advice(&calm, 10.0, None), None);
+        assert_eq!(advice(&Snapshot::default(), 1.0, None), None);
+        // 500k faults in 10 s: faults dominate.
+        let busy = snap(|s| {
+            s.faults_in = 500_000;
+            s.handler_ns = 3_000_000_000;
+            s.adaptive = 1;
+            s.bound = 4096;
+            s.max_window = 4096;
+            s.near_misses = 400_000;
+        });
+        let line = advice(&busy, 10.0, None).expect("advice");
+        assert!(
+            line.starts_with("faults took about 65% of the run"),
+            "{line}"
+        );
+        assert!(line.contains("--max-plaintext 50%"), "{line}");
+        // A fixed window names the flag that fixed it.
+        let line = advice(&busy, 10.0, Some(4096)).expect("advice");
+        assert!(line.contains("fixed --window 4096"), "{line}");
+        // Fresh memory: no flag helps but a larger window.
+        let fresh = snap(|s| {
+            s.zero_fills = 400_000;
+            s.faults_in = 1000;
+            s.handler_ns = 2_000_000_000;
+        });
+        let line = advice(&fresh, 5.0, None).expect("advice");
+        assert!(line.contains("first touches of fresh memory"), "{line}");
+        // Far-apart random access within the bound.
+        let random = snap(|s| {
+            s.faults_in = 300_000;
+            s.handler_ns = 2_000_000_000;
+            s.adaptive = 1;
+            s.bound = 8192;
+            s.max_window = 5000;
+        });
+        let line = advice(&random, 5.0, None).expect("advice");
+        assert!(line.contains("--cpu N"), "{line}");
+        // One line a person reads: no runs of spaces from wrapped literals.
+        for s in [&busy, &fresh, &random] {
+            for fixed in [None, Some(4096)] {
+                let line = advice(s, 5.0, fixed).expect("advice");
+                assert!(!line.contains("  ") && !line.contains('\n'), "{line:?}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,657 @@
+//! The shield's program suite: ordinary programs run plainly, under
+//! `memveil run` at its defaults (the window adapts within 25% of the data)
+//! and under `memveil run --window 4096` (the fixed, security-first
+//! setting), each program's output and exit status compared with the plain
+//! run's, in rounds that rotate which goes first.
+//!
+//! The programs (sizes: default / `--full`): Debian's python3 making SHA-256
+//! hex strings, sorting them and writing them as JSON (the issue's
+//! workload); GNU sort of a text file with one thread and with two;
+//! sqlite3 building, indexing and querying a database with a 64 MiB page
+//! cache; xz -3 of a text file; an allocation-churn C program compiled here
+//! (a skewed cache and per-request buffers); and redis large, taken from the
+//! redis part of the shield section.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::hash::Hasher as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::shield::{err, in_path, median};
+use crate::{BenchError, BenchOpts, Figure};
+
+/// How a program is run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Plain,
+    /// `memveil run` at its defaults.
+    Default,
+    /// `memveil run --window 4096`.
+    Fixed,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::Plain, Mode::Default, Mode::Fixed];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Default => "memveil run",
+            Mode::Fixed => "memveil run --window 4096",
+        }
+    }
+}
+
+/// One program of the suite.
+struct Program {
+    name: &'static str,
+    what: String,
+    argv: Vec<OsString>,
+    env: Vec<(&'static str, &'static str)>,
+    /// A file to delete before each run (a database the run creates).
+    fresh: Option<PathBuf>,
+}
+
+/// What one run gave.
+struct Outcome {
+    secs: f64,
+    out_hash: u64,
+    code: Option<i32>,
+    stats: Option<RunStats>,
+}
+
+/// From `memveil run --stats-json`.
+#[derive(Default, Clone)]
+struct RunStats {
+    /// Largest plaintext fraction while the data held more than four times
+    /// the 4096-page floor (where the 25% bound applies), if it did.
+    max_fraction_bounded: Option<f64>,
+    /// Largest plaintext fraction over the run.
+    max_fraction: f64,
+    faults: u64,
+    max_data: u64,
+    max_window: u64,
+}
+
+/// A program's result over the rounds.
+pub(crate) struct Row {
+    name: &'static str,
+    what: String,
+    plain: f64,
+    default: f64,
+    fixed: f64,
+    /// plain / protected per round, default and fixed.
+    ratios: (Vec<f64>, Vec<f64>),
+    stats: RunStats,
+    fixed_faults: u64,
+    problem: Option<String>,
+}
+
+impl Row {
+    fn ratio(&self) -> f64 {
+        if self.problem.is_some() {
+            return 0.0;
+        }
+        median(&mut self.ratios.0.clone())
+    }
+    fn ratio_fixed(&self) -> f64 {
+        if self.problem.is_some() {
+            return 0.0;
+        }
+        median(&mut self.ratios.1.clone())
+    }
+}
+
+/// redis large as the redis part measured it: (SET, GET) ratios at the
+/// defaults and with `--window 4096`, and its plaintext fraction.
+pub(crate) struct RedisLarge {
+    pub(crate) default: (f64, f64),
+    pub(crate) fixed: Option<(f64, f64)>,
+    pub(crate) plaintext: Option<f64>,
+}
+
+/// Pages of the default window; four times that is where a 25% bound starts
+/// to bind.
+const FLOOR: u64 = memveil_shield::DEFAULT_WINDOW as u64;
+
+/// xorshift64: deterministic inputs.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A text file of `bytes` bytes of 64-byte lines in a random order.
+fn text_file(path: &Path, bytes: usize) -> Result<(), BenchError> {
+    let mut rng = Rng(0x5eed_0f5e_ed0f_5eed);
+    let mut out = String::with_capacity(bytes + 64);
+    while out.len() < bytes {
+        let a = rng.next();
+        let _ = writeln!(
+            out,
+            "{a:016x} {:08} lorem ipsum dolor sit amet {:06}",
+            a % 100_000_000,
+            a % 999_983
+        );
+    }
+    std::fs::write(path, out).map_err(|e| err(format!("{}: {e}", path.display())))
+}
+
+const PYTHON: &str = "import hashlib, json, sys\n\
+n = int(sys.argv[1])\n\
+xs = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(n)]\n\
+xs.sort()\n\
+s = json.dumps(xs)\n\
+print(len(s), xs[0][:16], xs[-1][:16], hashlib.sha256(s.encode()).hexdigest())\n";
+
+fn sqlite_script(rows: u64) -> String {
+    format!(
+        "PRAGMA cache_size=-65536;\n\
+         PRAGMA journal_mode=OFF;\n\
+         PRAGMA synchronous=OFF;\n\
+         CREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT, v BLOB);\n\
+         WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<{rows})\n\
+         INSERT INTO t SELECT x, printf('%08x', (x*2654435761) % 4294967291), zeroblob(160) || x FROM c;\n\
+         CREATE INDEX tk ON t(k);\n\
+         SELECT count(*), sum(length(v)) FROM t WHERE k > '8';\n\
+         SELECT k FROM t ORDER BY k LIMIT 3 OFFSET {};\n\
+         SELECT sum(id % 7) FROM t WHERE k BETWEEN '2' AND '5';\n\
+         UPDATE t SET v = zeroblob(100) WHERE id % 3 = 0;\n\
+         SELECT count(*), sum(length(v)) FROM t;\n",
+        rows / 2
+    )
+}
+
+/// The programs, with their inputs made in `dir`; and the ones that cannot
+/// run here, with the reason.
+fn programs(opts: &BenchOpts, dir: &Path) -> Result<(Vec<Program>, Vec<String>), BenchError> {
+    let mut progs = Vec::new();
+    let mut missing = Vec::new();
+    let text = dir.join("text.txt");
+    let text_mb = opts.pick(16, 64);
+    text_file(&text, text_mb << 20)?;
+    let xz_in = dir.join("xz-input.txt");
+    let xz_mb = opts.pick(4, 16);
+    text_file(&xz_in, xz_mb << 20)?;
+
+    let python = Path::new("/usr/bin/python3");
+    if python.is_file() {
+        let script = dir.join("workload.py");
+        std::fs::write(&script, PYTHON).map_err(|e| err(format!("{}: {e}", script.display())))?;
+        progs.push(Program {
+            name: "python",
+            what: "Debian's python3: 200,000 SHA-256 hex strings, sorted, written as JSON (about 60 MB of heap)".into(),
+            argv: vec![python.into(), script.into(), "200000".into()],
+            env: vec![],
+            fresh: None,
+        });
+    } else {
+        missing.push("python: /usr/bin/python3 not found (Debian package python3)".into());
+    }
+    match in_path("sort") {
+        Some(sort) => {
+            for (name, threads) in [("sort", "1"), ("sort_parallel", "2")] {
+                progs.push(Program {
+                    name,
+                    what: format!(
+                        "GNU sort of {text_mb} MiB of 64-byte lines, --parallel={threads} (LC_ALL=C, one in-memory buffer)"
+                    ),
+                    argv: vec![
+                        sort.clone().into(),
+                        format!("--parallel={threads}").into(),
+                        "-S".into(),
+                        "1G".into(),
+                        text.clone().into(),
+                    ],
+                    env: vec![("LC_ALL", "C")],
+                    fresh: None,
+                });
+            }
+        }
+        None => missing.push("sort: not found in PATH (coreutils)".into()),
+    }
+    match in_path("sqlite3") {
+        Some(sqlite) => {
+            let rows = opts.pick(150_000u64, 500_000);
+            let script = dir.join("db.sql");
+            std::fs::write(&script, sqlite_script(rows))
+                .map_err(|e| err(format!("{}: {e}", script.display())))?;
+            // The database on tmpfs where there is one: the heap is what is
+            // measured, not the disk.
+            let shm = Path::new("/dev/shm");
+            let db = if shm.is_dir() {
+                shm.join(format!("memveil-bench-{}.sqlite", std::process::id()))
+            } else {
+                dir.join("bench.sqlite")
+            };
+            progs.push(Program {
+                name: "sqlite",
+                what: format!(
+                    "sqlite3 building a {rows}-row table (about {} MB), an index, queries and an update, 64 MiB page cache, database on tmpfs",
+                    rows * 200 / 1_000_000
+                ),
+                argv: vec![
+                    sqlite.into(),
+                    db.clone().into(),
+                    format!(".read {}", script.display()).into(),
+                ],
+                env: vec![],
+                fresh: Some(db),
+            });
+        }
+        None => missing.push("sqlite: sqlite3 not found in PATH (Debian package sqlite3)".into()),
+    }
+    match in_path("xz") {
+        Some(xz) => progs.push(Program {
+            name: "xz",
+            what: format!("xz -3 of {xz_mb} MiB of text, one thread"),
+            argv: vec![
+                xz.into(),
+                "-T1".into(),
+                "-3".into(),
+                "-c".into(),
+                xz_in.into(),
+            ],
+            env: vec![],
+            fresh: None,
+        }),
+        None => missing.push("xz: not found in PATH (Debian package xz-utils)".into()),
+    }
+    match compile_churn(dir) {
+        Ok(exe) => {
+            let requests = opts.pick("300000", "1000000");
+            progs.push(Program {
+                name: "churn",
+                what: format!(
+                    "allocation churn (C, compiled here): a 40 MiB cache of 16384 entries, 90% of lookups to a tenth \
+                     of it, and {requests} requests each allocating, writing and freeing eight 64 B-16 KiB buffers"
+                ),
+                argv: vec![exe.into(), requests.into()],
+                env: vec![],
+                fresh: None,
+            });
+        }
+        Err(e) => missing.push(format!("churn: {e}")),
+    }
+    Ok((progs, missing))
+}
+
+/// Compiles the churn program with the C compiler of build-essential.
+fn compile_churn(dir: &Path) -> Result<PathBuf, String> {
+    let src = dir.join("churn.c");
+    std::fs::write(&src, include_str!("churn.c")).map_err(|e| format!("{}: {e}", src.display()))?;
+    let exe = dir.join("churn");
+    let out = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("cc not found ({e}): install build-essential"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(exe)
+}
+
+/// A hash of a file's bytes (to compare outputs, not to protect them).
+fn hash_file(path: &Path) -> Result<u64, BenchError> {
+    let mut f = std::fs::File::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| err(format!("{}: {e}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        h.write(&buf[..n]);
+    }
+    Ok(h.finish())
+}
+
+fn read_run_stats(path: &Path) -> Option<RunStats> {
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let n = |k: &str| j.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let mut st = RunStats {
+        faults: n("faults"),
+        max_window: n("max_window"),
+        ..RunStats::default()
+    };
+    for s in j.get("samples")?.as_array()? {
+        let res = s.get("resident_pages")?.as_u64()?;
+        let ev = s.get("evicted_pages")?.as_u64()?;
+        let data = res + ev;
+        if data == 0 {
+            continue;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let frac = res as f64 / data as f64;
+        st.max_data = st.max_data.max(data);
+        st.max_fraction = st.max_fraction.max(frac);
+        if data > 4 * FLOOR {
+            st.max_fraction_bounded = Some(st.max_fraction_bounded.map_or(frac, |m| m.max(frac)));
+        }
+    }
+    Some(st)
+}
+
+/// Runs `p` once in `mode`; stdout goes to a file whose hash is kept.
+fn run_once(p: &Program, mode: Mode, memveil: &Path, dir: &Path) -> Result<Outcome, BenchError> {
+    if let Some(f) = &p.fresh {
+        let _ = std::fs::remove_file(f);
+    }
+    let out = dir.join(format!("{}.out", p.name));
+    let log = dir.join(format!("{}.err", p.name));
+    let json = dir.join(format!("{}.json", p.name));
+    let _ = std::fs::remove_file(&json);
+    let mut cmd = match mode {
+        Mode::Plain => {
+            let mut c = Command::new(&p.argv[0]);
+            c.args(&p.argv[1..]);
+            c
+        }
+        Mode::Default | Mode::Fixed => {
+            let mut c = Command::new(memveil);
+            c.args(["run", "--quiet", "--stats-json"]).arg(&json);
+            if mode == Mode::Fixed {
+                c.args(["--window", "4096"]);
+            }
+            c.arg("--").args(&p.argv);
+            c
+        }
+    };
+    for (k, v) in &p.env {
+        cmd.env(k, v);
+    }
+    let outf = std::fs::File::create(&out).map_err(|e| err(format!("{}: {e}", out.display())))?;
+    let logf = std::fs::File::create(&log).map_err(|e| err(format!("{}: {e}", log.display())))?;
+    cmd.stdin(Stdio::null()).stdout(outf).stderr(logf);
+    let t = Instant::now();
+    let st = cmd
+        .status()
+        .map_err(|e| err(format!("running {}: {e}", p.argv[0].to_string_lossy())))?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok(Outcome {
+        secs,
+        out_hash: hash_file(&out)?,
+        code: st.code(),
+        stats: (mode != Mode::Plain)
+            .then(|| read_run_stats(&json))
+            .flatten(),
+    })
+}
+
+/// Runs every program of the suite.
+pub(crate) fn run(
+    opts: &BenchOpts,
+    memveil: &Path,
+    dir: &Path,
+) -> Result<(Vec<Row>, Vec<String>), BenchError> {
+    let (progs, missing) = programs(opts, dir)?;
+    let rounds = opts.pick(1, 3);
+    let mut rows = Vec::new();
+    for (k, p) in progs.iter().enumerate() {
+        let mut times: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut ratios = (Vec::new(), Vec::new());
+        let mut stats = RunStats::default();
+        let mut fixed_faults = 0;
+        let mut problem = None;
+        'rounds: for round in 0..rounds {
+            // Rotate which mode goes first, so a drift in the machine's load
+            // favours none.
+            let mut order = Mode::ALL;
+            order.rotate_left((k + round) % 3);
+            let mut got: [Option<Outcome>; 3] = [None, None, None];
+            for mode in order {
+                opts.say(&format!(
+                    "shield suite: {} ({}), round {}",
+                    p.name,
+                    mode.name(),
+                    round + 1
+                ));
+                let o = run_once(p, mode, memveil, dir)?;
+                let i = Mode::ALL.iter().position(|m| *m == mode).unwrap_or(0);
+                got[i] = Some(o);
+            }
+            let [Some(plain), Some(def), Some(fix)] = got else {
+                continue;
+            };
+            for (o, m) in [(&def, Mode::Default), (&fix, Mode::Fixed)] {
+                if o.code != plain.code || o.out_hash != plain.out_hash {
+                    problem = Some(format!(
+                        "{} differs from the plain run: exit {:?} vs {:?}, output {} (see {}.err in the bench directory)",
+                        m.name(),
+                        o.code,
+                        plain.code,
+                        if o.out_hash == plain.out_hash { "same" } else { "DIFFERENT" },
+                        p.name
+                    ));
+                    break 'rounds;
+                }
+            }
+            if plain.code != Some(0) {
+                problem = Some(format!(
+                    "the plain run failed (exit {:?}); see {}.err",
+                    plain.code, p.name
+                ));
+                break;
+            }
+            ratios.0.push(plain.secs / def.secs);
+            ratios.1.push(plain.secs / fix.secs);
+            times[0].push(plain.secs);
+            times[1].push(def.secs);
+            times[2].push(fix.secs);
+            if let Some(s) = def.stats {
+                stats = s;
+            }
+            fixed_faults = fix.stats.map_or(0, |s| s.faults);
+        }
+        rows.push(Row {
+            name: p.name,
+            what: p.what.clone(),
+            plain: median(&mut times[0]),
+            default: median(&mut times[1]),
+            fixed: median(&mut times[2]),
+            ratios,
+            stats,
+            fixed_faults,
+            problem,
+        });
+        if let Some(f) = &p.fresh {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    Ok((rows, missing))
+}
+
+fn geomean(v: &[f64]) -> f64 {
+    if v.is_empty() || v.iter().any(|x| *x <= 0.0) {
+        return 0.0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let n = v.len() as f64;
+    (v.iter().map(|x| x.ln()).sum::<f64>() / n).exp()
+}
+
+/// The suite's figures and table, redis large included when it ran.
+pub(crate) fn report(
+    rows: &[Row],
+    missing: &[String],
+    redis: Option<&RedisLarge>,
+    figs: &mut Vec<Figure>,
+    md: &mut String,
+) {
+    let mut ratios = Vec::new();
+    let mut fixed = Vec::new();
+    let mut bounded: Vec<f64> = Vec::new();
+    let mut table = String::new();
+    for r in rows {
+        let (d, x) = (r.ratio(), r.ratio_fixed());
+        ratios.push(d);
+        fixed.push(x);
+        if let Some(b) = r.stats.max_fraction_bounded {
+            bounded.push(b);
+        }
+        let note = format!(
+            "{}: wall time plain / under `memveil run` at its defaults (median of {} round(s); output and exit status \
+             compared with the plain run's){}",
+            r.what,
+            r.ratios.0.len(),
+            r.problem.as_deref().map_or(String::new(), |p| format!("; FAILED: {p}"))
+        );
+        figs.push(
+            Figure::vs(
+                &format!("shield.suite_{}_vs_plain", r.name),
+                r.default,
+                r.plain,
+                "s",
+                &note,
+            )
+            .with_ratio(d)
+            .target(">= 0.50"),
+        );
+        figs.push(
+            Figure::vs(
+                &format!("shield.suite_{}_w4096_vs_plain", r.name),
+                r.fixed,
+                r.plain,
+                "s",
+                &format!(
+                    "{}: as shield.suite_{}_vs_plain, with `memveil run --window 4096`",
+                    r.what, r.name
+                ),
+            )
+            .with_ratio(x),
+        );
+        figs.push(Figure::plain(
+            &format!("shield.suite_{}_plaintext_fraction", r.name),
+            r.stats.max_fraction_bounded.unwrap_or(r.stats.max_fraction),
+            "fraction",
+            &format!(
+                "largest plaintext fraction (resident / pages holding data, 50 ms samples) under `memveil run` at \
+                 its defaults{}; most data {} pages, largest window {} pages",
+                if r.stats.max_fraction_bounded.is_some() {
+                    ", over the samples with more than 16384 pages of data (where the 25% bound applies)"
+                } else {
+                    " (the data never exceeded 16384 pages, so the 4096-page floor, not the 25% bound, applied)"
+                },
+                r.stats.max_data,
+                r.stats.max_window
+            ),
+        ));
+        let _ = writeln!(
+            table,
+            "| {} | {:.2} | {:.2} | **{:.3}** | {:.2} | {:.3} | {} | {} | {} | {:.3}{} | {} |",
+            r.name,
+            r.plain,
+            r.default,
+            d,
+            r.fixed,
+            x,
+            r.stats.faults,
+            r.fixed_faults,
+            r.stats.max_data,
+            r.stats.max_fraction_bounded.unwrap_or(r.stats.max_fraction),
+            if r.stats.max_fraction_bounded.is_some() {
+                ""
+            } else {
+                " (floor)"
+            },
+            r.problem.as_deref().unwrap_or("same output")
+        );
+    }
+    if let Some(rl) = redis {
+        let d = (rl.default.0 * rl.default.1).sqrt();
+        ratios.push(d);
+        let x = rl.fixed.map(|(s, g)| (s * g).sqrt());
+        if let Some(x) = x {
+            fixed.push(x);
+        }
+        let _ = writeln!(
+            table,
+            "| redis large | — | — | **{d:.3}** | — | {} | — | — | — | {} | SET/GET geometric mean, from the redis table |",
+            x.map_or("not run".into(), |x| format!("{x:.3}")),
+            rl.plaintext.map_or("n/a".into(), |p| format!("{p:.3} (at exit)"))
+        );
+    }
+    let g = geomean(&ratios);
+    let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let gx = geomean(&fixed);
+    let maxb = bounded.iter().copied().fold(0.0f64, f64::max);
+    let n = ratios.len();
+    figs.push(
+        Figure::plain(
+            "shield.suite_geomean_vs_plain",
+            g,
+            "ratio",
+            &format!("geometric mean over the {n} programs of plain / protected wall time, `memveil run` at its defaults"),
+        )
+        .with_ratio(g)
+        .target(">= 0.80"),
+    );
+    figs.push(
+        Figure::plain(
+            "shield.suite_min_vs_plain",
+            if min.is_finite() { min } else { 0.0 },
+            "ratio",
+            "the lowest program of the suite, `memveil run` at its defaults",
+        )
+        .target(">= 0.50"),
+    );
+    figs.push(
+        Figure::plain(
+            "shield.suite_geomean_w4096_vs_plain",
+            gx,
+            "ratio",
+            &format!(
+                "geometric mean over the {} programs, `memveil run --window 4096`",
+                fixed.len()
+            ),
+        )
+        .with_ratio(gx)
+        .target(">= 0.30"),
+    );
+    figs.push(
+        Figure::plain(
+            "shield.suite_max_plaintext_fraction",
+            maxb,
+            "fraction",
+            "largest plaintext fraction of any program while its data exceeded 16384 pages (4x the 4096-page floor, where \
+             the default 25% bound applies), `memveil run` at its defaults",
+        )
+        .target("<= 0.25"),
+    );
+    let _ = writeln!(
+        md,
+        "\nProgram suite (wall time in s; ratio = plain / protected, median of rounds; every protected run's output and \
+         exit status compared with the plain run's): geometric mean **{g:.3}** at the defaults (target >= 0.80), lowest \
+         **{:.3}** (target >= 0.50), geometric mean with `--window 4096` **{gx:.3}** (target >= 0.30), largest plaintext \
+         fraction where the 25% bound applies **{maxb:.3}** (target <= 0.25).\n\n\
+         | program | plain | default | ratio | --window 4096 | ratio | faults (default) | faults (4096) | most pages of data | largest plaintext fraction | output |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n{table}",
+        if min.is_finite() { min } else { 0.0 }
+    );
+    for r in rows {
+        let _ = writeln!(md, "- {}: {}", r.name, r.what);
+    }
+    for m in missing {
+        let _ = writeln!(md, "- not run: {m}");
+    }
+    if let Some(p) = rows.iter().find_map(|r| r.problem.as_ref()) {
+        let _ = writeln!(
+            md,
+            "\n**A program's output differed under protection:** {p}"
+        );
+    }
+}
