@@ -42,7 +42,12 @@ impl Rng {
 
 #[test]
 fn sixty_four_concurrent_clients_zero_wrong_results() {
-    let v = Vault::start_with(Opts::default().arg("--spin-us=5")).expect("start");
+    let v = Vault::start_with(
+        Opts::default()
+            .arg("--spin-us=5")
+            .arg("--max-connections=128"),
+    )
+    .expect("start");
     let socket = v.socket.clone();
     let wrong = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
