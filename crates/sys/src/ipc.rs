@@ -568,28 +568,39 @@ impl Control {
         self.len() == 0
     }
 
+    /// The range as 32-bit atomic words.
+    fn atomics(&self) -> &[AtomicU32] {
+        // SAFETY: the range lies inside our live mapping and starts 4-byte
+        // aligned (the mapping is page-aligned, the offset a multiple of 4),
+        // its length a multiple of 4 (both checked in `SharedMap::control`);
+        // AtomicU32 has no invalid bit patterns and tolerates a concurrent
+        // writer in the other process; this process reaches the range only
+        // through such atomics while `self` lives (the map refuses claims
+        // and copies over it), and the borrow cannot outlive `self`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.ptr.as_ptr().add(self.me.start).cast::<AtomicU32>(),
+                self.len() / 4,
+            )
+        }
+    }
+
     /// The atomic word at offset `at` of the range, or `None` when out of
     /// bounds or misaligned.
     #[must_use]
     pub fn word(&self, at: usize) -> Option<&AtomicU32> {
-        if !at.is_multiple_of(4) || at.checked_add(4).is_none_or(|e| e > self.len()) {
+        if !at.is_multiple_of(4) {
             return None;
         }
-        // SAFETY: in bounds of the range (hence of the mapping) and 4-byte
-        // aligned (the mapping is page-aligned, the range starts on a
-        // multiple of 4); AtomicU32 has no invalid bit patterns and
-        // tolerates a concurrent writer in the other process; the range is
-        // reached only through such atomics while `self` lives, and the
-        // borrow cannot outlive `self`.
-        Some(unsafe { AtomicU32::from_ptr(self.map.ptr.as_ptr().add(self.me.start + at).cast()) })
+        self.atomics().get(at / 4)
     }
 
-    fn words(&self, at: usize, len: usize) -> Result<std::ops::Range<usize>, ShmError> {
+    fn words(&self, at: usize, len: usize) -> Result<&[AtomicU32], ShmError> {
         if !at.is_multiple_of(4) || !len.is_multiple_of(4) {
             return Err(ShmError::Misaligned);
         }
         match at.checked_add(len) {
-            Some(end) if end <= self.len() => Ok(at..end),
+            Some(end) if end <= self.len() => Ok(&self.atomics()[at / 4..end / 4]),
             _ => Err(ShmError::OutOfBounds),
         }
     }
@@ -601,13 +612,9 @@ impl Control {
     /// [`ShmError::Misaligned`] unless `at` and the length are multiples of
     /// 4; [`ShmError::OutOfBounds`].
     pub fn read(&self, at: usize, out: &mut [u8]) -> Result<(), ShmError> {
-        let r = self.words(at, out.len())?;
-        for (o, w) in out.chunks_exact_mut(4).zip(r.step_by(4)) {
-            let v = self
-                .word(w)
-                .ok_or(ShmError::OutOfBounds)?
-                .load(std::sync::atomic::Ordering::Relaxed);
-            o.copy_from_slice(&v.to_ne_bytes());
+        let words = self.words(at, out.len())?;
+        for (o, w) in out.chunks_exact_mut(4).zip(words) {
+            o.copy_from_slice(&w.load(std::sync::atomic::Ordering::Relaxed).to_ne_bytes());
         }
         Ok(())
     }
@@ -618,12 +625,10 @@ impl Control {
     /// # Errors
     /// As [`Control::read`].
     pub fn write(&self, at: usize, data: &[u8]) -> Result<(), ShmError> {
-        let r = self.words(at, data.len())?;
-        for (d, w) in data.chunks_exact(4).zip(r.step_by(4)) {
+        let words = self.words(at, data.len())?;
+        for (d, w) in data.chunks_exact(4).zip(words) {
             let v = u32::from_ne_bytes([d[0], d[1], d[2], d[3]]);
-            self.word(w)
-                .ok_or(ShmError::OutOfBounds)?
-                .store(v, std::sync::atomic::Ordering::Relaxed);
+            w.store(v, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
     }
