@@ -155,6 +155,7 @@ fn one_uid_at_its_limits_leaves_another_uid_served() {
     // works.
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Vec<String>>();
+    let (knock_tx, knock_rx) = std::sync::mpsc::channel::<()>();
     let (st, asock) = (Arc::clone(&stop), socket.clone());
     let attacker = std::thread::spawn(move || {
         become_uid(ATTACKER);
@@ -202,8 +203,9 @@ fn one_uid_at_its_limits_leaves_another_uid_served() {
         refusals.push(format!("session after {} lanes: {msg}", sessions.len()));
         refusals.push(format!("held: {n_conns} connections"));
         ready_tx.send(refusals).expect("ready");
-        // Keep knocking while the victim works: a refused request costs
+        // Hold everything quietly for one phase, then keep knocking while the victim works: a refused request costs
         // the vault one short lock and a reply.
+        knock_rx.recv().expect("knock");
         let mut i = 0usize;
         while !st.load(Ordering::Relaxed) {
             let c = &mut conns[i % n_conns];
@@ -224,6 +226,9 @@ fn one_uid_at_its_limits_leaves_another_uid_served() {
     let refusals = ready_rx
         .recv_timeout(Duration::from_secs(120))
         .expect("attacker reached its limits");
+    to_victim.send("held").expect("phase");
+    let held = from_victim.recv().expect("held");
+    knock_tx.send(()).expect("knock");
     to_victim.send("attacked").expect("phase");
     let attacked = from_victim.recv().expect("attacked");
     stop.store(true, Ordering::Relaxed);
@@ -239,9 +244,11 @@ fn one_uid_at_its_limits_leaves_another_uid_served() {
         eprintln!("attacker (uid {ATTACKER}) {r}");
     }
     eprintln!(
-        "victim (uid {VICTIM}) create + GCM 4 KiB round trip + destroy, µs (median / p90): before {:.0} / {:.0}; attacked {:.0} / {:.0} ({knocks} refused knocks meanwhile); after {:.0} / {:.0}",
+        "victim (uid {VICTIM}) create + GCM 4 KiB round trip + destroy, µs (median / p90): before {:.0} / {:.0}; attacker at its limits, idle {:.0} / {:.0}; attacker knocking {:.0} / {:.0} ({knocks} refused knocks); after {:.0} / {:.0}",
         alone.median(),
         alone.p90(),
+        held.median(),
+        held.p90(),
         attacked.median(),
         attacked.p90(),
         after.median(),
@@ -249,9 +256,15 @@ fn one_uid_at_its_limits_leaves_another_uid_served() {
     );
     let quiet = (alone.median() + after.median()) / 2.0;
     eprintln!(
-        "victim median ratio attacked / mean of quiet phases {:.3}; noise: after / before {:.3}",
+        "victim median / mean of the quiet phases: attacker idle {:.3}, knocking {:.3}; noise: after / before {:.3}",
+        held.median() / quiet,
         attacked.median() / quiet,
         after.median() / alone.median()
+    );
+    assert!(
+        held.errors.is_empty(),
+        "victim beside an idle attacker: {:?}",
+        held.errors
     );
     assert!(after.errors.is_empty(), "victim after: {:?}", after.errors);
     assert!(alone.errors.is_empty(), "victim alone: {:?}", alone.errors);
