@@ -108,7 +108,7 @@ fn bad_configuration_exits_non_zero_with_a_clear_message() {
 
 #[test]
 fn memlock_exhausted_names_the_limit_and_the_fix() {
-    if !std::path::Path::new("/usr/bin/setpriv").exists() || unsafe_root() != 0 {
+    if !std::path::Path::new("/usr/bin/setpriv").exists() || common::euid() != 0 {
         eprintln!("SKIP memlock_exhausted: needs root and setpriv to run as nobody");
         return;
     }
@@ -176,19 +176,6 @@ fn memlock_exhausted_names_the_limit_and_the_fix() {
     drop(clients);
     drop(v);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn unsafe_root() -> u32 {
-    // The effective uid from /proc (no unsafe needed).
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2))
-                .and_then(|u| u.parse().ok())
-        })
-        .unwrap_or(u32::MAX)
 }
 
 fn raw_call(s: &mut UnixStream, frame: &[u8]) -> (Vec<u8>, Reply) {
@@ -486,7 +473,7 @@ fn replies_never_carry_key_bytes() {
 
 #[test]
 fn acl_owner_grant_revoke_across_users() {
-    if unsafe_root() != 0 {
+    if common::euid() != 0 {
         eprintln!("SKIP acl_owner_grant_revoke_across_users: needs root to run a client as nobody");
         return;
     }
@@ -813,7 +800,7 @@ fn readable_memory(pid: u32) -> Vec<u8> {
 /// memory; the vault now uses its own inline GCM in secret memory.
 #[test]
 fn raw_key_bytes_are_not_in_the_vaults_readable_memory() {
-    if unsafe_root() != 0 {
+    if common::euid() != 0 {
         eprintln!("SKIP raw_key_bytes_are_not_in_the_vaults_readable_memory: needs root to read /proc/PID/mem of a non-dumpable process");
         return;
     }

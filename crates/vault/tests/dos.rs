@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Vault;
+use common::{euid, Vault};
 use memveil_vault::client::{ClientError, Crypt};
 use memveil_vault::proto::{ErrorCode, KeyKind, Mode};
 use memveil_vault::Client;
@@ -24,18 +24,6 @@ use memveil_vault::Client;
 const ATTACKER: u32 = 65534;
 /// The victim: a throwaway uid no account uses.
 const VICTIM: u32 = 64_999;
-
-fn euid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2))
-                .and_then(|u| u.parse().ok())
-        })
-        .unwrap_or(u32::MAX)
-}
 
 /// Drops this thread (only) to `uid`:`uid` with no supplementary groups.
 fn become_uid(uid: u32) {

@@ -9,30 +9,11 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::Vault;
+use common::{Rng, Vault};
 use memveil_cipher::{Aes, Gcm};
 use memveil_vault::client::Session;
 use memveil_vault::proto::{KeyKind, Mode};
 use memveil_vault::ring::{status, Entry, Op};
-
-/// A small deterministic generator (no extra dependency).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn fill(&mut self, b: &mut [u8]) {
-        for x in b {
-            *x = self.next() as u8;
-        }
-    }
-}
 
 fn spin_for(d: Duration, stop: &AtomicBool) {
     let t0 = Instant::now();
