@@ -134,27 +134,6 @@ impl Version {
         material + raw
     }
 
-    /// GCM decryption of a message that `fetch(offset, chunk)` copies into
-    /// `out` chunk by chunk (from client-shared memory): the tag is checked
-    /// over exactly the bytes fetched, and those are what is decrypted; on
-    /// failure `out` holds nothing decrypted. See [`VaultGcm::open_fetched`].
-    pub(crate) fn gcm_open_fetched(
-        &self,
-        e: &Entry,
-        aad: &[u8],
-        out: &mut [u8],
-        fetch: impl FnMut(usize, &mut [u8]) -> bool,
-    ) -> Result<(), u32> {
-        let Material::Aes(gcm) = &self.material else {
-            return Err(status::WRONG_MODE);
-        };
-        let gcm = gcm.as_ref().ok_or(status::NO_KEY)?;
-        let mut nonce = [0u8; 12];
-        nonce.copy_from_slice(&e.iv[..12]);
-        gcm.open_fetched(&nonce, aad, &e.tag, out, fetch)
-            .map_err(|_| status::AUTH_FAILED)
-    }
-
     /// Runs one checked entry over `data` (in place). `aad` is the GCM
     /// associated data; `tag_out` receives the GCM tag on encryption.
     pub(crate) fn apply(
