@@ -454,8 +454,8 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     let _ = writeln!(
         md,
         "STREAM (GB/s, engine/plain, cache {cache} pages = {} KiB):\n\n| working set | copy | scale | add | triad | triad ratio | cache |\n|---|---|---|---|---|---|---|\n{rows}\n\
-         Published hardware figures (DESIGN.md §1): AMD TSME costs STREAM 2.6-4.2% (ratio 0.96-0.97), \
-         Intel TME-MK 0-2.2% on memory-bound workloads. A software engine pays a page decryption per miss \
+         Published hardware figures (Cloudflare's for AMD TSME on its edge, Intel's for TME-MK): AMD TSME \
+         costs STREAM 2.6-4.2% (ratio 0.96-0.97), Intel TME-MK 0-2.2% on memory-bound workloads. A software engine pays a page decryption per miss \
          and a page encryption per dirty eviction on one core's AES throughput; inside the cache it pays \
          only the copy through the read/write interface.\n",
         cache * PAGE / 1024

@@ -188,7 +188,7 @@ mod tests {
                 assert_ne!(*s1, *s2);
                 assert!(c.name().starts_with("seed(rdrand"));
             }
-            Err(e) => eprintln!("SKIP live_rdrand_seed_or_skip: {e}"),
+            Err(e) => memveil_testkit::skip(memveil_testkit::Need::Cpu("RDRAND"), e),
         }
     }
 }

@@ -591,7 +591,10 @@ mod tests {
             assert!(r.passed, "{r:?}");
             assert_eq!(r.samples, 4096);
         } else {
-            eprintln!("SKIP sample_source rdrand: {:?}", r.error);
+            memveil_testkit::skip(
+                memveil_testkit::Need::Cpu("RDRAND"),
+                format!("the rdrand sample: {:?}", r.error),
+            );
             assert!(r.error.is_some());
         }
         let g = sample_source(SourceKind::Getrandom, 1024);

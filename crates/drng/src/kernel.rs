@@ -390,8 +390,9 @@ mod tests {
     #[test]
     fn feed_once_as_root_reaches_the_kernel() {
         if !is_root() {
-            eprintln!(
-                "SKIP feed_once_as_root_reaches_the_kernel: not root (see the non-root test)"
+            memveil_testkit::skip(
+                memveil_testkit::Need::Root,
+                "only root may add entropy (see the non-root test)",
             );
             return;
         }
@@ -401,8 +402,8 @@ mod tests {
         };
         let mut f = match Feeder::open(policy.clone()) {
             Ok(f) => f,
-            Err(FeedError::Source(e @ DrngError::Unavailable { .. })) => {
-                eprintln!("SKIP feed_once_as_root_reaches_the_kernel: {e}");
+            Err(FeedError::Source(e @ DrngError::Unavailable { instruction, .. })) => {
+                memveil_testkit::skip(memveil_testkit::Need::Cpu(instruction), e);
                 return;
             }
             Err(e) => panic!("{e}"),
@@ -419,7 +420,7 @@ mod tests {
     #[test]
     fn failing_source_feeds_nothing() {
         if !is_root() {
-            eprintln!("SKIP failing_source_feeds_nothing: not root");
+            memveil_testkit::skip(memveil_testkit::Need::Root, "only root may add entropy");
             return;
         }
         let ctl = FaultControl::new();
@@ -481,8 +482,9 @@ mod tests {
         let out = match out {
             Ok(o) => o,
             Err(e) => {
-                eprintln!(
-                    "SKIP non_root_gets_a_clear_error: setpriv (util-linux) not runnable: {e}"
+                memveil_testkit::skip(
+                    memveil_testkit::Need::Installed("setpriv"),
+                    format!("setpriv (util-linux) not runnable: {e}"),
                 );
                 return;
             }
@@ -491,9 +493,9 @@ mod tests {
         let err = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() && err.contains("failed to execute") {
             // The test binary lives where `nobody` cannot reach it (e.g. /root).
-            eprintln!(
-                "SKIP non_root_gets_a_clear_error: nobody cannot run {}: {err}",
-                exe.display()
+            memveil_testkit::skip(
+                memveil_testkit::Need::HostSetting("test binary out of nobody's reach"),
+                format!("nobody cannot run {}: {err}", exe.display()),
             );
             return;
         }
@@ -503,7 +505,7 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
         if text.contains("RDSEED not available") {
-            eprintln!("SKIP non_root_gets_a_clear_error: no RDSEED here");
+            memveil_testkit::skip(memveil_testkit::Need::Cpu("RDSEED"), "the child's feeder");
             return;
         }
         assert!(text.contains("CHILD-ERROR: RNDADDENTROPY"), "{text}");

@@ -12,7 +12,8 @@
 //! 3. they pass the FIPS 140-2 battery (rngtest's counting), while the same
 //!    bytes with a bias injected fail it (positive control of the battery).
 //!
-//! Without qemu or the guest artefacts it prints `SKIP` with the reason.
+//! Without qemu or the guest artefacts it skips, saying why (a failure under
+//! CI=true: scripts/install.sh installs qemu and builds the guest).
 
 use std::io::{BufRead, BufReader, Read as _};
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 use memveil_drng::fips::{run_rngtest, RngTestOptions};
 use memveil_drng::serve::{Listen, Output, SeedSpec, ServeConfig, Server};
 use memveil_drng::source::SourceKind;
+use memveil_testkit::{skip, Need};
 
 /// Bytes the guest reads: 8 FIPS blocks of 20000 bits plus rngtest's 4-byte
 /// bootstrap.
@@ -39,16 +41,16 @@ impl Drop for Qemu {
     }
 }
 
-fn artefacts() -> Result<(PathBuf, PathBuf, PathBuf), String> {
+fn artefacts() -> Result<(PathBuf, PathBuf, PathBuf), (Need, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = root.join("build/guest");
     let kernel = dir.join("vmlinuz");
     let initrd = dir.join("initramfs.cpio.gz");
     for f in [&kernel, &initrd] {
         if !f.exists() {
-            return Err(format!(
-                "{} missing: run scripts/install.d/guest.sh",
-                f.display()
+            return Err((
+                Need::Installed("build/guest"),
+                format!("{} missing: run scripts/install.d/guest.sh", f.display()),
             ));
         }
     }
@@ -58,7 +60,10 @@ fn artefacts() -> Result<(PathBuf, PathBuf, PathBuf), String> {
                 .map(|d| d.join("qemu-system-x86_64"))
                 .find(|f| f.exists())
         })
-        .ok_or("qemu-system-x86_64 not on PATH: apt-get install qemu-system-x86")?;
+        .ok_or((
+            Need::Installed("qemu-system-x86_64"),
+            "not on PATH: apt-get install qemu-system-x86".to_owned(),
+        ))?;
     Ok((qemu, kernel, initrd))
 }
 
@@ -172,8 +177,8 @@ fn boot_guest(qemu: &Path, kernel: &Path, initrd: &Path, sock: &Path) -> (Vec<u8
 fn qemu_guest_reads_hwrng_from_the_daemon() {
     let (qemu, kernel, initrd) = match artefacts() {
         Ok(x) => x,
-        Err(why) => {
-            eprintln!("SKIP qemu_guest_reads_hwrng_from_the_daemon: {why}");
+        Err((need, why)) => {
+            skip(need, why);
             return;
         }
     };
@@ -313,18 +318,17 @@ fn memveil_bin() -> Result<PathBuf, String> {
 /// with the counters read from its stats socket as JSON.
 #[test]
 fn qemu_guest_reads_hwrng_from_memveil_rng_serve_process() {
-    let name = "qemu_guest_reads_hwrng_from_memveil_rng_serve_process";
     let (qemu, kernel, initrd) = match artefacts() {
         Ok(x) => x,
-        Err(why) => {
-            eprintln!("SKIP {name}: {why}");
+        Err((need, why)) => {
+            skip(need, why);
             return;
         }
     };
     let bin = match memveil_bin() {
         Ok(b) => b,
         Err(why) => {
-            eprintln!("SKIP {name}: {why}");
+            skip(Need::Installed("target/release/memveil"), why);
             return;
         }
     };

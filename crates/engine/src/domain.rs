@@ -36,11 +36,17 @@ impl Domain<'_> {
     }
 
     /// An address of this domain: frame `frame`, byte `offset`, under `keyid`
-    /// (C-bit set, so it is encrypted in SME mode too).
+    /// (C-bit set, so it is encrypted in SME mode too). A frame and offset
+    /// beyond any address (their product overflows) give an address with
+    /// every bit set, which every access refuses, never a wrapped one.
     #[must_use]
     pub fn address(&self, frame: usize, offset: usize, keyid: u16) -> u64 {
-        self.engine
-            .address((frame * PAGE + offset) as u64, keyid, true)
+        let phys = frame
+            .checked_mul(PAGE)
+            .and_then(|p| p.checked_add(offset))
+            .and_then(|p| u64::try_from(p).ok())
+            .unwrap_or(u64::MAX);
+        self.engine.address(phys, keyid, true)
     }
 
     fn check(&self, addr: u64, len: usize) -> Result<(), EngineError> {
@@ -53,7 +59,9 @@ impl Domain<'_> {
             });
         }
         let first = usize::try_from(a.phys).unwrap_or(usize::MAX) / PAGE;
-        let last = usize::try_from(a.phys + len.max(1) as u64 - 1).unwrap_or(usize::MAX) / PAGE;
+        let last = usize::try_from(a.phys.saturating_add(len.max(1) as u64) - 1)
+            .unwrap_or(usize::MAX)
+            / PAGE;
         let inside = |f: usize| self.frames.iter().any(|r| r.contains(&f));
         if let Some(frame) = (first..=last).find(|&f| !inside(f)) {
             return Err(EngineError::FrameNotMapped {

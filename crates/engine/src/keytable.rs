@@ -227,15 +227,30 @@ pub type EntropyFn = Box<dyn Fn(&mut [u8]) -> Result<(), String> + Send + Sync>;
 /// the DRNG guide advises) when CPUID reports it, else `getrandom(2)`.
 /// RDRAND present but failing is an error (PCONFIG's ENTROPY_ERROR), never a
 /// silent switch.
+///
+/// The words are key material on their way into `buf` (secret memory in the
+/// key table), so none is left in an ordinary stack copy: a whole word goes
+/// from the RDRAND register into `buf` in one 8-byte store, and the word of
+/// a partial tail sits in a buffer wiped on drop. (Copying a slice of
+/// `w.to_le_bytes()` of run-time length went through a stack temporary that
+/// kept the last key word after return: tests/key_words.rs.)
 pub fn cpu_entropy(buf: &mut [u8]) -> Result<(), String> {
     if !memveil_sys::has_feature(memveil_sys::CpuFeature::Rdrand) {
         return memveil_sys::getrandom(buf).map_err(|e| format!("getrandom: {e}"));
     }
-    for chunk in buf.chunks_mut(8) {
-        let w = (0..10)
+    let word = || {
+        (0..10)
             .find_map(|_| memveil_sys::rdrand64())
-            .ok_or("RDRAND returned no data after 10 retries")?;
-        chunk.copy_from_slice(&w.to_le_bytes()[..chunk.len()]);
+            .ok_or("RDRAND returned no data after 10 retries")
+    };
+    let mut words = buf.chunks_exact_mut(8);
+    for chunk in &mut words {
+        chunk.copy_from_slice(&word()?.to_le_bytes());
+    }
+    let tail = words.into_remainder();
+    if !tail.is_empty() {
+        let w = zeroize::Zeroizing::new(word()?.to_le_bytes());
+        tail.copy_from_slice(&w[..tail.len()]);
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! A software multi-key memory-encryption engine: the model of Intel TME-MK
-//! (and TME), AMD SME and TSME, as DESIGN.md §1 describes them.
+//! (and TME), AMD SME and TSME, as docs/engine.md describes them.
 //!
 //! - **Physical memory** of N 4 KiB frames holds ciphertext (the "DRAM"). Each
 //!   page is encrypted with AES-XTS (128-bit keys by default) whose tweak is the
@@ -301,9 +301,14 @@ impl Engine {
         }
     }
 
+    /// Installed bytes (`frames * PAGE` fits: checked in `with_entropy`).
+    fn limit(&self) -> u64 {
+        (self.cfg.frames * PAGE) as u64
+    }
+
     fn check(&self, addr: u64, len: usize) -> Result<Address, EngineError> {
         let a = self.decode(addr)?;
-        let limit = (self.cfg.frames * PAGE) as u64;
+        let limit = self.limit();
         let end = a.phys.checked_add(len as u64);
         if end.is_none_or(|e| e > limit) {
             return Err(EngineError::AddressOutOfRange {
@@ -313,6 +318,27 @@ impl Engine {
             });
         }
         Ok(a)
+    }
+
+    /// Checks that frames `[first, first + count)` exist, on frame numbers:
+    /// `first * PAGE` computed first would wrap in release builds (frame
+    /// 2^52 became address 0, i.e. frame 0).
+    fn check_frames(&self, first: usize, count: usize) -> Result<(), EngineError> {
+        if first
+            .checked_add(count)
+            .is_some_and(|end| end <= self.cfg.frames)
+        {
+            return Ok(());
+        }
+        let phys = u64::try_from(first)
+            .ok()
+            .and_then(|f| f.checked_mul(PAGE as u64))
+            .unwrap_or(u64::MAX);
+        Err(EngineError::AddressOutOfRange {
+            addr: phys,
+            phys,
+            limit: self.limit(),
+        })
     }
 
     fn encrypted(&self, a: &Address) -> bool {
@@ -360,7 +386,7 @@ impl Engine {
     /// # Errors
     /// [`EngineError::AddressOutOfRange`] for a frame beyond memory.
     pub fn dram_frame(&self, frame: usize) -> Result<Vec<u8>, EngineError> {
-        self.check((frame * PAGE) as u64, PAGE)?;
+        self.check_frames(frame, 1)?;
         let m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(m.dram(frame).to_vec())
     }
@@ -372,8 +398,8 @@ impl Engine {
     /// # Errors
     /// [`EngineError::AddressOutOfRange`] for frames beyond memory.
     pub fn dram_copy(&self, src: usize, dst: usize) -> Result<(), EngineError> {
-        self.check((src * PAGE) as u64, PAGE)?;
-        self.check((dst * PAGE) as u64, PAGE)?;
+        self.check_frames(src, 1)?;
+        self.check_frames(dst, 1)?;
         let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
         m.dram_copy(src, dst);
         Ok(())
@@ -419,7 +445,7 @@ impl Engine {
         threads: usize,
         enc: bool,
     ) -> Result<(), EngineError> {
-        self.check((first * PAGE) as u64, count * PAGE)?;
+        self.check_frames(first, count)?;
         if keyid > self.max_keyid() {
             return Err(EngineError::Config(format!(
                 "KeyID {keyid} above {}",
@@ -475,17 +501,62 @@ impl Overhead {
 mod tests {
     use super::*;
 
-    #[test]
-    fn concurrent_programming_is_device_busy() {
-        let e = Engine::new(Config {
+    fn four_frames() -> Engine {
+        Engine::new(Config {
             frames: 4,
             policy: Policy::allow(Level::Locked),
             ..Config::default()
         })
-        .expect("engine");
+        .expect("engine")
+    }
+
+    #[test]
+    fn concurrent_programming_is_device_busy() {
+        let e = four_frames();
         let held = e.keys.begin().expect("first programmer");
         assert_eq!(e.program_status(&KeyProgram::clear(1)), Status::DeviceBusy);
         drop(held);
         assert_eq!(e.program_status(&KeyProgram::clear(1)), Status::ProgSuccess);
+    }
+
+    /// Regression: `frame * PAGE` was computed unchecked, and wraps in
+    /// release builds: frame 2^52 became address 0, so dram_frame(2^52)
+    /// returned frame 0, dram_copy and the bulk conversions touched frame 0,
+    /// and a domain's address for it pointed into frame 0.
+    #[test]
+    fn frame_numbers_that_overflow_are_refused_not_wrapped() {
+        let e = four_frames();
+        e.write(0, b"frame zero").expect("write");
+        e.flush();
+        let wraps = 1usize << 52; // wraps * PAGE == 2^64
+        let huge = [wraps, wraps + 1, usize::MAX / PAGE + 1, usize::MAX];
+        for f in huge {
+            assert!(
+                matches!(e.dram_frame(f), Err(EngineError::AddressOutOfRange { .. })),
+                "dram_frame({f:#x})"
+            );
+            assert!(e.dram_copy(f, 1).is_err(), "dram_copy({f:#x}, 1)");
+            assert!(e.dram_copy(1, f).is_err(), "dram_copy(1, {f:#x})");
+            assert!(
+                e.encrypt_frames(f, 1, 1, 1).is_err(),
+                "encrypt_frames({f:#x})"
+            );
+            assert!(
+                e.decrypt_frames(1, f, 1, 1).is_err(),
+                "decrypt_frames(1, count {f:#x})"
+            );
+            let d = e.domain("vm", &[1], &[0..2, 2..4]);
+            let mut b = [0u8; 10];
+            assert!(
+                d.read(d.address(f, 0, 1), &mut b).is_err(),
+                "domain read of frame {f:#x}"
+            );
+        }
+        // Frame 1 was never written (a relocation from "frame 2^52", which
+        // was frame 0, would have put frame 0's ciphertext there), and the
+        // last frame and an empty range at the end are still in range.
+        assert_eq!(e.dram_frame(1).expect("frame 1"), vec![0u8; PAGE]);
+        assert!(e.dram_frame(3).is_ok() && e.dram_frame(4).is_err());
+        assert!(e.encrypt_frames(4, 0, 1, 1).is_ok());
     }
 }

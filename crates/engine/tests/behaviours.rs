@@ -1,9 +1,10 @@
-//! The behaviours DESIGN.md §1 requires of the engine, one test each.
+//! The behaviours docs/engine.md promises of the engine, one test each.
 
 use memveil_engine::{
     Algorithm, Config, Engine, EngineError, KeyProgram, Mode, ProgramError, Status, PAGE,
 };
 use memveil_secmem::{Level, Policy};
+use memveil_testkit::{skip, Need};
 
 const K1A: [u8; 16] = [0x11; 16];
 const K1B: [u8; 16] = [0x22; 16];
@@ -403,9 +404,9 @@ fn keys_and_cache_live_in_secret_memory_when_available() {
     if memveil_sys::memfd_secret().is_ok() {
         assert_eq!(e.level(), Level::Secret);
     } else {
-        eprintln!(
-            "SKIP secret level check: memfd_secret unavailable; level {}",
-            e.level()
+        skip(
+            Need::MemfdSecret,
+            format!("the secret level check (level {})", e.level()),
         );
     }
     let o = e.overhead();

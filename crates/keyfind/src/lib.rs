@@ -14,8 +14,9 @@
 //! found; memveil's tests run on AES-NI, whose schedules are the standard form.
 //!
 //! Sources: raw images, ELF64 core files (`gcore`), and live processes through
-//! `/proc/PID/maps` and `/proc/PID/mem` (ranges that cannot be read, such as
-//! `memfd_secret` pages, are counted, not fatal).
+//! `/proc/PID/maps` and `/proc/PID/mem` (pages that cannot be read, such as
+//! `memfd_secret` pages or the evicted pages of a program under `memveil
+//! run`, are skipped one by one and counted, the rest of their mapping read).
 //!
 //! This crate parses hostile input (core files from anywhere) and forbids
 //! unsafe code; no input makes it panic.

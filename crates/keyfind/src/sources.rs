@@ -1,6 +1,5 @@
 //! Where images come from: raw files, ELF64 core files, live processes.
 
-use std::io::{Read as _, Seek as _, SeekFrom};
 use std::path::Path;
 
 use crate::KeyfindError;
@@ -21,7 +20,9 @@ pub struct Region {
 pub struct Image {
     /// Readable regions.
     pub regions: Vec<Region>,
-    /// Regions that exist but could not be read: (start, length, name, why).
+    /// Ranges that exist but could not be read: (start, length, name, why).
+    /// For a live process, each is a run of pages that failed to read inside
+    /// one mapping (the rest of the mapping is in [`Image::regions`]).
     pub unreadable: Vec<(u64, u64, String, String)>,
 }
 
@@ -30,6 +31,15 @@ impl Image {
     #[must_use]
     pub fn bytes(&self) -> usize {
         self.regions.iter().map(|r| r.data.len()).sum()
+    }
+
+    /// Bytes that exist in the source but could not be read, so were not
+    /// scanned (the sum of [`Image::unreadable`]).
+    #[must_use]
+    pub fn skipped_bytes(&self) -> u64 {
+        self.unreadable
+            .iter()
+            .fold(0u64, |n, u| n.saturating_add(u.1))
     }
 }
 
@@ -130,17 +140,104 @@ pub fn read_core(path: &Path) -> Result<Image, KeyfindError> {
     parse_core(&b)
 }
 
+/// Reads at an offset, as `pread(2)`: a short count means the byte after
+/// the last one returned could not be read (`/proc/PID/mem` stops at the
+/// first page it cannot reach, and fails only when that is the first).
+trait ReadAt {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize>;
+}
+
+impl ReadAt for std::fs::File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(self, buf, offset)
+    }
+}
+
+/// Granularity of what can fail to read: the x86-64 base page. (On a
+/// kernel with larger pages, a failing page is just skipped in several
+/// steps.)
+const PAGE: u64 = 4096;
+/// Bytes asked for at once; a failure costs a retry page by page only up to
+/// the failing page, since a short read returns everything before it.
+const CHUNK: u64 = 1 << 20;
+
+/// Reads `[start, end)` of `mem` into `img`, skipping only the pages that
+/// fail: each run of readable pages becomes a [`Region`] named `name`, each
+/// run of failing pages one [`Image::unreadable`] entry (with the first
+/// error). A mapping with one missing page in the middle (a page of a
+/// userfaultfd range not yet filled, an evicted page under `memveil run`)
+/// is still read around it.
+fn read_range(mem: &impl ReadAt, start: u64, end: u64, name: &str, img: &mut Image) {
+    let mut buf = vec![0u8; usize::try_from(CHUNK.min(end.saturating_sub(start))).unwrap_or(0)];
+    let mut run: Option<Region> = None;
+    let mut bad: Option<(u64, u64, String, String)> = None;
+    let mut at = start;
+    while at < end {
+        let want = usize::try_from(end - at).map_or(buf.len(), |w| w.min(buf.len()));
+        let got = mem.read_at(&mut buf[..want], at);
+        if got
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::Interrupted)
+        {
+            continue;
+        }
+        let n = got.as_ref().map_or(0, |&n| n.min(want));
+        if n > 0 {
+            if let Some(b) = bad.take() {
+                img.unreadable.push(b);
+            }
+            match &mut run {
+                Some(r) => r.data.extend_from_slice(&buf[..n]),
+                None => {
+                    run = Some(Region {
+                        start: at,
+                        name: name.to_owned(),
+                        data: buf[..n].to_vec(),
+                    });
+                }
+            }
+            at += n as u64;
+            continue;
+        }
+        // The page at `at` cannot be read: skip to the next page boundary.
+        if let Some(r) = run.take() {
+            img.regions.push(r);
+        }
+        let next = (at / PAGE).saturating_add(1).saturating_mul(PAGE).min(end);
+        match &mut bad {
+            Some(b) => b.1 += next - at,
+            None => {
+                let why = match got {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "nothing read (end of file, or the process exited)".to_owned(),
+                };
+                bad = Some((at, next - at, name.to_owned(), why));
+            }
+        }
+        at = next;
+    }
+    if let Some(r) = run {
+        img.regions.push(r);
+    }
+    if let Some(b) = bad {
+        img.unreadable.push(b);
+    }
+}
+
 /// Reads every readable mapping of process `pid` through `/proc/PID/mem`
 /// (needs ptrace rights over it: the same user and a dumpable process, or
-/// root). Mappings that fail to read (`memfd_secret` gives EIO) are listed
-/// in [`Image::unreadable`].
+/// root), page by page where needed: pages that fail to read (`memfd_secret`
+/// gives EIO; so do pages of a userfaultfd range that are not there, such as
+/// evicted pages under `memveil run`) are skipped and listed in
+/// [`Image::unreadable`] (their total is [`Image::skipped_bytes`]); the rest
+/// of their mapping is read.
 ///
 /// # Errors
 /// `/proc/PID/maps` or `/proc/PID/mem` cannot be opened.
 pub fn read_process(pid: u32) -> Result<Image, KeyfindError> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(io(format!("/proc/{pid}/maps")))?;
-    let mut mem =
+    let mem =
         std::fs::File::open(format!("/proc/{pid}/mem")).map_err(io(format!("/proc/{pid}/mem")))?;
     let mut img = Image::default();
     for line in maps.lines() {
@@ -162,21 +259,7 @@ pub fn read_process(pid: u32) -> Result<Image, KeyfindError> {
         {
             continue;
         }
-        let Ok(len) = usize::try_from(b.saturating_sub(a)) else {
-            continue;
-        };
-        let mut data = vec![0u8; len];
-        match mem
-            .seek(SeekFrom::Start(a))
-            .and_then(|_| mem.read_exact(&mut data))
-        {
-            Ok(()) => img.regions.push(Region {
-                start: a,
-                name,
-                data,
-            }),
-            Err(e) => img.unreadable.push((a, b - a, name, e.to_string())),
-        }
+        read_range(&mem, a, b, &name, &mut img);
     }
     Ok(img)
 }
@@ -184,6 +267,93 @@ pub fn read_process(pid: u32) -> Result<Image, KeyfindError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mapping of `pages` pages at `base` whose pages in `bad` fail (EIO),
+    /// read the way `/proc/PID/mem` reads: up to the first failing page.
+    struct Holes {
+        base: u64,
+        pages: u64,
+        bad: Vec<u64>,
+    }
+
+    impl Holes {
+        fn byte(at: u64) -> u8 {
+            (at / PAGE * 7 + at % 251).to_le_bytes()[0]
+        }
+    }
+
+    impl ReadAt for Holes {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            let mut n = 0;
+            while n < buf.len() {
+                let at = offset + n as u64;
+                let page = (at - self.base) / PAGE;
+                if page >= self.pages || self.bad.contains(&page) {
+                    break;
+                }
+                buf[n] = Self::byte(at);
+                n += 1;
+            }
+            if n == 0 {
+                return Err(std::io::Error::from_raw_os_error(5));
+            }
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn only_the_failing_pages_are_skipped_and_the_rest_of_the_mapping_is_read() {
+        // 300 pages (more than one CHUNK), holes at the start, in the
+        // middle (two pages), across the CHUNK boundary and at the end.
+        let base = 0x7f00_0000_0000;
+        let m = Holes {
+            base,
+            pages: 300,
+            bad: vec![0, 3, 4, 255, 256, 299],
+        };
+        let mut img = Image::default();
+        read_range(&m, base, base + 300 * PAGE, "[anon]", &mut img);
+        let runs: Vec<(u64, u64)> = img
+            .regions
+            .iter()
+            .map(|r| ((r.start - base) / PAGE, r.data.len() as u64 / PAGE))
+            .collect();
+        assert_eq!(runs, [(1, 2), (5, 250), (257, 42)]);
+        for r in &img.regions {
+            assert!((r.data.len() as u64).is_multiple_of(PAGE) && r.name == "[anon]");
+            for (i, &b) in r.data.iter().enumerate() {
+                assert_eq!(
+                    b,
+                    Holes::byte(r.start + i as u64),
+                    "byte {i} of {:#x}",
+                    r.start
+                );
+            }
+        }
+        let holes: Vec<(u64, u64)> = img
+            .unreadable
+            .iter()
+            .map(|u| ((u.0 - base) / PAGE, u.1 / PAGE))
+            .collect();
+        assert_eq!(holes, [(0, 1), (3, 2), (255, 2), (299, 1)]);
+        assert!(img.unreadable.iter().all(|u| u.3.contains("os error 5")));
+        assert_eq!(img.skipped_bytes(), 6 * PAGE);
+        assert_eq!(img.bytes() as u64, 294 * PAGE);
+    }
+
+    #[test]
+    fn an_unreadable_mapping_is_one_entry() {
+        let m = Holes {
+            base: 0,
+            pages: 64,
+            bad: (0..64).collect(),
+        };
+        let mut img = Image::default();
+        read_range(&m, 0, 64 * PAGE, "/secretmem", &mut img);
+        assert!(img.regions.is_empty());
+        assert_eq!(img.unreadable.len(), 1);
+        assert_eq!(img.skipped_bytes(), 64 * PAGE);
+    }
 
     #[test]
     fn malformed_cores_are_errors() {

@@ -5,6 +5,7 @@ use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use memveil_keyfind::{read_core, read_process, scan_image};
+use memveil_testkit::{skip, Need};
 
 const KEY: &str = "8c5f0e2ba317d94e61f0c83a2d7b9e14";
 
@@ -53,15 +54,17 @@ fn gcore(pid: u32, tag: &str) -> Option<std::path::PathBuf> {
         .output();
     match out {
         Ok(o) if o.status.success() => Some(base.with_extension(pid.to_string())),
-        Ok(o) => {
-            eprintln!(
-                "SKIP gcore part: gcore failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            None
-        }
+        // gcore present but failing on a child of ours is a failure, not
+        // a reason to skip the core part.
+        Ok(o) => panic!(
+            "gcore of the {tag} holder failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
         Err(e) => {
-            eprintln!("SKIP gcore part: gcore not runnable ({e}); install gdb");
+            skip(
+                Need::Installed("gcore"),
+                format!("the gcore part: gcore not runnable ({e}); install gdb"),
+            );
             None
         }
     }

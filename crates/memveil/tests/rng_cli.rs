@@ -4,6 +4,8 @@
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
+use memveil_testkit::{skip, Need};
+
 const BIN: &str = env!("CARGO_BIN_EXE_memveil");
 
 fn memveil(args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> Output {
@@ -99,7 +101,12 @@ fn every_stream_passes_the_battery_in_both_tools() {
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(err.contains("not available on this CPU"), "{source}: {err}");
-            eprintln!("SKIP {source} stream: {err}");
+            let cpu = if err.contains("RDSEED") {
+                "RDSEED"
+            } else {
+                "RDRAND"
+            };
+            skip(Need::Cpu(cpu), format!("the {source} stream: {err}"));
             continue;
         }
         let err = String::from_utf8_lossy(&out.stderr);
@@ -205,9 +212,11 @@ fn prediction_resistance_and_exact_lengths() {
     for n in ["1", "15", "16", "17", "65535", "65537", "200000"] {
         let out = read("drbg", n, &["--prediction-resistance", "--quiet"], &[]);
         if !out.status.success() {
-            eprintln!(
-                "SKIP drbg --prediction-resistance: {}",
-                String::from_utf8_lossy(&out.stderr)
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("not available on this CPU"), "{err}");
+            skip(
+                Need::Cpu("RDRAND"),
+                format!("drbg --prediction-resistance: {err}"),
             );
             return;
         }
@@ -242,9 +251,7 @@ fn binary_is_refused_on_a_terminal_unless_forced() {
             .output()
     };
     let Ok(out) = run("") else {
-        eprintln!(
-            "SKIP binary_is_refused_on_a_terminal_unless_forced: util-linux `script` not found"
-        );
+        skip(Need::Installed("script"), "util-linux `script` not found");
         return;
     };
     assert_eq!(out.status.code(), Some(1));

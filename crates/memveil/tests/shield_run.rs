@@ -8,7 +8,9 @@
 //! - protection, with a positive control: a secret set through redis-cli is
 //!   found in a `gcore` dump of a plain redis-server, and not found in the
 //!   protected one once it left the window; the protected dump is shown not
-//!   to be empty (a marker set just before the dump is found in it);
+//!   to be empty (a marker set just before the dump is found in it); no AES
+//!   key schedule is found in the protected server's memory or dump, while
+//!   one stored as a value is found in the plain server's;
 //! - refusal: an unprivileged user is refused, naming
 //!   `vm.unprivileged_userfaultfd`, and the program is not run.
 //!
@@ -23,6 +25,8 @@ use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use memveil_testkit::{skip, Need};
 
 const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
 const WORKLOAD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/shield_workload.py");
@@ -68,7 +72,7 @@ fn which(prog: &str) -> Option<PathBuf> {
 
 /// Whether every tool is present; prints what is missing (and why the test
 /// is skipped) otherwise.
-fn have(test: &str, tools: &[&str]) -> bool {
+fn have(test: &str, tools: &[&'static str]) -> bool {
     let missing: Vec<&str> = tools
         .iter()
         .copied()
@@ -77,9 +81,12 @@ fn have(test: &str, tools: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    eprintln!(
-        "SKIP {test}: {} not installed (scripts/install.sh --deps installs them from scripts/packages.txt)",
-        missing.join(", ")
+    skip(
+        Need::Installed(missing[0]),
+        format!(
+            "{test}: {} not installed (scripts/install.sh --deps installs them from scripts/packages.txt)",
+            missing.join(", ")
+        ),
     );
     false
 }
@@ -91,7 +98,10 @@ fn root(test: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    eprintln!("SKIP {test}: needs root (memveil run needs userfaultfd for kernel-side faults)");
+    skip(
+        Need::Root,
+        format!("{test}: memveil run needs userfaultfd for kernel-side faults"),
+    );
     false
 }
 
@@ -881,6 +891,23 @@ fn secret_value(secret: &str) -> String {
     format!("{secret}-{}", "p".repeat(1023 - secret.len()))
 }
 
+/// `SET schedule V` as raw protocol, V of the fill's size holding the
+/// AES-128 schedule of a random key four times, at offsets 0, 181, 362 and
+/// 543: whatever redis's string header, one copy is 4-byte aligned in
+/// memory, where the finder looks.
+fn schedule_resp() -> Vec<u8> {
+    let key = &random_secret().into_bytes()[..16];
+    let s = memveil_keyfind::expand(key).expect("AES-128 schedule");
+    let mut v = vec![b's'; 1024];
+    for i in 0..4 {
+        v[181 * i..181 * i + s.len()].copy_from_slice(&s);
+    }
+    let mut resp = b"*3\r\n$3\r\nSET\r\n$8\r\nschedule\r\n$1024\r\n".to_vec();
+    resp.extend_from_slice(&v);
+    resp.extend_from_slice(b"\r\n");
+    resp
+}
+
 #[test]
 fn redis_secret_leaves_the_window_positive_control() {
     if !have(
@@ -901,6 +928,7 @@ fn redis_secret_leaves_the_window_positive_control() {
         plain.cli(&["SET", "secret", &secret_value(&secret)]).trim(),
         "OK"
     );
+    plain.pipe(&schedule_resp());
     plain.pipe(&fill);
     let pid = plain.server_pid();
     let (core, size) = gcore(&dir, "plain", pid);
@@ -915,10 +943,14 @@ fn redis_secret_leaves_the_window_positive_control() {
     std::fs::remove_file(&core).expect("remove core");
     let image = dir.path("plain.img");
     page_image(pid, &image);
-    let (c, hits, _) = keyfind(&[image.to_str().expect("utf-8")], &hex(secret.as_bytes()));
+    let (c, hits, keys) = keyfind(&[image.to_str().expect("utf-8")], &hex(secret.as_bytes()));
     assert!(
         c == 3 && hits > 0,
         "positive control failed: the secret is not in the page image of a plain redis-server"
+    );
+    assert!(
+        keys > 0,
+        "positive control failed: the key schedule stored in a plain redis-server is not in its page image"
     );
     std::fs::remove_file(&image).expect("remove image");
     assert_eq!(plain.shutdown(), 0);
@@ -945,6 +977,7 @@ fn redis_secret_leaves_the_window_positive_control() {
         prot.cli(&["SET", "secret", &secret_value(&secret)]).trim(),
         "OK"
     );
+    prot.pipe(&schedule_resp());
     prot.pipe(&fill);
     let pid = prot.server_pid();
     assert_eq!(prot.cli(&["SET", "marker", &marker]).trim(), "OK");
@@ -967,6 +1000,11 @@ fn redis_secret_leaves_the_window_positive_control() {
         "the secret is readable in the protected redis-server's memory after 5 MB of other values of its size went through \
          a 64-page window ({kept} pages readable, {unreadable} evicted)"
     );
+    assert_eq!(
+        keys, 0,
+        "AES key schedules in the page image of the protected redis-server (the stored one left the window; \
+         the shield's keys live in secret memory): key material outside secret memory"
+    );
     eprintln!(
         "page image of the protected redis-server: {kept} non-zero pages readable, {unreadable} evicted; \
          marker found, secret not found, {keys} AES key schedule(s)"
@@ -978,14 +1016,15 @@ fn redis_secret_leaves_the_window_positive_control() {
         "the gcore dump of the protected redis-server is only {size} bytes"
     );
     let core_s = core.to_str().expect("utf-8");
-    let (c, hits, keys) = keyfind(&["--core", core_s], &hex(secret.as_bytes()));
+    let (_, hits, keys) = keyfind(&["--core", core_s], &hex(secret.as_bytes()));
     assert_eq!(
         hits, 0,
         "the secret is in the gcore dump of the protected redis-server"
     );
-    if c != 0 {
-        eprintln!("keyfind exit {c}: {keys} AES key schedule(s) in the protected dump (the secret is not)");
-    }
+    assert_eq!(
+        keys, 0,
+        "AES key schedules in the gcore dump of the protected redis-server"
+    );
     let (_, marker_hits, _) = keyfind(&["--core", core_s], &hex(marker.as_bytes()));
     eprintln!(
         "gcore dump of the protected redis-server: {size} bytes, secret not found; the marker (in the window) {}",
@@ -1019,16 +1058,22 @@ fn unprivileged_user_is_refused_naming_the_sysctl() {
     let sysctl =
         std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
     if sysctl.trim() != "0" {
-        eprintln!(
-            "SKIP unprivileged_refusal: vm.unprivileged_userfaultfd is {:?} here, so unprivileged users are allowed",
-            sysctl.trim()
+        skip(
+            Need::HostSetting("vm.unprivileged_userfaultfd=0"),
+            format!(
+                "vm.unprivileged_userfaultfd is {:?} here, so unprivileged users are allowed",
+                sysctl.trim()
+            ),
         );
         return;
     }
     if let Ok(m) = std::fs::metadata("/dev/userfaultfd") {
         use std::os::unix::fs::PermissionsExt as _;
         if m.permissions().mode() & 0o006 != 0 {
-            eprintln!("SKIP unprivileged_refusal: /dev/userfaultfd is open to everyone here");
+            skip(
+                Need::HostSetting("/dev/userfaultfd root-only"),
+                "/dev/userfaultfd is open to everyone here",
+            );
             return;
         }
     }
@@ -1126,7 +1171,12 @@ fn own_allocator_is_kept_and_protected() {
         return;
     }
     if !Path::new(JEMALLOC).is_file() {
-        eprintln!("SKIP own_allocator: {JEMALLOC} missing (Debian package libjemalloc2, which redis-server pulls in)");
+        skip(
+            Need::Installed("libjemalloc2"),
+            format!(
+                "{JEMALLOC} missing (Debian package libjemalloc2, which redis-server pulls in)"
+            ),
+        );
         return;
     }
     preload_built();

@@ -5,6 +5,7 @@
 //! memfd_secret working, running under a hypervisor).
 
 use memveil_probe::{collect, decode, render, CollectOptions, HostFacts, Status, Value};
+use memveil_testkit::{skip, Need};
 
 fn cpuinfo_flags() -> Vec<String> {
     let s = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -48,7 +49,7 @@ fn live_probe_of_this_host() {
         assert_eq!(item_bool("rng.rdrand.healthy"), Some(true));
         assert_eq!(r.check("rdrand").map(|c| c.status), Some(Status::Pass));
     } else {
-        eprintln!("SKIP live rdrand health: this CPU has no RDRAND");
+        skip(Need::Cpu("RDRAND"), "the rdrand health check");
     }
     assert_eq!(item_bool("cpu.aes_ni"), Some(flag("aes")));
     // (VAES is not compared: the kernel hides it when AVX state is off, while
@@ -57,7 +58,7 @@ fn live_probe_of_this_host() {
     // Hypervisor bit agrees with the kernel's "hypervisor" flag.
     assert_eq!(item_bool("guest.hypervisor"), Some(flag("hypervisor")));
     if !flag("hypervisor") {
-        eprintln!("SKIP live hypervisor vendor: not running under a hypervisor");
+        skip(Need::Hypervisor, "the hypervisor vendor check");
     } else {
         assert!(r.item("guest.hypervisor_vendor").is_some());
     }
@@ -66,7 +67,7 @@ fn live_probe_of_this_host() {
     let direct = memveil_sys::memfd_secret().is_ok();
     assert_eq!(item_bool("kernel.memfd_secret"), Some(direct));
     if !direct {
-        eprintln!("SKIP live memfd_secret: unavailable on this kernel");
+        skip(Need::MemfdSecret, "unavailable on this kernel");
     }
 
     // MSR access: unknown with the module hint when the device is missing.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use memveil_secmem::{Level, Policy, SecretRegion};
+use memveil_testkit::{skip, Need};
 
 fn probe_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("exe");
@@ -33,9 +34,9 @@ fn strongest_level_is_used() {
     if secretmem_here() {
         assert_eq!(r.level(), Level::Secret);
     } else {
-        eprintln!(
-            "SKIP secret-level check: memfd_secret unavailable here; got {}",
-            r.level()
+        skip(
+            Need::MemfdSecret,
+            format!("the secret-level check (got {})", r.level()),
         );
         assert_eq!(r.level(), Level::Locked);
     }
@@ -69,8 +70,20 @@ fn as_nobody_with_memlock(limit: u64, args: &[&str], env_off: bool) -> Option<(b
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !(have("prlimit") && have("setpriv") && nix_root()) {
-        eprintln!("SKIP memlock test: needs root with prlimit and setpriv (util-linux)");
+    let missing = if !nix_root() {
+        Some(Need::Root)
+    } else if !have("prlimit") {
+        Some(Need::Installed("prlimit"))
+    } else if !have("setpriv") {
+        Some(Need::Installed("setpriv"))
+    } else {
+        None
+    };
+    if let Some(need) = missing {
+        skip(
+            need,
+            "the memlock test runs as nobody under prlimit (util-linux)",
+        );
         return None;
     }
     let mut c = Command::new("prlimit");
@@ -138,7 +151,10 @@ fn secret_pages_are_unreadable_through_proc_mem() {
         let e = read_proc_mem(locked.as_ptr() as usize, 8);
         assert!(e.is_err(), "memfd_secret page was readable: {e:?}");
     } else {
-        eprintln!("SKIP memfd_secret unreadability: memfd_secret unavailable here");
+        skip(
+            Need::MemfdSecret,
+            "the unreadability check (the positive control runs)",
+        );
     }
     // Positive control: an ordinary heap buffer is readable the same way.
     let heap = b"SECRET!!".to_vec();

@@ -16,7 +16,9 @@
 //! inherit the userfaultfd); the child runs unprotected.
 //!
 //! Settings come from the environment (set by `memveil run`):
-//! `MEMVEIL_SHIELD_WINDOW` (pages), `MEMVEIL_SHIELD_KEYID`,
+//! `MEMVEIL_SHIELD_WINDOW` (pages: fixed, or the least an adaptive window
+//! keeps), `MEMVEIL_SHIELD_MAX_PLAINTEXT` (an adaptive window's bound, as
+//! `memveil run --max-plaintext`: `25%` or a size), `MEMVEIL_SHIELD_KEYID`,
 //! `MEMVEIL_SHIELD_STATS_DIR` (one `PID.stats` file per process),
 //! `MEMVEIL_SHIELD_SPIN_US`, `MEMVEIL_SHIELD_REGION_GIB`,
 //! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`,
@@ -118,7 +120,7 @@ fn in_region(p: usize) -> bool {
     b != 0 && p >= b && p < b + LEN.load(Ordering::Relaxed)
 }
 
-fn env_usize(name: &CStr) -> Option<usize> {
+fn env_str(name: &CStr) -> Option<String> {
     // SAFETY: getenv with a NUL-terminated name; the result is a
     // NUL-terminated string owned by the environment, read at once.
     let v = unsafe { libc::getenv(name.as_ptr()) };
@@ -126,7 +128,14 @@ fn env_usize(name: &CStr) -> Option<usize> {
         return None;
     }
     // SAFETY: non-null result of getenv, NUL-terminated.
-    unsafe { CStr::from_ptr(v) }.to_str().ok()?.parse().ok()
+    unsafe { CStr::from_ptr(v) }
+        .to_str()
+        .ok()
+        .map(str::to_owned)
+}
+
+fn env_usize(name: &CStr) -> Option<usize> {
+    env_str(name)?.parse().ok()
 }
 
 /// A test-and-set lock that can be held across `fork` (taken in the prepare
@@ -870,10 +879,17 @@ fn start() -> Result<(), String> {
     let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(memveil_shield::DEFAULT_WINDOW);
     let keyid = env_usize(c"MEMVEIL_SHIELD_KEYID").unwrap_or(1);
     let keyid = u16::try_from(keyid).map_err(|_| format!("KeyID {keyid} out of range"))?;
+    // Adaptive window within a bound (memveil run's default: 25%); absent,
+    // the window stays fixed.
+    let max_plaintext = match env_str(c"MEMVEIL_SHIELD_MAX_PLAINTEXT") {
+        Some(b) => Some(memveil_shield::Bound::parse(&b)?),
+        None => None,
+    };
     let spin = env_usize(c"MEMVEIL_SHIELD_SPIN_US").unwrap_or(0);
     let accept_locked = env_usize(c"MEMVEIL_SHIELD_ALLOW_LOCKED") == Some(1);
     let cfg = Config {
         window,
+        max_plaintext,
         spin: Duration::from_micros(spin as u64),
         accept_unwiped_free: env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") == Some(1),
         force_write_protect: env_usize(c"MEMVEIL_SHIELD_FORCE_WP") == Some(1),

@@ -14,6 +14,12 @@ fn main() {
     let spin = std::env::var("SPIN_US").map_or(0, |v| v.parse().unwrap());
     let cfg = Config {
         window,
+        idle_handler: std::env::var("IDLE").map_or(true, |v| v != "0"),
+        handler_cpu: if std::env::var("FOLLOW").is_ok_and(|v| v == "0") {
+            memveil_shield::HandlerCpu::Current
+        } else {
+            memveil_shield::HandlerCpu::Follow
+        },
         force_write_protect: wp,
         accept_unwiped_free: wp,
         spin: std::time::Duration::from_micros(spin),
@@ -24,6 +30,61 @@ fn main() {
     let p = memveil_sys::uffd::map_anonymous_direct(pages * PAGE).unwrap();
     // SAFETY: fresh mapping used only through the shield.
     unsafe { s.encrypt_mprotect(p, pages * PAGE, 3, 1) }.unwrap();
+    if std::env::var("RAND_FAULTS").is_ok_and(|v| v == "1") {
+        // Random single pages: every touch outside the window faults.
+        for i in 0..pages {
+            // SAFETY: inside the protected range.
+            unsafe { p.add(i * PAGE).write_volatile(1) };
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..4 {
+            let before = s.stats();
+            let t = Instant::now();
+            let n = pages * 2;
+            for _ in 0..n {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = (x % pages as u64) as usize;
+                // SAFETY: inside the protected range.
+                unsafe { p.add(i * PAGE).write_volatile(round) };
+            }
+            let dt = t.elapsed();
+            let st = s.stats();
+            let faults = st.faults() - before.faults();
+            println!(
+                "random {round}: {:.2} us/fault, {faults} faults of {n} touches, handler {:.2} us/fault, evict {:.2} us/page, idle {} rescues {} moves {}",
+                dt.as_secs_f64() * 1e6 / faults.max(1) as f64,
+                (st.handler_ns - before.handler_ns) as f64 / 1e3 / faults.max(1) as f64,
+                (st.evict_ns - before.evict_ns) as f64 / 1e3 / (st.evictions - before.evictions).max(1) as f64,
+                st.handler_idle, st.idle_rescues, st.handler_moves
+            );
+        }
+        std::process::exit(0);
+    }
+    let threads: usize = std::env::var("THREADS").map_or(1, |v| v.parse().unwrap());
+    if threads > 1 {
+        let base = p as usize;
+        for pass in 0..4 {
+            let t = Instant::now();
+            std::thread::scope(|sc| {
+                for k in 0..threads {
+                    sc.spawn(move || {
+                        let per = pages / threads;
+                        for i in k * per..(k + 1) * per {
+                            // SAFETY: inside the protected range.
+                            unsafe { ((base + i * PAGE) as *mut u8).write_volatile(pass as u8) };
+                        }
+                    });
+                }
+            });
+            println!(
+                "threads {threads} pass {pass}: {:.2} us/page (wall)",
+                t.elapsed().as_secs_f64() * 1e6 / pages as f64
+            );
+        }
+        std::process::exit(0);
+    }
     for pass in 0..4 {
         let before = s.stats();
         let t = Instant::now();

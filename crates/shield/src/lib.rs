@@ -2,14 +2,28 @@
 //! software analogue of the `encrypt_mprotect(addr, len, prot, keyid)` call
 //! proposed for Linux MKTME.
 //!
-//! A protected range is registered with a userfaultfd. At most `window` of
-//! its pages are plaintext at any time; the others are missing from the page
+//! A protected range is registered with a userfaultfd. At most a window of
+//! its pages is plaintext at any time; the others are missing from the page
 //! tables and held as AES-XTS ciphertext (tweak = page address, key per
 //! KeyID, key schedules in `memfd_secret` memory) in a store of ordinary
 //! memory. Any access to a missing page, by the program or by the kernel on
 //! its behalf (`read(2)` into it, `write(2)` from it), stops the accessing
 //! thread until a handler thread decrypts the page and maps it back; the
-//! victims are chosen by a 2Q policy (see `Queues`).
+//! victims are chosen by a 2Q policy (see `state::Queues`).
+//!
+//! What one fault costs decides what protection costs, so the fault path is
+//! built to resolve as much as a fault allows:
+//! - a fault that continues a sequential scan brings in a run of pages (1,
+//!   2, 4, ... 64: `policy::Streams`), never-written and evicted pages alike,
+//!   with one `UFFDIO_COPY` or `UFFDIO_MOVE` per run; victims that are
+//!   neighbours leave in one move too;
+//! - the window either stays fixed or adapts to the working set within a
+//!   bound that is never exceeded ([`Bound`], `policy::Window`);
+//! - the handler runs at `SCHED_IDLE` on the CPU the program faults from, so
+//!   the scheduler puts the woken thread back on that CPU instead of the
+//!   idle one (a wake-up across vCPUs costs tens of microseconds on a VM); a
+//!   watchdog returns it to the normal policy when it is starved (see
+//!   `guard`).
 //!
 //! Eviction is race-free against other threads of the program:
 //! - with `UFFDIO_MOVE` (Linux 6.8+) the page's frame is moved atomically
@@ -24,41 +38,37 @@
 //!
 //! What this crate refuses to do: protect memory without a userfaultfd that
 //! also sees kernel-side faults (a user-mode-only descriptor would make
-//! system calls on protected buffers fail with EFAULT), or run the weaker
-//! eviction without the caller accepting it.
+//! system calls on protected buffers fail with EFAULT), run the weaker
+//! eviction without the caller accepting it, or let an adaptive window grow
+//! past its bound.
 
+mod guard;
+mod handler;
+mod policy;
+mod state;
 mod stats;
 
+pub use policy::{Bound, RUN_MAX};
 pub use stats::{Counters, Snapshot, StatsFile};
 
-use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
-use memveil_cipher::Xts;
-use memveil_secmem::{Level, Policy, SecretBox, SecretPool};
-use memveil_sys::stack_thread::{self, StackThread};
-use memveil_sys::uffd::{self, Fault, Uffd};
+use memveil_secmem::{Level, Policy};
+use memveil_sys::uffd::{self, Uffd};
+
+use handler::{Inner, Threads};
+use state::{Range, PINNED, RESIDENT};
 
 /// Page size the shield works in (x86-64 base pages).
 pub const PAGE: usize = 4096;
 /// Number of KeyIDs (6 KeyID bits, as the engine's default).
 pub const KEYIDS: u16 = 64;
-/// Default plaintext window in pages (16 MiB).
+/// Default plaintext window in pages (16 MiB), and the least an adaptive
+/// window bounded by a percentage keeps.
 pub const DEFAULT_WINDOW: usize = 4096;
-
-const ZERO: u8 = 0;
-const RESIDENT: u8 = 1;
-const EVICTED: u8 = 2;
-const STATE_MASK: u8 = 3;
-/// Page may not be read by the handler (the program made it unreadable):
-/// it is never evicted while the flag is set.
-const PINNED: u8 = 0x80;
-/// Page was evicted recently (it is in the ghost queue): if it faults back
-/// soon, it is hot and joins the main queue.
-const GHOST: u8 = 0x40;
 
 /// How evicted pages leave the program's view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,8 +93,12 @@ impl Mechanism {
 /// Settings of a [`Shield`].
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Most pages kept as plaintext at once (at least 1).
+    /// Most pages kept as plaintext at once (at least 1); with
+    /// [`Config::max_plaintext`], the least an adaptive window keeps.
     pub window: usize,
+    /// Adapt the window to the working set, up to this bound (`None`: the
+    /// window stays at [`Config::window`]).
+    pub max_plaintext: Option<Bound>,
     /// How long the handler thread polls for the next fault before it sleeps
     /// in `poll(2)`. Zero by default: measured by hand with the faultcost
     /// example, a handler spinning 50 µs made each fault about 80-90 µs
@@ -105,6 +119,14 @@ pub struct Config {
     /// a thread on another, idle CPU costs tens of microseconds on a
     /// virtual machine — and moves with the thread that faults.
     pub handler_cpu: HandlerCpu,
+    /// Run the handler at `SCHED_IDLE` while a watchdog sees it is not
+    /// starved (see the crate docs). Only used when the process may run on
+    /// more than one CPU and may leave `SCHED_IDLE` again (root, or
+    /// `RLIMIT_NICE` room).
+    pub idle_handler: bool,
+    /// Bring in runs of pages on sequential faults (tests turn it off to
+    /// count single-page faults).
+    pub readahead: bool,
 }
 
 /// Where the fault handler thread runs.
@@ -131,12 +153,15 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             window: DEFAULT_WINDOW,
+            max_plaintext: None,
             spin: Duration::ZERO,
             policy: Policy::secret_only(),
             accept_unwiped_free: false,
             force_write_protect: false,
             evict_batch: 32,
             handler_cpu: HandlerCpu::Follow,
+            idle_handler: true,
+            readahead: true,
         }
     }
 }
@@ -240,167 +265,11 @@ fn mechanism_of(offered: u64, force_wp: bool) -> Result<Mechanism, ShieldError> 
     }
 }
 
-/// A protected range and its ciphertext store.
-struct Range {
-    base: usize,
-    pages: usize,
-    keyid: u16,
-    /// One state byte per page (direct mapping, not the program's heap).
-    states: *mut u8,
-    /// Ciphertext, page `i` at `store + i * PAGE`. With the Move mechanism
-    /// the store is registered with the userfaultfd (a move's destination
-    /// must be) and slot `i` holds a frame exactly while page `i` is
-    /// evicted; the handler touches a slot only then, so it never faults on
-    /// one.
-    store: *mut u8,
-}
-
-impl Range {
-    fn state(&self, i: usize) -> u8 {
-        debug_assert!(i < self.pages);
-        // SAFETY: `states` holds `pages` bytes owned by this range; i < pages.
-        unsafe { self.states.add(i).read() }
-    }
-    fn set_state(&mut self, i: usize, s: u8) {
-        debug_assert!(i < self.pages);
-        // SAFETY: as in `state`; `&mut self` gives exclusive access.
-        unsafe { self.states.add(i).write(s) }
-    }
-    fn store_page(&mut self, i: usize) -> &mut [u8] {
-        // SAFETY: the store holds `pages * PAGE` bytes owned by this range,
-        // i < pages, and `&mut self` gives exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.store.add(i * PAGE), PAGE) }
-    }
-    fn end(&self) -> usize {
-        self.base + self.pages * PAGE
-    }
-}
-
-impl Drop for Range {
-    fn drop(&mut self) {
-        // SAFETY: both mappings were made by `Range`'s creator for this range
-        // alone and nothing refers to them after drop.
-        unsafe {
-            let _ = uffd::unmap_direct(self.states, self.pages.next_multiple_of(PAGE));
-            let _ = uffd::unmap_direct(self.store, self.pages * PAGE);
-        }
-    }
-}
-
-/// Resident pages in two FIFO queues (2Q): pages enter `probation`; a page
-/// that faults back while its address is still in `ghosts` (evicted
-/// recently) is hot and enters `main`. Eviction takes from `probation`
-/// while it holds more than [`PROBATION_SHARE`] of the window, else from
-/// `main`, so a hot set (hash tables, allocator metadata) survives a stream
-/// of cold pages. Entries may be stale (page discarded or evicted): the page
-/// state is checked when an entry is popped.
-#[derive(Default)]
-struct Queues {
-    probation: VecDeque<usize>,
-    main: VecDeque<usize>,
-    ghosts: VecDeque<usize>,
-}
-
-/// The window is divided by this for the pages probation may hold before
-/// victims come from it (and for the ghosts remembered, see
-/// [`ghost_capacity`]). The 2Q paper's 1/4 and a ghost list as long as the
-/// window let a large set touched uniformly at random (redis's values)
-/// return to `main` as often as the hot set does, and push the hot set out:
-/// redis-benchmark `-r 100000 -d 512` took 1.12 faults per GET and 0.72 per
-/// SET. With 1/8 for both it takes 0.92 and 0.60; values alone would need
-/// 0.87 a GET (BENCHMARKS.md, "Shield").
-const PROBATION_SHARE: usize = 8;
-
-/// How many evicted pages' addresses the ghost queue remembers: a page is
-/// hot when it faults back within this many evictions.
-fn ghost_capacity(window: usize) -> usize {
-    (window / PROBATION_SHARE).max(4)
-}
-
-struct State {
-    ranges: Vec<Range>,
-    queues: Queues,
-    resident: usize,
-    evicted: usize,
-    window: usize,
-    keys: Vec<Option<SecretBox<Xts>>>,
-    bounce: SecretBox<[u8]>,
-    /// Eviction is suspended (around fork).
-    frozen: bool,
-}
-
-// SAFETY: the raw pointers in `Range` refer to mappings owned by the State
-// and are only dereferenced under the State's mutex.
-unsafe impl Send for State {}
-
-struct Inner {
-    uffd: Uffd,
-    mechanism: Mechanism,
-    batch: usize,
-    spin: Duration,
-    handler_cpu: Option<usize>,
-    /// [`HandlerCpu::Follow`], and the kernel reports faulting threads.
-    follow: bool,
-    level: Level,
-    state: Mutex<State>,
-    stats: StatsFile,
-    stop: AtomicBool,
-    /// A registered page that is never filled except to stop the handler:
-    /// [`Shield`]'s drop touches it, so a handler asleep in `read(2)` wakes,
-    /// maps zeros there (releasing the toucher) and sees `stop`.
-    doorbell: usize,
-    pool: SecretPool,
-}
-
-/// Source of the zeros mapped at the doorbell (read-only data, outside any
-/// protected range).
-static ZEROS: [u8; PAGE] = [0; PAGE];
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // SAFETY: the last reference is gone, so the handler has stopped and
-        // nothing uses the doorbell page any more.
-        let _ = unsafe { uffd::unmap_direct(self.doorbell as *mut u8, PAGE) };
-    }
-}
-
-/// The handler thread's stack: locked, not dumped, and private, not secret
-/// memory — after `fork` the C library rewrites the control block of every
-/// thread in the child, which lives at the top of this stack, so the child
-/// must inherit a copy (a `memfd_secret` mapping is shared or, with
-/// `MADV_DONTFORK`, missing). Pages and keys the thread handles stay in
-/// secret memory (the bounce page, the key schedules).
-struct HandlerStack {
-    base: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the stack is an owned mapping with no thread affinity.
-unsafe impl Send for HandlerStack {}
-
-impl AsMut<[u8]> for HandlerStack {
-    fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `base` is a mapping of `len` bytes owned by this value.
-        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
-    }
-}
-
-impl Drop for HandlerStack {
-    fn drop(&mut self) {
-        // SAFETY: the thread that ran on it has been joined (StackThread
-        // hands the stack back only after join).
-        let _ = unsafe { uffd::unmap_direct(self.base, self.len) };
-    }
-}
-
-/// Stack of the handler thread.
-const HANDLER_STACK: usize = 256 * 1024;
-
-/// The shield: one userfaultfd, one handler thread, the key table and the
-/// plaintext window shared by all protected ranges.
+/// The shield: one userfaultfd, one handler thread (and its watchdog), the
+/// key table and the plaintext window shared by all protected ranges.
 pub struct Shield {
     inner: Arc<Inner>,
-    handler: Option<StackThread<HandlerStack>>,
+    threads: Option<Threads>,
 }
 
 impl Shield {
@@ -411,88 +280,10 @@ impl Shield {
     /// [`ShieldError::NotPermitted`], [`ShieldError::Unsupported`],
     /// [`ShieldError::UnwipedEviction`], or secret memory errors.
     pub fn new(cfg: &Config, stats: StatsFile) -> Result<Self, ShieldError> {
-        let fd = open_uffd()?;
-        let offered = Uffd::offered_features().map_err(os("UFFDIO_API"))?;
-        let mechanism = mechanism_of(offered, cfg.force_write_protect)?;
-        if mechanism == Mechanism::WriteProtect
-            && offered & uffd::FEATURE_MOVE == 0
-            && !cfg.accept_unwiped_free
-        {
-            return Err(ShieldError::UnwipedEviction);
-        }
-        // Nothing to follow when the process (its main thread) may run on
-        // one CPU only (`memveil run --cpu N`, taskset): a look costs a
-        // system call.
-        let follow = cfg.handler_cpu == HandlerCpu::Follow
-            && offered & uffd::FEATURE_THREAD_ID != 0
-            && memveil_sys::process::allowed_cpus(std::process::id()).is_none_or(|n| n > 1);
-        fd.handshake(
-            uffd::FEATURE_PAGEFAULT_FLAG_WP | if follow { uffd::FEATURE_THREAD_ID } else { 0 },
-        )
-        .map_err(os("UFFDIO_API"))?;
-        let window = cfg.window.max(1);
-        let batch = cfg.evict_batch.clamp(1, (window / 4).max(1));
-        let pool = SecretPool::new(64 * 1024, cfg.policy)?;
-        let level = pool.level();
-        let bounce = pool.alloc_bytes(PAGE)?;
-        let doorbell = uffd::map_anonymous_direct(PAGE).map_err(os("mmap doorbell"))?;
-        fd.register(doorbell as u64, PAGE as u64, uffd::MODE_MISSING)
-            .map_err(os("UFFDIO_REGISTER doorbell"))?;
-        let c = stats.counters();
-        c.window.store(window as u64, Ordering::Relaxed);
-        c.mechanism.store(
-            match mechanism {
-                Mechanism::Move => 1,
-                Mechanism::WriteProtect => 2,
-            },
-            Ordering::Relaxed,
-        );
-        c.level.store(
-            match level {
-                Level::Secret => 1,
-                _ => 2,
-            },
-            Ordering::Relaxed,
-        );
-        let inner = Arc::new(Inner {
-            uffd: fd,
-            mechanism,
-            batch,
-            spin: cfg.spin,
-            handler_cpu: match cfg.handler_cpu {
-                HandlerCpu::Any => None,
-                HandlerCpu::Current | HandlerCpu::Follow => memveil_sys::process::current_cpu(),
-                HandlerCpu::Cpu(n) => Some(n),
-            },
-            follow,
-            level,
-            state: Mutex::new(State {
-                ranges: Vec::new(),
-                queues: Queues::default(),
-                resident: 0,
-                evicted: 0,
-                window,
-                keys: (0..KEYIDS).map(|_| None).collect(),
-                bounce,
-                frozen: false,
-            }),
-            stats,
-            stop: AtomicBool::new(false),
-            doorbell: doorbell as usize,
-            pool,
-        });
-        let worker = Arc::clone(&inner);
-        // A thread started directly on its stack runs our code first: no
-        // runtime prologue allocates before the start hook has run.
-        let stack = Box::new(HandlerStack {
-            base: uffd::map_stack_direct(HANDLER_STACK).map_err(os("mmap handler stack"))?,
-            len: HANDLER_STACK,
-        });
-        let handler = stack_thread::spawn(stack, move || worker.serve())
-            .map_err(os("spawn handler thread"))?;
+        let (inner, threads) = handler::start(cfg, stats)?;
         Ok(Self {
             inner,
-            handler: Some(handler),
+            threads: Some(threads),
         })
     }
 
@@ -543,10 +334,14 @@ impl Shield {
         if len == 0 || !base.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
             return Err(bad("not a non-empty page-aligned range"));
         }
+        if base.checked_add(len).is_none() {
+            return Err(bad("wraps around the address space"));
+        }
         if keyid >= KEYIDS {
             return Err(ShieldError::BadKeyId(keyid));
         }
-        let mut st = self.inner.lock();
+        let inner = &self.inner;
+        let mut st = inner.lock();
         if st
             .ranges
             .iter()
@@ -554,37 +349,27 @@ impl Shield {
         {
             return Err(bad("overlaps a protected range"));
         }
-        self.inner.ensure_key(&mut st, keyid)?;
+        inner.ensure_key(&mut st, keyid)?;
         let pages = len / PAGE;
-        let states = uffd::map_anonymous_direct(pages.next_multiple_of(PAGE))
-            .map_err(os("mmap page states"))?;
-        let store = uffd::map_anonymous_direct(len).map_err(os("mmap ciphertext store"))?;
-        let range = Range {
-            base,
-            pages,
-            keyid,
-            states,
-            store,
-        };
-        if self.inner.mechanism == Mechanism::Move {
+        // On any failure below `range` unmaps its own mappings as it drops.
+        let mut range = Range::map(base, pages, keyid).map_err(os("mmap range bookkeeping"))?;
+        if inner.mechanism == Mechanism::Move {
             // Evicted frames are moved into their slots, which the kernel
             // allows only into a range registered here. The handler touches
             // a slot only while it holds a frame, so it never faults on one.
-            // On failure `range` unmaps both mappings as it drops.
-            self.inner
+            inner
                 .uffd
-                .register(store as u64, len as u64, uffd::MODE_MISSING)
+                .register(range.store as u64, len as u64, uffd::MODE_MISSING)
                 .map_err(os("UFFDIO_REGISTER store"))?;
         }
         // Which pages already hold data: mincore writes 1 per resident page,
         // which is exactly RESIDENT; 0 is ZERO.
-        // SAFETY: `states` holds `pages` bytes owned by `range`.
-        let states_slice = unsafe { std::slice::from_raw_parts_mut(states, pages) };
-        uffd::resident_pages(base, len, states_slice).map_err(os("mincore"))?;
-        for b in states_slice.iter_mut() {
+        let states = range.states_mut();
+        uffd::resident_pages(base, len, states).map_err(os("mincore"))?;
+        for b in states.iter_mut() {
             *b &= 1;
         }
-        self.inner
+        inner
             .uffd
             .register(base as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
             .map_err(os("UFFDIO_REGISTER"))?;
@@ -593,7 +378,7 @@ impl Shield {
             unsafe { uffd::mprotect_direct(addr, len, prot) }.map_err(os("mprotect"))?;
         }
         let mut fresh = 0;
-        for (i, s) in states_slice.iter().enumerate() {
+        for (i, s) in range.states_mut().iter().enumerate() {
             if *s == RESIDENT {
                 st.queues.probation.push_back(base + i * PAGE);
                 fresh += 1;
@@ -605,10 +390,10 @@ impl Shield {
         if prot & libc::PROT_READ == 0 {
             st.set_flags(base, len, PINNED, true);
         }
-        let c = self.inner.stats.counters();
+        let c = inner.stats.counters();
         c.pages_protected.fetch_add(pages as u64, Ordering::Relaxed);
         c.resident.store(st.resident as u64, Ordering::Relaxed);
-        self.inner.shrink_to_window(&mut st);
+        inner.shrink_to_window(&mut st);
         Ok(())
     }
 
@@ -697,15 +482,8 @@ impl Shield {
 impl Drop for Shield {
     fn drop(&mut self) {
         let _ = self.freeze();
-        self.inner.stop.store(true, Ordering::SeqCst);
-        let bell = self.inner.doorbell as *const u8;
-        // SAFETY: the doorbell is a page of our own, registered missing: the
-        // read faults and waits until the handler maps zeros there, which
-        // wakes a handler asleep in read(2) (one that is busy finds the
-        // fault on its next read).
-        let _ = unsafe { bell.read_volatile() };
-        if let Some(h) = self.handler.take() {
-            drop(h.join());
+        if let Some(t) = self.threads.take() {
+            t.stop(&self.inner);
         }
         let mut st = self.inner.lock();
         for r in &st.ranges {
@@ -718,576 +496,11 @@ impl Drop for Shield {
     }
 }
 
-impl State {
-    /// Books page `i` of range `pos` as evicted (its ciphertext is in its
-    /// store slot) and remembers it in the ghost queue.
-    fn mark_evicted(&mut self, pos: usize, i: usize) {
-        let r = &mut self.ranges[pos];
-        let addr = r.base + i * PAGE;
-        let s = r.state(i);
-        r.set_state(i, EVICTED | GHOST | (s & PINNED));
-        self.resident -= 1;
-        self.evicted += 1;
-        self.queues.ghosts.push_back(addr);
-        if self.queues.ghosts.len() > ghost_capacity(self.window) {
-            if let Some(old) = self.queues.ghosts.pop_front() {
-                if let Some((p, k)) = self.find(old) {
-                    let r = &mut self.ranges[p];
-                    let s = r.state(k);
-                    r.set_state(k, s & !GHOST);
-                }
-            }
-        }
-    }
-
-    fn find(&self, addr: usize) -> Option<(usize, usize)> {
-        let pos = self.ranges.partition_point(|r| r.base <= addr);
-        let r = self.ranges.get(pos.checked_sub(1)?)?;
-        (addr < r.end()).then(|| (pos - 1, (addr - r.base) / PAGE))
-    }
-
-    fn set_flags(&mut self, addr: usize, len: usize, flag: u8, on: bool) {
-        let end = addr.saturating_add(len);
-        for r in &mut self.ranges {
-            let lo = addr.max(r.base);
-            let hi = end.min(r.end());
-            if lo >= hi {
-                continue;
-            }
-            for i in (lo - r.base) / PAGE..(hi - r.base).div_ceil(PAGE) {
-                let s = r.state(i);
-                r.set_state(i, if on { s | flag } else { s & !flag });
-            }
-        }
-    }
-
-    fn discard(&mut self, addr: usize, len: usize, stats: &StatsFile) {
-        let end = addr.saturating_add(len);
-        let (mut dropped_res, mut dropped_ev) = (0, 0);
-        for r in &mut self.ranges {
-            let lo = addr.max(r.base).next_multiple_of(PAGE);
-            let hi = end.min(r.end());
-            if lo >= hi {
-                continue;
-            }
-            let first = (lo - r.base) / PAGE;
-            let last = (hi - r.base) / PAGE;
-            for i in first..last {
-                let s = r.state(i);
-                match s & STATE_MASK {
-                    RESIDENT => {
-                        let p = (r.base + i * PAGE) as *mut u8;
-                        if s & PINNED == 0 {
-                            // SAFETY: the page is resident (present, readable
-                            // and writable: pinned pages are skipped) and the
-                            // caller of `discard` owns its contents.
-                            unsafe { zeroize_page(p) };
-                        }
-                        // SAFETY: as above; the contents are being dropped.
-                        let _ = unsafe { uffd::madvise_direct(p, PAGE, libc::MADV_DONTNEED) };
-                        dropped_res += 1;
-                    }
-                    EVICTED => {
-                        // SAFETY: the store page belongs to this range.
-                        let sp = unsafe { r.store.add(i * PAGE) };
-                        // SAFETY: ciphertext store owned by the range.
-                        let _ = unsafe { uffd::madvise_direct(sp, PAGE, libc::MADV_DONTNEED) };
-                        dropped_ev += 1;
-                    }
-                    _ => {}
-                }
-                r.set_state(i, ZERO | (s & PINNED));
-            }
-        }
-        self.resident -= dropped_res;
-        self.evicted -= dropped_ev;
-        let c = stats.counters();
-        c.resident.store(self.resident as u64, Ordering::Relaxed);
-        c.evicted.store(self.evicted as u64, Ordering::Relaxed);
-        c.discards
-            .fetch_add((dropped_res + dropped_ev) as u64, Ordering::Relaxed);
-        let limit = 2 * self.window + 1024;
-        let ranges = &self.ranges;
-        let live = |a: &usize| {
-            let pos = ranges.partition_point(|r| r.base <= *a);
-            pos > 0 && {
-                let r = &ranges[pos - 1];
-                *a < r.end() && r.state((*a - r.base) / PAGE) & STATE_MASK == RESIDENT
-            }
-        };
-        for q in [&mut self.queues.probation, &mut self.queues.main] {
-            if q.len() > limit {
-                q.retain(live);
-            }
-        }
-    }
-}
-
-/// Zeroes one page with writes the optimiser keeps.
-///
-/// # Safety
-/// `p` must be a writable, present page no Rust object lives in.
-unsafe fn zeroize_page(p: *mut u8) {
-    use zeroize::Zeroize as _;
-    // SAFETY: the caller promises the page is writable and owned.
-    unsafe { std::slice::from_raw_parts_mut(p, PAGE) }.zeroize();
-}
-
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn ensure_key(&self, st: &mut State, keyid: u16) -> Result<(), ShieldError> {
-        let slot = usize::from(keyid);
-        if st.keys[slot].is_some() {
-            return Ok(());
-        }
-        let mut raw = self.pool.alloc_bytes(32)?;
-        memveil_sys::getrandom(&mut raw).map_err(os("getrandom"))?;
-        let xts = self
-            .pool
-            .alloc(|| Xts::new(&raw[..16], &raw[16..]).expect("distinct random halves"))?;
-        st.keys[slot] = Some(xts);
-        Ok(())
-    }
-
-    fn serve(&self) {
-        if let Some(hook) = START_HOOK.get() {
-            hook();
-        }
-        let mut on = self.handler_cpu;
-        if let Some(cpu) = on {
-            if let Err(e) = memveil_sys::process::pin_to_cpu(cpu) {
-                eprintln!("memveil-shield: cannot pin the fault handler to CPU {cpu}: {e}");
-                on = None;
-            }
-        }
-        let pid = std::process::id();
-        let mut until_look = FOLLOW_EVERY;
-        let mut stat: Option<memveil_sys::process::ThreadStat> = None;
-        let mut faults = [Fault {
-            address: 0,
-            flags: 0,
-            tid: 0,
-        }; 64];
-        let mut last = Instant::now();
-        // Without a spin the handler sleeps in read(2) itself: one system
-        // call per wake-up instead of read, poll and read again.
-        let blocking = self.spin.is_zero() && self.uffd.set_blocking(true).is_ok();
-        while !self.stop.load(Ordering::Relaxed) {
-            let n = match self.uffd.read_faults(&mut faults) {
-                Ok(n) => n,
-                Err(e) => {
-                    eprintln!("memveil-shield: reading faults failed: {e}");
-                    std::thread::sleep(Duration::from_millis(10));
-                    0
-                }
-            };
-            if n > 0 {
-                let t0 = Instant::now();
-                let mut st = self.lock();
-                for f in &faults[..n] {
-                    if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
-                        let _ = self.uffd.copy(self.doorbell as u64, &ZEROS);
-                        continue;
-                    }
-                    self.resolve(&mut st, f);
-                }
-                drop(st);
-                let c = self.stats.counters();
-                c.handler_ns
-                    .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
-                if self.follow {
-                    until_look = until_look.saturating_sub(n as u64);
-                    if until_look == 0 {
-                        until_look = FOLLOW_EVERY;
-                        on = self.follow_thread(faults[n - 1].tid, pid, &mut stat, on);
-                    }
-                }
-                last = Instant::now();
-                continue;
-            }
-            if blocking {
-                continue;
-            }
-            if last.elapsed() < self.spin {
-                std::hint::spin_loop();
-                continue;
-            }
-            if let Err(e) = self.uffd.wait(None, 100) {
-                eprintln!("memveil-shield: poll failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        // Stopped before the doorbell rang (or before the fault was read):
-        // fill it now, which releases a toucher already waiting and spares
-        // one still to come the fault.
-        let _ = self.uffd.copy(self.doorbell as u64, &ZEROS);
-    }
-
-    /// Moves the handler to the CPU thread `tid` last ran on when that is
-    /// not `on` (the handler's CPU); returns the handler's CPU. `stat`
-    /// caches the open stat file of the last thread looked at.
-    fn follow_thread(
-        &self,
-        tid: u32,
-        pid: u32,
-        stat: &mut Option<memveil_sys::process::ThreadStat>,
-        on: Option<usize>,
-    ) -> Option<usize> {
-        if stat.as_ref().is_none_or(|s| s.tid() != tid) {
-            *stat = memveil_sys::process::ThreadStat::open(pid, tid);
-        }
-        let Some((cpu, _)) = stat
-            .as_ref()
-            .and_then(memveil_sys::process::ThreadStat::read)
-        else {
-            return on;
-        };
-        if on == Some(cpu) || memveil_sys::process::pin_to_cpu(cpu).is_err() {
-            return on;
-        }
-        self.stats
-            .counters()
-            .handler_moves
-            .fetch_add(1, Ordering::Relaxed);
-        Some(cpu)
-    }
-
-    fn resolve(&self, st: &mut State, f: &Fault) {
-        let addr = usize::try_from(f.address).unwrap_or(usize::MAX) & !(PAGE - 1);
-        let c = self.stats.counters();
-        let Some((pos, i)) = st.find(addr) else {
-            // Not ours (a scratch page cannot fault): wake so the thread retries.
-            c.spurious.fetch_add(1, Ordering::Relaxed);
-            let _ = self.uffd.wake(addr as u64, PAGE as u64);
-            return;
-        };
-        let s = st.ranges[pos].state(i) & STATE_MASK;
-        if s == RESIDENT {
-            // Resolved meanwhile, or a write-protect fault on a page that was
-            // being evicted and came back: let the writer go on.
-            c.spurious.fetch_add(1, Ordering::Relaxed);
-            if f.flags & uffd::PAGEFAULT_FLAG_WP != 0 {
-                let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
-            } else {
-                let _ = self.uffd.wake(addr as u64, PAGE as u64);
-            }
-            return;
-        }
-        // Wake the faulting thread first, then make room: the window is
-        // exceeded by at most this one page, for the time of one eviction.
-        if let Err(e) = self.bring_in(st, pos, i) {
-            eprintln!("memveil-shield: cannot map page {addr:#x}: {e}");
-            let _ = self.uffd.wake(addr as u64, PAGE as u64);
-        }
-        if st.resident > st.window && !st.frozen {
-            let need = st.resident - st.window;
-            self.evict(st, need.max(self.batch));
-        }
-    }
-
-    /// Maps page `i` of range `pos` (ZERO or EVICTED) as plaintext and wakes
-    /// the threads waiting on it. With `UFFDIO_MOVE`, an evicted page's
-    /// frame waits in its store slot: it is decrypted there and moved back,
-    /// so no frame is allocated, copied or freed (see [`Inner::move_in`]).
-    /// A page never written, and every page under the write-protect
-    /// mechanism, is built in the bounce page and mapped by `UFFDIO_COPY`.
-    fn bring_in(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
-        let c = self.stats.counters();
-        let (addr, s) = {
-            let r = &st.ranges[pos];
-            (r.base + i * PAGE, r.state(i))
-        };
-        let evicted = s & STATE_MASK == EVICTED;
-        let t0 = Instant::now();
-        let res = if evicted && self.mechanism == Mechanism::Move {
-            self.move_in(st, pos, i)
-        } else {
-            let State {
-                ranges,
-                keys,
-                bounce,
-                ..
-            } = &mut *st;
-            plaintext_into(&ranges[pos], i, keys, bounce).and_then(|()| {
-                let r = self.uffd.copy(addr as u64, bounce);
-                bounce.fill(0);
-                r
-            })
-        };
-        match res {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                let _ = self.uffd.wake(addr as u64, PAGE as u64);
-            }
-            Err(e) => return Err(e),
-        }
-        c.copy_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
-        if evicted {
-            st.evicted -= 1;
-            c.faults_in.fetch_add(1, Ordering::Relaxed);
-        } else {
-            c.zero_fills.fetch_add(1, Ordering::Relaxed);
-        }
-        st.ranges[pos].set_state(i, RESIDENT | (s & PINNED));
-        if s & GHOST != 0 {
-            st.queues.main.push_back(addr);
-        } else {
-            st.queues.probation.push_back(addr);
-        }
-        st.resident += 1;
-        c.resident.store(st.resident as u64, Ordering::Relaxed);
-        c.evicted.store(st.evicted as u64, Ordering::Relaxed);
-        c.max_resident
-            .fetch_max(st.resident as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Brings evicted page `i` of range `pos` back (Move mechanism): its
-    /// frame, in the store slot, is decrypted in place and moved to the
-    /// page's address with `UFFDIO_MOVE`, which wakes the waiting threads.
-    /// The plaintext exists only in the frame that becomes the program's
-    /// page. When the move is refused (the page's protection differs from
-    /// the store's after `mprotect`), the frame is copied in with
-    /// `UFFDIO_COPY`, then wiped and dropped; if that fails too, it is
-    /// encrypted again so the page stays evicted.
-    fn move_in(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
-        let State { ranges, keys, .. } = &mut *st;
-        let r = &mut ranges[pos];
-        let addr = r.base + i * PAGE;
-        let key = keys[usize::from(r.keyid)]
-            .as_ref()
-            .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
-        // The page is EVICTED, so its slot holds a frame: touching it does
-        // not fault.
-        let slot = r.store_page(i);
-        key.decrypt_unit(addr as u128, slot)
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        let src = slot.as_ptr() as u64;
-        if self
-            .uffd
-            .move_pages(addr as u64, src, PAGE as u64, true)
-            .is_ok()
-        {
-            return Ok(());
-        }
-        let copied = self.uffd.copy(addr as u64, slot);
-        match &copied {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(_) => {
-                // Still evicted: back to ciphertext (4096 bytes: always a
-                // valid XTS unit).
-                let _ = key.encrypt_unit(addr as u128, slot);
-                return copied;
-            }
-        }
-        // SAFETY: the slot is a present page of the store owned by this
-        // range, and the page's contents now live at `addr`.
-        unsafe { release_slot(slot.as_mut_ptr()) };
-        copied
-    }
-
-    /// Evicts until at most `window` pages are resident (or nothing more
-    /// can be evicted: every resident page pinned).
-    fn shrink_to_window(&self, st: &mut State) {
-        while st.resident > st.window {
-            let over = st.resident - st.window;
-            if self.evict(st, over) == 0 {
-                break;
-            }
-        }
-    }
-
-    /// Picks up to `n` resident, evictable pages (2Q order, see [`Queues`]).
-    fn victims(st: &mut State, n: usize) -> Vec<(usize, usize)> {
-        let mut victims: Vec<(usize, usize)> = Vec::with_capacity(n);
-        let mut pinned = Vec::new();
-        let probation_max = st.window / PROBATION_SHARE;
-        while victims.len() < n {
-            let from_probation =
-                st.queues.probation.len() > probation_max || st.queues.main.is_empty();
-            let q = if from_probation {
-                &mut st.queues.probation
-            } else {
-                &mut st.queues.main
-            };
-            let Some(a) = q.pop_front().or_else(|| st.queues.main.pop_front()) else {
-                break;
-            };
-            let Some((pos, i)) = st.find(a) else { continue };
-            let s = st.ranges[pos].state(i);
-            if s & STATE_MASK != RESIDENT || victims.contains(&(pos, i)) {
-                continue;
-            }
-            if s & PINNED != 0 {
-                pinned.push(a);
-                continue;
-            }
-            victims.push((pos, i));
-        }
-        // Unreadable pages stay resident; they go back to the main queue.
-        st.queues.main.extend(pinned);
-        victims
-    }
-
-    /// Evicts up to `n` (at most one batch) of the resident pages; returns
-    /// how many. With `UFFDIO_MOVE` each victim's frame is moved out of the
-    /// program's view into its store slot and encrypted there: the frame
-    /// itself becomes the ciphertext, and no plaintext frame is ever freed.
-    fn evict(&self, st: &mut State, n: usize) -> usize {
-        let t0 = Instant::now();
-        let victims = Self::victims(st, n.min(self.batch));
-        let mut done = 0;
-        for &(pos, i) in &victims {
-            let r = &mut st.ranges[pos];
-            let addr = r.base + i * PAGE;
-            if self.mechanism == Mechanism::Move {
-                let slot = r.store_page(i).as_mut_ptr();
-                if self
-                    .uffd
-                    .move_pages(slot as u64, addr as u64, PAGE as u64, false)
-                    .is_ok()
-                {
-                    let State { ranges, keys, .. } = &mut *st;
-                    let r = &mut ranges[pos];
-                    encrypt_page(keys, r.keyid, addr, r.store_page(i));
-                    st.mark_evicted(pos, i);
-                    done += 1;
-                    continue;
-                }
-            }
-            // No UFFDIO_MOVE, or the page is shared with a forked child.
-            if self.evict_wp(st, pos, i).is_ok() {
-                done += 1;
-            } else {
-                st.queues.main.push_back(addr);
-            }
-        }
-        let c = self.stats.counters();
-        c.evictions.fetch_add(done as u64, Ordering::Relaxed);
-        c.evict_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
-        c.resident.store(st.resident as u64, Ordering::Relaxed);
-        c.evicted.store(st.evicted as u64, Ordering::Relaxed);
-        done
-    }
-
-    /// Write-protect eviction: the writers of the page wait while it is
-    /// encrypted and dropped, then fault it back in. The ciphertext goes to
-    /// the store slot by `UFFDIO_COPY` when the store is registered (Move
-    /// mechanism: touching its empty slot would fault on this very thread).
-    fn evict_wp(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
-        let addr = st.ranges[pos].base + i * PAGE;
-        self.uffd.write_protect(addr as u64, PAGE as u64, true)?;
-        let saved = {
-            let State {
-                ranges,
-                keys,
-                bounce,
-                ..
-            } = &mut *st;
-            let r = &mut ranges[pos];
-            // SAFETY: the page is resident and readable (not pinned) and,
-            // being write-protected, nobody changes it while it is read.
-            bounce.copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) });
-            encrypt_page(keys, r.keyid, addr, bounce);
-            let saved = if self.mechanism == Mechanism::Move {
-                self.uffd.copy(r.store_page(i).as_ptr() as u64, bounce)
-            } else {
-                r.store_page(i).copy_from_slice(bounce);
-                Ok(())
-            };
-            bounce.fill(0);
-            saved
-        };
-        saved.inspect_err(|_| {
-            let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
-        })?;
-        // SAFETY: the page's contents are saved as ciphertext; dropping it
-        // makes the next access fault it back in.
-        let dropped = unsafe { uffd::madvise_direct(addr as *mut u8, PAGE, libc::MADV_DONTNEED) };
-        // Clear any write-protect marker and release waiting writers: they
-        // fault on the now-missing page and wait for it to come back.
-        let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
-        if let Err(e) = dropped {
-            // Still resident: its store slot goes empty again.
-            let slot = st.ranges[pos].store_page(i).as_mut_ptr();
-            // SAFETY: the slot was just filled and is owned by the range.
-            unsafe { release_slot(slot) };
-            return Err(e);
-        }
-        st.mark_evicted(pos, i);
-        self.stats
-            .counters()
-            .wp_evictions
-            .fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Decrypts every evicted page of range `pos` back into place.
-    fn restore_range(&self, st: &mut State, pos: usize) -> Result<(), ShieldError> {
-        for i in 0..st.ranges[pos].pages {
-            if st.ranges[pos].state(i) & STATE_MASK == EVICTED {
-                self.bring_in(st, pos, i).map_err(os("UFFDIO_COPY"))?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Encrypts the plaintext `page` at `addr` in place under `keyid`'s key
-/// (the page's address is the tweak).
-fn encrypt_page(keys: &[Option<SecretBox<Xts>>], keyid: u16, addr: usize, page: &mut [u8]) {
-    if let Some(key) = &keys[usize::from(keyid)] {
-        // A 4096-byte unit is always a valid XTS length.
-        let _ = key.encrypt_unit(addr as u128, page);
-    }
-}
-
-/// Wipes a store slot and hands its frame back to the kernel: the slot is
-/// empty again (Move mechanism: a slot holds a frame only while its page is
-/// evicted).
-///
-/// # Safety
-/// `slot` must be a present, writable store page that no Rust object lives
-/// in and whose contents are no longer needed.
-unsafe fn release_slot(slot: *mut u8) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        zeroize_page(slot);
-        let _ = uffd::madvise_direct(slot, PAGE, libc::MADV_DONTNEED);
-    }
-}
-
-/// Writes the plaintext of page `i` of `r` into `dst`: the decrypted
-/// ciphertext of an evicted page, or zeros.
-fn plaintext_into(
-    r: &Range,
-    i: usize,
-    keys: &[Option<SecretBox<Xts>>],
-    dst: &mut [u8],
-) -> io::Result<()> {
-    if r.state(i) & STATE_MASK != EVICTED {
-        dst.fill(0);
-        return Ok(());
-    }
-    // SAFETY: the store holds `pages * PAGE` bytes owned by the range and
-    // i < pages; nothing writes it meanwhile (the State is borrowed).
-    dst.copy_from_slice(unsafe { std::slice::from_raw_parts(r.store.add(i * PAGE), PAGE) });
-    let key = keys[usize::from(r.keyid)]
-        .as_ref()
-        .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
-    key.decrypt_unit((r.base + i * PAGE) as u128, dst)
-        .map_err(|e| io::Error::other(e.to_string()))
-}
-
 static START_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 
-/// Sets a function the handler thread runs first (once per process): a
-/// preload library uses it to mark the thread as its own, so that what the
-/// C library allocates for that thread stays outside protected memory.
+/// Sets a function the shield's threads run first (once per process): a
+/// preload library uses it to mark them as its own, so that what the C
+/// library allocates for them stays outside protected memory.
 pub fn set_thread_start_hook(f: fn()) {
     let _ = START_HOOK.set(f);
 }

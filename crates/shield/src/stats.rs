@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memveil_sys::uffd;
 
-const MAGIC: u64 = 0x6d76_7368_6c64_0001; // "mvshld" v1
+const MAGIC: u64 = 0x6d76_7368_6c64_0002; // "mvshld" v2
 
 /// The counters, as laid out in the shared file (all little-endian u64).
 #[repr(C)]
@@ -54,6 +54,27 @@ pub struct Counters {
     pub copy_ns: AtomicU64,
     /// Times the handler moved to the faulting thread's CPU.
     pub handler_moves: AtomicU64,
+    /// The most pages the window may hold now (its bound; the window itself
+    /// for a fixed one).
+    pub bound: AtomicU64,
+    /// 1 when the window adapts to the working set.
+    pub adaptive: AtomicU64,
+    /// The largest the window has been.
+    pub max_window: AtomicU64,
+    /// Faults on pages evicted so recently that a window within the bound
+    /// would have kept them (each grows an adaptive window by a page).
+    pub near_misses: AtomicU64,
+    /// Evicted pages brought back ahead of a sequential scan.
+    pub readahead: AtomicU64,
+    /// Never-written pages filled with zeros ahead of a sequential scan.
+    pub prefill: AtomicU64,
+    /// Times the watchdog found the `SCHED_IDLE` handler starved and made it
+    /// normal again.
+    pub idle_rescues: AtomicU64,
+    /// 1 while the handler runs at `SCHED_IDLE`.
+    pub handler_idle: AtomicU64,
+    /// `UFFDIO_MOVE` calls that evicted pages (a run of neighbours takes one).
+    pub evict_moves: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -61,7 +82,7 @@ pub struct Counters {
 pub struct Snapshot {
     /// Processes summed (1 for one shield).
     pub processes: u64,
-    /// Window in pages.
+    /// Window in pages now (summed over processes).
     pub window: u64,
     /// "uffd-move" or "uffd-wp".
     #[serde(skip)]
@@ -97,6 +118,24 @@ pub struct Snapshot {
     pub copy_ns: u64,
     /// Times the handler moved to the faulting thread's CPU.
     pub handler_moves: u64,
+    /// The window's bound now, in pages (summed over processes).
+    pub bound: u64,
+    /// Processes whose window adapts.
+    pub adaptive: u64,
+    /// The largest window (summed over processes).
+    pub max_window: u64,
+    /// Faults a window within the bound would have saved.
+    pub near_misses: u64,
+    /// Evicted pages brought back ahead of a sequential scan.
+    pub readahead: u64,
+    /// Never-written pages zero-filled ahead of a sequential scan.
+    pub prefill: u64,
+    /// Times a starved `SCHED_IDLE` handler was made normal again.
+    pub idle_rescues: u64,
+    /// Processes whose handler runs at `SCHED_IDLE` now.
+    pub handler_idle: u64,
+    /// `UFFDIO_MOVE` calls that evicted pages.
+    pub evict_moves: u64,
 }
 
 impl Snapshot {
@@ -139,7 +178,7 @@ impl Snapshot {
 
     fn add(&mut self, o: &Snapshot) {
         self.processes += o.processes;
-        self.window = self.window.max(o.window);
+        self.window += o.window;
         self.mechanism = self.mechanism.max(o.mechanism);
         self.level = self.level.max(o.level);
         self.pages_protected += o.pages_protected;
@@ -156,6 +195,15 @@ impl Snapshot {
         self.evict_ns += o.evict_ns;
         self.copy_ns += o.copy_ns;
         self.handler_moves += o.handler_moves;
+        self.bound += o.bound;
+        self.adaptive += o.adaptive;
+        self.max_window += o.max_window;
+        self.near_misses += o.near_misses;
+        self.readahead += o.readahead;
+        self.prefill += o.prefill;
+        self.idle_rescues += o.idle_rescues;
+        self.handler_idle += o.handler_idle;
+        self.evict_moves += o.evict_moves;
     }
 }
 
@@ -181,6 +229,15 @@ impl Counters {
             evict_ns: g(&self.evict_ns),
             copy_ns: g(&self.copy_ns),
             handler_moves: g(&self.handler_moves),
+            bound: g(&self.bound),
+            adaptive: g(&self.adaptive),
+            max_window: g(&self.max_window),
+            near_misses: g(&self.near_misses),
+            readahead: g(&self.readahead),
+            prefill: g(&self.prefill),
+            idle_rescues: g(&self.idle_rescues),
+            handler_idle: g(&self.handler_idle),
+            evict_moves: g(&self.evict_moves),
         }
     }
 }

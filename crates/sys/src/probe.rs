@@ -159,17 +159,62 @@ mod tests {
         match (memfd_secret(), try_memfd_secret()) {
             (Ok(_), r) => r.expect("memfd_secret works, so one page must map"),
             (Err(e), r) => {
-                eprintln!("SKIP memfd_secret_try: memfd_secret unavailable here: {e}");
                 assert!(r.is_err());
+                memveil_testkit::skip(memveil_testkit::Need::MemfdSecret, e);
             }
         }
     }
 
+    /// Whether this process holds CAP_SYS_PTRACE (bit 19 of CapEff), which
+    /// lets userfaultfd(2) ignore `vm.unprivileged_userfaultfd=0`.
+    fn cap_sys_ptrace() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+                u64::from_str_radix(hex.trim(), 16).ok()
+            })
+            .is_some_and(|caps| caps >> 19 & 1 == 1)
+    }
+
+    /// `try_userfaultfd` agrees with the kernel's configuration: a kernel
+    /// built with userfaultfd has the `vm.unprivileged_userfaultfd` sysctl
+    /// and, from 5.11 on, grants a user-mode-only descriptor to anyone; one
+    /// built without answers ENOSYS. Kernel-mode descriptors work exactly
+    /// when the sysctl is 1 or the process holds CAP_SYS_PTRACE.
     #[test]
-    fn userfaultfd_user_mode_only_or_reason() {
+    fn userfaultfd_answers_agree_with_the_kernel_configuration() {
+        let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").ok();
+        let built_in = sysctl.is_some();
         match try_userfaultfd(UFFD_USER_MODE_ONLY) {
-            Ok(_) => {}
-            Err(e) => eprintln!("SKIP userfaultfd: {e}"),
+            Ok(_) => assert!(
+                built_in,
+                "userfaultfd works, yet /proc/sys/vm/unprivileged_userfaultfd is missing"
+            ),
+            Err(e) => {
+                match e.raw_os_error() {
+                    Some(libc::ENOSYS) => assert!(
+                        !built_in,
+                        "ENOSYS from a kernel that has vm.unprivileged_userfaultfd"
+                    ),
+                    // Older than 5.11 (flag unknown), or a security module's refusal.
+                    Some(libc::EINVAL | libc::EPERM) => {}
+                    _ => panic!("try_userfaultfd: an error its documentation does not name: {e}"),
+                }
+                memveil_testkit::skip(memveil_testkit::Need::Userfaultfd, e);
+                return;
+            }
+        }
+        let allowed = cap_sys_ptrace() || sysctl.is_some_and(|s| s.trim() == "1");
+        match try_userfaultfd(0) {
+            Ok(_) => assert!(
+                allowed,
+                "a kernel-mode userfaultfd was granted without CAP_SYS_PTRACE while vm.unprivileged_userfaultfd=0"
+            ),
+            Err(e) => assert!(
+                !allowed && e.raw_os_error() == Some(libc::EPERM),
+                "kernel-mode userfaultfd refused ({e}) although CAP_SYS_PTRACE or the sysctl allows it"
+            ),
         }
     }
 }

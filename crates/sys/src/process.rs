@@ -225,6 +225,46 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread's id (`gettid(2)`).
+#[must_use]
+pub fn gettid() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    u32::try_from(unsafe { libc::gettid() }).unwrap_or(0)
+}
+
+/// Scheduling classes a thread of ours may be given (`sched_setscheduler(2)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedPolicy {
+    /// `SCHED_OTHER`: the default, fair share.
+    Normal,
+    /// `SCHED_IDLE`: runs only when nothing else wants the CPU. A CPU that
+    /// runs only such threads counts as idle when the scheduler places a
+    /// woken thread, so a thread woken by one stays on that CPU.
+    Idle,
+}
+
+/// Sets the scheduling policy of thread `tid` of this process (0: the
+/// calling thread).
+///
+/// # Errors
+/// The error of `sched_setscheduler(2)`: EPERM when leaving `SCHED_IDLE`
+/// without `CAP_SYS_NICE` (or `RLIMIT_NICE` room), ESRCH for no such thread.
+pub fn set_sched_policy(tid: u32, policy: SchedPolicy) -> io::Result<()> {
+    let tid = libc::pid_t::try_from(tid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "thread id out of range"))?;
+    let param = libc::sched_param { sched_priority: 0 };
+    let p = match policy {
+        SchedPolicy::Normal => libc::SCHED_OTHER,
+        SchedPolicy::Idle => libc::SCHED_IDLE,
+    };
+    // SAFETY: `param` is a valid sched_param; the call reads it only.
+    let r = unsafe { libc::sched_setscheduler(tid, p, &param) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,9 +285,26 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_goes_idle_and_back() {
+        std::thread::spawn(|| {
+            // SAFETY: sched_getscheduler of the calling thread.
+            let now = || unsafe { libc::sched_getscheduler(0) };
+            set_sched_policy(0, SchedPolicy::Idle).expect("SCHED_IDLE is always allowed");
+            assert_eq!(now(), libc::SCHED_IDLE);
+            match set_sched_policy(gettid(), SchedPolicy::Normal) {
+                Ok(()) => assert_eq!(now(), libc::SCHED_OTHER),
+                // Unprivileged with RLIMIT_NICE 0: leaving SCHED_IDLE is refused.
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM)),
+            }
+        })
+        .join()
+        .expect("thread");
+        assert!(set_sched_policy(u32::MAX, SchedPolicy::Normal).is_err());
+    }
+
+    #[test]
     fn thread_cpu_reads_this_thread_and_follows_a_pin() {
-        // SAFETY: gettid takes no arguments.
-        let tid = u32::try_from(unsafe { libc::gettid() }).expect("tid");
+        let tid = gettid();
         let pid = std::process::id();
         let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let (_, time) = thread_cpu(pid, tid).expect("own stat");

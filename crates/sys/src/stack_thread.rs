@@ -248,7 +248,10 @@ mod tests {
     #[test]
     fn joins_a_thread_on_a_memfd_secret_stack() {
         let Ok(fd) = crate::memfd_secret() else {
-            eprintln!("SKIP joins_a_thread_on_a_memfd_secret_stack: memfd_secret unavailable");
+            memveil_testkit::skip(
+                memveil_testkit::Need::MemfdSecret,
+                "no secret stack to join on",
+            );
             return;
         };
         let ps = crate::page_size();

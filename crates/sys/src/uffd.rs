@@ -165,6 +165,16 @@ fn ioctl<T>(fd: RawFd, req: u64, arg: &mut T) -> io::Result<()> {
     }
 }
 
+/// Bytes a run-ioctl (`UFFDIO_COPY`, `UFFDIO_MOVE`) handled: the whole
+/// `len` on success, else the count the kernel wrote back (negative when
+/// it handled nothing: the error itself).
+fn done_bytes(r: &io::Result<()>, reported: i64, len: u64) -> u64 {
+    match r {
+        Ok(()) => len,
+        Err(_) => u64::try_from(reported).unwrap_or(0).min(len),
+    }
+}
+
 impl Uffd {
     /// Opens a userfaultfd that also receives faults taken by the kernel on
     /// behalf of this process (inside `read(2)`, `write(2)`, ...): the system
@@ -296,14 +306,23 @@ impl Uffd {
     /// EEXIST when a page is already present (the fault was resolved
     /// meanwhile); EAGAIN when the mappings changed under the call.
     pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<()> {
+        self.copy_run(dst, src, true).1
+    }
+
+    /// [`Uffd::copy`] of a run of pages, waking the waiters only with
+    /// `wake`. Returns the bytes copied (all of `src` on success; on an
+    /// error, the pages before the one that failed) and the outcome.
+    pub fn copy_run(&self, dst: u64, src: &[u8], wake: bool) -> (u64, io::Result<()>) {
+        let len = src.len() as u64;
         let mut c = Copy {
             dst,
             src: src.as_ptr() as u64,
-            len: src.len() as u64,
-            mode: 0,
+            len,
+            mode: u64::from(!wake), // UFFDIO_COPY_MODE_DONTWAKE
             copy: 0,
         };
-        ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c)
+        let r = ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c);
+        (done_bytes(&r, c.copy, len), r)
     }
 
     /// Moves the pages at `src` to the missing pages at `dst` (both in this
@@ -314,6 +333,13 @@ impl Uffd {
     /// EBUSY when a page is shared (after fork) or pinned; EEXIST when `dst`
     /// is present; ENOTTY/EINVAL on kernels older than 6.8.
     pub fn move_pages(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<()> {
+        self.move_run(dst, src, len, wake).1
+    }
+
+    /// [`Uffd::move_pages`] returning also the bytes moved: all of `len` on
+    /// success; on an error, the pages moved before the one that failed
+    /// (one call moves a whole run, so a caller must know where it stopped).
+    pub fn move_run(&self, dst: u64, src: u64, len: u64, wake: bool) -> (u64, io::Result<()>) {
         let mut m = Move {
             dst,
             src,
@@ -321,7 +347,8 @@ impl Uffd {
             mode: u64::from(!wake), // UFFDIO_MOVE_MODE_DONTWAKE
             moved: 0,
         };
-        ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE, &mut m)
+        let r = ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE, &mut m);
+        (done_bytes(&r, m.moved, len), r)
     }
 
     /// Sets (`wp`) or clears write protection on a range; clearing wakes the
@@ -397,6 +424,20 @@ impl Uffd {
             }
         }
         Ok(k)
+    }
+
+    /// Whether a fault message is waiting to be read (`poll(2)` with no
+    /// wait): a watchdog's view of a handler that has fallen behind.
+    #[must_use]
+    pub fn pending(&self) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `fd` is one valid pollfd struct.
+        let r = unsafe { libc::poll(&mut fd, 1, 0) };
+        r > 0 && fd.revents & libc::POLLIN != 0
     }
 
     /// Waits up to `timeout_ms` (-1: forever) until a message is pending or

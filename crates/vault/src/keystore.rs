@@ -193,6 +193,30 @@ fn hexval(c: u8) -> Option<u8> {
     }
 }
 
+/// Argon2id (version 0x13) of `pass` and `salt` into `out`: the keystore's
+/// passphrase KDF. Its working memory (`m_kib` KiB, 64 MiB by default, the
+/// output one hash away from its last blocks) is allocated here and zeroed
+/// before it is freed; `argon2::Argon2::hash_password_into` hands it back
+/// to the allocator as it is. (The crate's `zeroize` feature wipes its own
+/// smaller intermediates.)
+///
+/// # Errors
+/// [`KeystoreError::Kdf`] when Argon2 refuses the parameters or lengths.
+pub fn argon2id(
+    pass: &[u8],
+    salt: &[u8],
+    params: KdfParams,
+    out: &mut [u8],
+) -> Result<(), KeystoreError> {
+    let kdf = |e: argon2::Error| KeystoreError::Kdf(e.to_string());
+    let prm =
+        argon2::Params::new(params.m_kib, params.t, params.p, Some(out.len())).map_err(kdf)?;
+    let mut memory = zeroize::Zeroizing::new(vec![argon2::Block::default(); prm.block_count()]);
+    argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, prm)
+        .hash_password_into_with_memory(pass, salt, out, &mut memory[..])
+        .map_err(kdf)
+}
+
 /// Derives the KEK into secret memory.
 fn derive_kek(
     pool: &SecretPool,
@@ -211,11 +235,7 @@ fn derive_kek(
             if n == 0 {
                 return Err(KeystoreError::EmptyPassphrase(p.clone()));
             }
-            let prm = argon2::Params::new(params.m_kib, params.t, params.p, Some(32))
-                .map_err(|e| KeystoreError::Kdf(e.to_string()))?;
-            let a = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, prm);
-            a.hash_password_into(&pass[..n], salt, &mut kek)
-                .map_err(|e| KeystoreError::Kdf(e.to_string()))?;
+            argon2id(&pass[..n], salt, params, &mut kek)?;
         }
         KekSource::KeyFile(p) => {
             let raw = read_secret_file(pool, p)?;

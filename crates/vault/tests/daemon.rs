@@ -17,6 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{Opts, Vault};
+use memveil_testkit::{skip, Need};
 use memveil_vault::client::{ClientError, Crypt};
 use memveil_vault::proto::{self, perm, ErrorCode, KeyKind, Mode, Reply, Request};
 use memveil_vault::ring::{self, status, Entry, Op};
@@ -64,9 +65,7 @@ fn refuses_without_memfd_secret_unless_locked_is_accepted() {
         assert!(v.ready.contains("level=secret"), "{}", v.ready);
         assert_eq!(v.client().level(), "secret");
     } else {
-        eprintln!(
-            "SKIP refuses_without_memfd_secret (secret branch): memfd_secret unavailable here"
-        );
+        skip(Need::MemfdSecret, "the secret-level branch");
     }
 }
 
@@ -108,8 +107,12 @@ fn bad_configuration_exits_non_zero_with_a_clear_message() {
 
 #[test]
 fn memlock_exhausted_names_the_limit_and_the_fix() {
-    if !std::path::Path::new("/usr/bin/setpriv").exists() || common::euid() != 0 {
-        eprintln!("SKIP memlock_exhausted: needs root and setpriv to run as nobody");
+    if common::euid() != 0 {
+        skip(Need::Root, "runs the vault as nobody");
+        return;
+    }
+    if !std::path::Path::new("/usr/bin/setpriv").exists() {
+        skip(Need::Installed("setpriv"), "runs the vault as nobody");
         return;
     }
     let dir = common::scratch_dir("memlock");
@@ -474,7 +477,7 @@ fn replies_never_carry_key_bytes() {
 #[test]
 fn acl_owner_grant_revoke_across_users() {
     if common::euid() != 0 {
-        eprintln!("SKIP acl_owner_grant_revoke_across_users: needs root to run a client as nobody");
+        skip(Need::Root, "runs a client as nobody");
         return;
     }
     let v = Vault::start();
@@ -812,7 +815,10 @@ fn readable_memory(pid: u32) -> Vec<u8> {
 #[test]
 fn raw_key_bytes_are_not_in_the_vaults_readable_memory() {
     if common::euid() != 0 {
-        eprintln!("SKIP raw_key_bytes_are_not_in_the_vaults_readable_memory: needs root to read /proc/PID/mem of a non-dumpable process");
+        skip(
+            Need::Root,
+            "reading /proc/PID/mem of a non-dumpable process needs root",
+        );
         return;
     }
     let dir = common::scratch_dir("rawkey");

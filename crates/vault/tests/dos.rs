@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{euid, Vault};
+use memveil_testkit::{skip, Need};
 use memveil_vault::client::{ClientError, Crypt};
 use memveil_vault::proto::{ErrorCode, KeyKind, Mode};
 use memveil_vault::Client;
@@ -108,9 +109,7 @@ fn refusal(r: Result<impl Sized, ClientError>) -> Option<String> {
 #[test]
 fn one_uid_at_its_limits_leaves_another_uid_served() {
     if euid() != 0 {
-        eprintln!(
-            "SKIP one_uid_at_its_limits_leaves_another_uid_served: needs root to run clients as other uids"
-        );
+        skip(Need::Root, "runs clients as other uids");
         return;
     }
     let v = Vault::start();

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use common::Vault;
 use memveil_keyfind::{read_core, read_process, scan_image, Image};
+use memveil_testkit::{skip, Need};
 use memveil_vault::client::Crypt;
 use memveil_vault::proto::{KeyKind, Mode};
 
@@ -39,7 +40,10 @@ fn gcore(pid: u32, tag: &str) -> Option<Image> {
             String::from_utf8_lossy(&o.stderr)
         ),
         Err(e) => {
-            eprintln!("SKIP gcore part of the proof: gcore not runnable ({e}); install gdb");
+            skip(
+                Need::Installed("gcore"),
+                format!("the gcore part of the proof: gcore not runnable ({e}); install gdb"),
+            );
             None
         }
     }
@@ -57,7 +61,10 @@ fn keys_are_not_found_in_vault_or_client_memory_but_the_baseline_is() {
         s.lines()
             .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
     }) {
-        eprintln!("SKIP proof: needs root to read the non-dumpable vault's /proc/PID/mem");
+        skip(
+            Need::Root,
+            "reading the non-dumpable vault's /proc/PID/mem needs root",
+        );
         return;
     }
     let v = Vault::start();

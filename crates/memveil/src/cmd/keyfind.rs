@@ -127,21 +127,32 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         o.push_str(&format!(
             "{}\n",
             serde_json::to_string_pretty(&serde_json::json!({
-                "source": what, "bytes_scanned": img.bytes(), "keys": keys,
+                "source": what, "bytes_scanned": img.bytes(),
+                "bytes_skipped": img.skipped_bytes(), "keys": keys,
                 "pattern_hits": hits, "unreadable": unreadable,
             }))?
         ));
     } else {
         o.push_str(&format!(
-            "scanned {what}: {} bytes in {} regions, {} regions unreadable\n",
+            "scanned {what}: {} bytes in {} regions; skipped {} unreadable bytes in {} ranges\n",
             img.bytes(),
             img.regions.len(),
+            img.skipped_bytes(),
             img.unreadable.len()
         ));
-        for u in &img.unreadable {
+        // A protected region under `memveil run` can hold thousands of
+        // evicted runs: list the first ones (--json lists all).
+        const LISTED: usize = 32;
+        for u in img.unreadable.iter().take(LISTED) {
             o.push_str(&format!(
                 "  unreadable {:#x}+{:#x} {}: {}\n",
                 u.0, u.1, u.2, u.3
+            ));
+        }
+        if img.unreadable.len() > LISTED {
+            o.push_str(&format!(
+                "  ... and {} more unreadable ranges (--json lists them all)\n",
+                img.unreadable.len() - LISTED
             ));
         }
         for f in &found {
@@ -159,9 +170,11 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
             o.push_str(&format!("pattern at {:#x} in {}\n", h.0, h.1));
         }
         o.push_str(&format!(
-            "{} key schedules, {} pattern hits\n",
+            "{} key schedules, {} pattern hits in {} bytes read ({} bytes could not be read and were not searched)\n",
             found.len(),
-            pattern_hits.len()
+            pattern_hits.len(),
+            img.bytes(),
+            img.skipped_bytes()
         ));
     }
     match std::io::Write::write_all(&mut std::io::stdout().lock(), o.as_bytes()) {

@@ -27,9 +27,22 @@ Exit status: the program's (128+N when killed by signal N); 1 when memveil refus
 shield failed inside the program before it ran. See docs/shield.md."
 )]
 pub struct Args {
-    /// Most pages of the program's heap kept as plaintext at once.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
-    window: u64,
+    /// Keep exactly this many pages of the heap (at most) as plaintext, per
+    /// process: the fixed, security-first setting (4096 pages = 16 MiB is a
+    /// good start). Without it the window adapts to the program's working set
+    /// within --max-plaintext.
+    #[arg(long, value_name = "PAGES", conflicts_with = "max_plaintext",
+          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    window: Option<u64>,
+    /// The most plaintext an adaptive window may keep, per process: a
+    /// percentage of the pages holding data (never below 4096 pages) or a
+    /// size (bytes, or with K, M, G). The window starts at 4096 pages (or the
+    /// size, if smaller), grows when the program faults on pages it evicted
+    /// very recently, gives pages back in quiet seconds, and never exceeds
+    /// this bound.
+    #[arg(long, value_name = "SIZE|PERCENT", default_value = "25%",
+          value_parser = parse_bound)]
+    max_plaintext: memveil_shield::Bound,
     /// KeyID whose key encrypts the heap (each run draws fresh random keys).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)))]
     keyid: u16,
@@ -85,6 +98,10 @@ pub struct Args {
         value_name = "PROGRAM"
     )]
     command: Vec<OsString>,
+}
+
+fn parse_bound(s: &str) -> Result<memveil_shield::Bound, String> {
+    memveil_shield::Bound::parse(s)
 }
 
 /// `--allocator`.
@@ -237,12 +254,19 @@ fn own_allocator(needed: &[String]) -> Option<&str> {
 }
 
 fn summary(s: &Snapshot) -> String {
+    let window = if s.adaptive > 0 {
+        format!(
+            "window {} pages now (adaptive, at most {} so far, bound {})",
+            s.window, s.max_window, s.bound
+        )
+    } else {
+        format!("window {} pages (fixed)", s.window)
+    };
     format!(
-        "{} process(es), window {} pages, keys {}, eviction {}; protected {} pages; plaintext {} pages \
-         ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill, evictions {} ({} by write-protect), \
-         handler {:.1} ms",
+        "{} process(es), {window}, keys {}, eviction {}; protected {} pages; plaintext {} pages \
+         ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill (+{} pages read ahead, {} \
+         filled ahead), evictions {} ({} by write-protect), handler {:.1} ms{}",
         s.processes,
-        s.window,
         s.level_name(),
         s.mechanism_name(),
         s.pages_protected,
@@ -252,10 +276,67 @@ fn summary(s: &Snapshot) -> String {
         s.max_resident,
         s.faults_in,
         s.zero_fills,
+        s.readahead,
+        s.prefill,
         s.evictions,
         s.wp_evictions,
-        s.handler_ns as f64 / 1e6
+        s.handler_ns as f64 / 1e6,
+        if s.idle_rescues > 0 {
+            format!(
+                "; handler starved behind other threads {} time(s), made normal again",
+                s.idle_rescues
+            )
+        } else {
+            String::new()
+        }
     )
+}
+
+/// Microseconds one fault costs the program on this kind of machine, taken
+/// from the handler's time (what it did) plus the two thread switches a
+/// fault takes (what it cannot show; measured with `memveil bench --only
+/// shield`, `shield.fault_floor_us`, at about 7 µs on a 2-vCPU VM).
+const SWITCHES_US: f64 = 7.0;
+
+/// One line a person can act on when faults took a good part of the run,
+/// or `None` when they did not.
+fn advice(s: &Snapshot, secs: f64, fixed: Option<u64>) -> Option<String> {
+    let faults = s.faults();
+    if faults == 0 || secs <= 0.0 {
+        return None;
+    }
+    let cost = s.handler_ns as f64 / 1e9 + faults as f64 * SWITCHES_US / 1e6;
+    let share = (cost / secs).min(1.0);
+    if share < 0.2 {
+        return None;
+    }
+    let head = format!(
+        "faults took about {:.0}% of the run ({faults} faults, {:.1} us each)",
+        100.0 * share,
+        cost * 1e6 / faults as f64
+    );
+    let data = s.resident_pages + s.evicted_pages;
+    let near = s.near_misses as f64 / s.faults_in.max(1) as f64;
+    let what = if s.zero_fills * 2 > faults {
+        "most were first touches of fresh memory (the program allocates faster than it reuses); \
+         nothing but a larger window (more plaintext) avoids them"
+            .to_owned()
+    } else if let Some(w) = fixed {
+        format!(
+            "the working set exceeds the fixed --window {w}; drop --window to let the window adapt \
+             (default bound 25% of the data), or raise it"
+        )
+    } else if s.adaptive > 0 && s.max_window >= s.bound && near > 0.25 {
+        format!(
+            "the working set exceeds the plaintext bound ({} pages of {data} holding data):              --max-plaintext 50% would keep twice as much plaintext and fault less; --cpu N helps              a single-threaded program when the machine is busy",
+            s.bound
+        )
+    } else {
+        "the program touches its data at random, farther apart than any window within the bound \
+         reaches; --cpu N keeps the fault hand-off on one CPU"
+            .to_owned()
+    };
+    Some(format!("{head}: {what}"))
 }
 
 /// Runs `memveil run`.
@@ -313,7 +394,12 @@ fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> 
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..])
         .env("LD_PRELOAD", ld)
-        .env("MEMVEIL_SHIELD_WINDOW", a.window.to_string())
+        .env(
+            "MEMVEIL_SHIELD_WINDOW",
+            a.window
+                .unwrap_or(memveil_shield::DEFAULT_WINDOW as u64)
+                .to_string(),
+        )
         .env("MEMVEIL_SHIELD_KEYID", a.keyid.to_string())
         .env("MEMVEIL_SHIELD_STATS_DIR", stats_dir)
         .env("MEMVEIL_SHIELD_SPIN_US", a.spin_us.to_string())
@@ -323,6 +409,10 @@ fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> 
             flag(a.allow_level.as_deref() == Some("locked")),
         )
         .env("MEMVEIL_SHIELD_ACCEPT_UNWIPED", flag(a.accept_unwiped_free));
+    match a.window {
+        Some(_) => cmd.env_remove("MEMVEIL_SHIELD_MAX_PLAINTEXT"),
+        None => cmd.env("MEMVEIL_SHIELD_MAX_PLAINTEXT", a.max_plaintext.to_arg()),
+    };
     if let Some(cpu) = a.cpu {
         // Inherited by the program through fork and exec.
         memveil_sys::process::pin_to_cpu(cpu).with_context(|| {
@@ -391,6 +481,9 @@ fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> 
                 |l| format!("the program's own {l}, its pages from the protected region")
             )
         );
+        if let Some(line) = advice(&s, started.elapsed().as_secs_f64(), a.window) {
+            eprintln!("memveil run: {line}");
+        }
         if s.processes == 0 {
             eprintln!(
                 "memveil run: warning: no process reported statistics: the preload library was not \

@@ -1,0 +1,139 @@
+//! The watchdog thread: keeps the fault handler at `SCHED_IDLE` while that
+//! is safe, and ages an adaptive window.
+//!
+//! Why `SCHED_IDLE`: when the handler wakes a faulting thread, the scheduler
+//! places that thread on an idle CPU if the one it faulted on is busy — and
+//! it is, with the handler on it. The next fault then crosses CPUs, whose
+//! wake-up costs tens of microseconds on a VM, and the handler following
+//! the thread only chases it (measured with the faultcost example on this
+//! 2-vCPU VM: 83-115 µs per fault unpinned with a normal handler, 19.6 µs
+//! at `SCHED_IDLE`: a CPU running only `SCHED_IDLE` threads counts as idle,
+//! so the woken thread stays where it was).
+//!
+//! Why a watchdog: a `SCHED_IDLE` thread gets the CPU only when nothing else
+//! wants it. With other busy threads on the handler's CPU the faulting
+//! thread would wait for them (measured: 370-460 µs per fault with two CPU
+//! hogs, against 23-42 µs for a normal handler; a test saw a handler
+//! preempted in the middle of a batch wait 21 s). Every [`BUSY_PERIOD`] the
+//! watchdog checks whether the handler, since the last look, neither
+//! finished the batch in hand nor read a fault that waits; if so it returns
+//! the handler to the normal policy and tries `SCHED_IDLE` again only after
+//! a back-off that doubles each time (1 s to 64 s). It never waits for the
+//! shield's lock, which a starved handler may hold.
+//!
+//! Once a second it also ages an adaptive window (`policy::Window::tick`)
+//! and evicts what the window gave back.
+
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+
+use memveil_sys::process::SchedPolicy;
+
+use crate::handler::{set_handler_policy, Inner};
+use crate::START_HOOK;
+
+/// Between two looks while the program faults.
+const BUSY_PERIOD: Duration = Duration::from_millis(10);
+/// Between two looks while it does not.
+const QUIET_PERIOD: Duration = Duration::from_millis(100);
+/// First back-off after a rescue, and the longest.
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(64);
+/// An adaptive window's aging period.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The watchdog's loop, until [`crate::handler::Threads::stop`].
+pub(crate) fn run(inner: &Inner, idle: bool) {
+    if let Some(hook) = START_HOOK.get() {
+        hook();
+    }
+    let _ = memveil_sys::process::set_thread_name("memveil-guard");
+    let c = inner.stats.counters();
+    // SCHED_IDLE only when the handler can be brought back from it.
+    let idle = idle && may_leave_idle();
+    let mut is_idle = false;
+    let mut backoff = BACKOFF_MIN;
+    let mut idle_from = Instant::now();
+    let mut calm_since = Instant::now();
+    let mut next_tick = Instant::now() + TICK;
+    let mut last = inner.progress.load(Ordering::Relaxed);
+    let mut period = BUSY_PERIOD;
+    loop {
+        if wait(inner, period) {
+            break;
+        }
+        let now = Instant::now();
+        let progress = inner.progress.load(Ordering::Acquire);
+        if idle {
+            let stuck = progress == last && (progress % 2 == 1 || inner.uffd.pending());
+            if is_idle && stuck {
+                // For a whole period the handler neither finished the batch
+                // in hand nor read a fault that waits: starved behind other
+                // threads on its CPU.
+                if set_handler_policy(inner, SchedPolicy::Normal).is_ok() {
+                    is_idle = false;
+                    c.handler_idle.store(0, Ordering::Relaxed);
+                    c.idle_rescues.fetch_add(1, Ordering::Relaxed);
+                    idle_from = now + backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    calm_since = now;
+                }
+            } else if !is_idle && now >= idle_from {
+                if set_handler_policy(inner, SchedPolicy::Idle).is_ok() {
+                    is_idle = true;
+                    c.handler_idle.store(1, Ordering::Relaxed);
+                }
+            } else if is_idle && now.duration_since(calm_since) > BACKOFF_MAX {
+                // A long calm: the next rescue starts the back-off afresh.
+                backoff = BACKOFF_MIN;
+            }
+        }
+        period = if progress == last {
+            QUIET_PERIOD
+        } else {
+            BUSY_PERIOD
+        };
+        last = progress;
+        if now >= next_tick {
+            next_tick = now + TICK;
+            // Never wait for the lock: a starved handler may hold it, and
+            // this thread is what rescues it. The tick comes again.
+            let Some(mut st) = inner.try_lock() else {
+                continue;
+            };
+            if st.window.adaptive() {
+                let data = st.data_pages();
+                st.window.tick(data);
+                if !st.frozen {
+                    inner.shrink_to_window(&mut st);
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps up to `d`; returns whether the shield is stopping.
+fn wait(inner: &Inner, d: Duration) -> bool {
+    let stop = inner
+        .guard_stop
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if *stop {
+        return true;
+    }
+    let (stop, _) = inner
+        .guard_wake
+        .wait_timeout(stop, d)
+        .unwrap_or_else(PoisonError::into_inner);
+    *stop
+}
+
+/// Whether a thread of ours may return from `SCHED_IDLE` to the normal
+/// policy (root, or `RLIMIT_NICE` room): tried on this thread itself. When
+/// it may not, the watchdog stays at `SCHED_IDLE` (it then only ages the
+/// window, late under load) and the handler is never made idle.
+fn may_leave_idle() -> bool {
+    memveil_sys::process::set_sched_policy(0, SchedPolicy::Idle).is_ok()
+        && memveil_sys::process::set_sched_policy(0, SchedPolicy::Normal).is_ok()
+}

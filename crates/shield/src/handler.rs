@@ -1,0 +1,869 @@
+//! The fault path: the handler thread reads faults from the userfaultfd,
+//! makes room in the window (neighbouring victims leave in one move), brings
+//! pages in (a run of them when the fault continues a sequential stream),
+//! and only then, with the lock released, wakes the faulting threads.
+//!
+//! Waking last matters: a thread woken on the handler's CPU preempts a
+//! `SCHED_IDLE` handler at once, and a handler preempted while holding the
+//! lock would stall every other thread that needs it (a `free` in the
+//! program, the watchdog).
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use memveil_cipher::Xts;
+use memveil_secmem::{Level, SecretBox, SecretPool};
+use memveil_sys::process::{SchedPolicy, ThreadStat};
+use memveil_sys::stack_thread::{self, StackThread};
+use memveil_sys::uffd::{self, Fault, Uffd};
+
+use crate::policy::{Streams, Window, RUN_MAX};
+use crate::state::{zeroize_page, State, EVICTED, PINNED, RESIDENT, STATE_MASK};
+use crate::{
+    guard, mechanism_of, nanos, open_uffd, os, Config, HandlerCpu, Mechanism, ShieldError,
+    StatsFile, FOLLOW_EVERY, KEYIDS, PAGE, START_HOOK,
+};
+
+/// Source of zeros for never-written pages (read-only data, outside any
+/// protected range): a run of them is filled with one `UFFDIO_COPY`.
+static ZEROS: [u8; RUN_MAX * PAGE] = [0; RUN_MAX * PAGE];
+
+/// Stack of the handler and watchdog threads.
+const HANDLER_STACK: usize = 256 * 1024;
+
+pub(crate) struct Inner {
+    pub(crate) uffd: Uffd,
+    pub(crate) mechanism: Mechanism,
+    batch: usize,
+    spin: std::time::Duration,
+    handler_cpu: Option<usize>,
+    /// [`HandlerCpu::Follow`], and the kernel reports faulting threads.
+    follow: bool,
+    readahead: bool,
+    pub(crate) level: Level,
+    state: Mutex<State>,
+    pub(crate) stats: StatsFile,
+    stop: AtomicBool,
+    /// A registered page that is never filled except to stop the handler:
+    /// [`Threads::stop`] touches it, so a handler asleep in `read(2)` wakes,
+    /// maps zeros there (releasing the toucher) and sees `stop`.
+    doorbell: usize,
+    pool: SecretPool,
+    /// The handler thread's id, for the watchdog.
+    pub(crate) handler_tid: AtomicU32,
+    /// The watchdog's view of progress: incremented when the handler takes
+    /// a batch of faults in hand and again when it has woken their threads,
+    /// so it is odd while a batch is in hand.
+    pub(crate) progress: AtomicU64,
+    /// The watchdog's sleep, cut short by [`Threads::stop`].
+    pub(crate) guard_stop: Mutex<bool>,
+    pub(crate) guard_wake: Condvar,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: the last reference is gone, so the handler has stopped and
+        // nothing uses the doorbell page any more.
+        let _ = unsafe { uffd::unmap_direct(self.doorbell as *mut u8, PAGE) };
+    }
+}
+
+/// The handler thread's stack: locked, not dumped, and private, not secret
+/// memory — after `fork` the C library rewrites the control block of every
+/// thread in the child, which lives at the top of this stack, so the child
+/// must inherit a copy (a `memfd_secret` mapping is shared or, with
+/// `MADV_DONTFORK`, missing). Pages and keys the thread handles stay in
+/// secret memory (the bounce page, the key schedules).
+pub(crate) struct HandlerStack {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the stack is an owned mapping with no thread affinity.
+unsafe impl Send for HandlerStack {}
+
+impl HandlerStack {
+    fn new() -> Result<Box<Self>, ShieldError> {
+        Ok(Box::new(HandlerStack {
+            base: uffd::map_stack_direct(HANDLER_STACK).map_err(os("mmap handler stack"))?,
+            len: HANDLER_STACK,
+        }))
+    }
+}
+
+impl AsMut<[u8]> for HandlerStack {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `base` is a mapping of `len` bytes owned by this value.
+        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    }
+}
+
+impl Drop for HandlerStack {
+    fn drop(&mut self) {
+        // SAFETY: the thread that ran on it has been joined (StackThread
+        // hands the stack back only after join).
+        let _ = unsafe { uffd::unmap_direct(self.base, self.len) };
+    }
+}
+
+/// The shield's threads: the fault handler and, when it has work, the
+/// watchdog.
+pub(crate) struct Threads {
+    handler: StackThread<HandlerStack>,
+    guard: Option<StackThread<HandlerStack>>,
+}
+
+impl Threads {
+    /// Stops and joins both threads.
+    pub(crate) fn stop(self, inner: &Inner) {
+        if let Some(g) = self.guard {
+            *inner
+                .guard_stop
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = true;
+            inner.guard_wake.notify_all();
+            drop(g.join());
+        }
+        inner.stop.store(true, Ordering::SeqCst);
+        let bell = inner.doorbell as *const u8;
+        // SAFETY: the doorbell is a page of our own, registered missing: the
+        // read faults and waits until the handler maps zeros there, which
+        // wakes a handler asleep in read(2) (one that is busy finds the
+        // fault on its next read).
+        let _ = unsafe { bell.read_volatile() };
+        drop(self.handler.join());
+    }
+}
+
+/// Source of the zeros mapped at the doorbell.
+fn doorbell_zeros() -> &'static [u8] {
+    &ZEROS[..PAGE]
+}
+
+/// Creates the shield's state and starts its threads.
+pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threads), ShieldError> {
+    let fd = open_uffd()?;
+    let offered = Uffd::offered_features().map_err(os("UFFDIO_API"))?;
+    let mechanism = mechanism_of(offered, cfg.force_write_protect)?;
+    if mechanism == Mechanism::WriteProtect
+        && offered & uffd::FEATURE_MOVE == 0
+        && !cfg.accept_unwiped_free
+    {
+        return Err(ShieldError::UnwipedEviction);
+    }
+    // Nothing to follow, and no placement to win with SCHED_IDLE, when the
+    // process (its main thread) may run on one CPU only (`memveil run --cpu
+    // N`, taskset): a look costs a system call.
+    let many_cpus = memveil_sys::process::allowed_cpus(std::process::id()).is_none_or(|n| n > 1);
+    let follow = cfg.handler_cpu == HandlerCpu::Follow
+        && offered & uffd::FEATURE_THREAD_ID != 0
+        && many_cpus;
+    fd.handshake(
+        uffd::FEATURE_PAGEFAULT_FLAG_WP | if follow { uffd::FEATURE_THREAD_ID } else { 0 },
+    )
+    .map_err(os("UFFDIO_API"))?;
+    let window = Window::new(cfg.window, cfg.max_plaintext);
+    let min_window = cfg.window.max(1);
+    let batch = cfg.evict_batch.clamp(1, (min_window / 4).max(1));
+    let pool = SecretPool::new(64 * 1024, cfg.policy)?;
+    let level = pool.level();
+    let bounce = pool.alloc_bytes(PAGE)?;
+    let doorbell = uffd::map_anonymous_direct(PAGE).map_err(os("mmap doorbell"))?;
+    fd.register(doorbell as u64, PAGE as u64, uffd::MODE_MISSING)
+        .map_err(os("UFFDIO_REGISTER doorbell"))?;
+    let c = stats.counters();
+    c.window.store(window.size(0) as u64, Ordering::Relaxed);
+    c.bound.store(window.limit(0) as u64, Ordering::Relaxed);
+    c.adaptive
+        .store(u64::from(window.adaptive()), Ordering::Relaxed);
+    c.mechanism.store(
+        match mechanism {
+            Mechanism::Move => 1,
+            Mechanism::WriteProtect => 2,
+        },
+        Ordering::Relaxed,
+    );
+    c.level.store(
+        match level {
+            Level::Secret => 1,
+            _ => 2,
+        },
+        Ordering::Relaxed,
+    );
+    let adaptive = window.adaptive();
+    let inner = Arc::new(Inner {
+        uffd: fd,
+        mechanism,
+        batch,
+        spin: cfg.spin,
+        handler_cpu: match cfg.handler_cpu {
+            HandlerCpu::Any => None,
+            HandlerCpu::Current | HandlerCpu::Follow => memveil_sys::process::current_cpu(),
+            HandlerCpu::Cpu(n) => Some(n),
+        },
+        follow,
+        readahead: cfg.readahead,
+        level,
+        state: Mutex::new(State {
+            ranges: Vec::new(),
+            queues: crate::state::Queues::default(),
+            resident: 0,
+            evicted: 0,
+            window,
+            streams: Streams::default(),
+            evictions: 0,
+            keys: (0..KEYIDS).map(|_| None).collect(),
+            bounce,
+            frozen: false,
+        }),
+        stats,
+        stop: AtomicBool::new(false),
+        doorbell: doorbell as usize,
+        pool,
+        handler_tid: AtomicU32::new(0),
+        progress: AtomicU64::new(0),
+        guard_stop: Mutex::new(false),
+        guard_wake: Condvar::new(),
+    });
+    let worker = Arc::clone(&inner);
+    // A thread started directly on its stack runs our code first: no
+    // runtime prologue allocates before the start hook has run.
+    let handler = stack_thread::spawn(HandlerStack::new()?, move || worker.serve())
+        .map_err(os("spawn handler thread"))?;
+    let idle = cfg.idle_handler && many_cpus && cfg.spin.is_zero();
+    let guard = if idle || adaptive {
+        let g = Arc::clone(&inner);
+        let spawned = stack_thread::spawn(HandlerStack::new()?, move || guard::run(&g, idle));
+        match spawned {
+            Ok(t) => Some(t),
+            Err(e) => {
+                Threads {
+                    handler,
+                    guard: None,
+                }
+                .stop(&inner);
+                return Err(os("spawn watchdog thread")(e));
+            }
+        }
+    } else {
+        None
+    };
+    Ok((inner, Threads { handler, guard }))
+}
+
+/// Why a page is brought in: it is reported in different counters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The page a thread faulted on.
+    Fault,
+    /// A page after it in the same run (readahead).
+    Ahead,
+    /// Brought back wholesale (before fork, on unprotect).
+    Restore,
+}
+
+/// Ranges to wake once the lock is released: `(address, bytes)`.
+type Wakes = Vec<(u64, u64)>;
+
+impl Inner {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock, if nobody holds it.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    pub(crate) fn ensure_key(&self, st: &mut State, keyid: u16) -> Result<(), ShieldError> {
+        let slot = usize::from(keyid);
+        if st.keys[slot].is_some() {
+            return Ok(());
+        }
+        let mut raw = self.pool.alloc_bytes(32)?;
+        memveil_sys::getrandom(&mut raw).map_err(os("getrandom"))?;
+        let xts = self
+            .pool
+            .alloc(|| Xts::new(&raw[..16], &raw[16..]).expect("distinct random halves"))?;
+        st.keys[slot] = Some(xts);
+        Ok(())
+    }
+
+    fn serve(&self) {
+        if let Some(hook) = START_HOOK.get() {
+            hook();
+        }
+        self.handler_tid
+            .store(memveil_sys::process::gettid(), Ordering::Release);
+        let _ = memveil_sys::process::set_thread_name("memveil-fault");
+        let mut on = self.handler_cpu;
+        if let Some(cpu) = on {
+            if let Err(e) = memveil_sys::process::pin_to_cpu(cpu) {
+                eprintln!("memveil-shield: cannot pin the fault handler to CPU {cpu}: {e}");
+                on = None;
+            }
+        }
+        let pid = std::process::id();
+        let mut until_look = FOLLOW_EVERY;
+        let mut stat: Option<ThreadStat> = None;
+        let mut faults = [Fault {
+            address: 0,
+            flags: 0,
+            tid: 0,
+        }; 64];
+        let mut wakes: Wakes = Vec::with_capacity(64);
+        let mut last = Instant::now();
+        // Without a spin the handler sleeps in read(2) itself: one system
+        // call per wake-up instead of read, poll and read again.
+        let blocking = self.spin.is_zero() && self.uffd.set_blocking(true).is_ok();
+        while !self.stop.load(Ordering::Relaxed) {
+            let n = match self.uffd.read_faults(&mut faults) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("memveil-shield: reading faults failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    0
+                }
+            };
+            if n > 0 {
+                let t0 = Instant::now();
+                // Odd while a batch is in hand (see `progress`).
+                self.progress.fetch_add(1, Ordering::Release);
+                self.handle(&faults[..n], &mut wakes);
+                self.progress.fetch_add(1, Ordering::Release);
+                let c = self.stats.counters();
+                c.handler_ns
+                    .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+                if self.follow {
+                    until_look = until_look.saturating_sub(n as u64);
+                    if until_look == 0 {
+                        until_look = FOLLOW_EVERY;
+                        on = self.follow_thread(faults[n - 1].tid, pid, &mut stat, on);
+                    }
+                }
+                last = Instant::now();
+                continue;
+            }
+            if blocking {
+                continue;
+            }
+            if last.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if let Err(e) = self.uffd.wait(None, 100) {
+                eprintln!("memveil-shield: poll failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        // Stopped before the doorbell rang (or before the fault was read):
+        // fill it now, which releases a toucher already waiting and spares
+        // one still to come the fault.
+        let _ = self.uffd.copy(self.doorbell as u64, doorbell_zeros());
+    }
+
+    /// Resolves a batch of faults, makes room, then wakes the faulting
+    /// threads with the lock released.
+    fn handle(&self, faults: &[Fault], wakes: &mut Wakes) {
+        wakes.clear();
+        {
+            let mut st = self.lock();
+            for f in faults {
+                if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
+                    let _ = self.uffd.copy(self.doorbell as u64, doorbell_zeros());
+                    continue;
+                }
+                self.resolve(&mut st, f, wakes);
+            }
+            if !st.frozen && st.resident > st.window_size() {
+                // Only when victims were pinned when room was made.
+                self.shrink_to_window(&mut st);
+            } else {
+                self.publish(&st);
+            }
+        }
+        for &(a, len) in wakes.iter() {
+            let _ = self.uffd.wake(a, len);
+        }
+    }
+
+    /// Publishes the window and page counts to the statistics.
+    pub(crate) fn publish(&self, st: &State) {
+        let c = self.stats.counters();
+        let data = st.data_pages();
+        let w = st.window_size() as u64;
+        c.window.store(w, Ordering::Relaxed);
+        c.max_window.fetch_max(w, Ordering::Relaxed);
+        c.bound
+            .store(st.window.limit(data) as u64, Ordering::Relaxed);
+        c.resident.store(st.resident as u64, Ordering::Relaxed);
+        c.evicted.store(st.evicted as u64, Ordering::Relaxed);
+        c.max_resident
+            .fetch_max(st.resident as u64, Ordering::Relaxed);
+    }
+
+    /// Moves the handler to the CPU thread `tid` last ran on when that is
+    /// not `on` (the handler's CPU); returns the handler's CPU. `stat`
+    /// caches the open stat file of the last thread looked at.
+    fn follow_thread(
+        &self,
+        tid: u32,
+        pid: u32,
+        stat: &mut Option<ThreadStat>,
+        on: Option<usize>,
+    ) -> Option<usize> {
+        if stat.as_ref().is_none_or(|s| s.tid() != tid) {
+            *stat = ThreadStat::open(pid, tid);
+        }
+        let Some((cpu, _)) = stat.as_ref().and_then(ThreadStat::read) else {
+            return on;
+        };
+        if on == Some(cpu) || memveil_sys::process::pin_to_cpu(cpu).is_err() {
+            return on;
+        }
+        self.stats
+            .counters()
+            .handler_moves
+            .fetch_add(1, Ordering::Relaxed);
+        Some(cpu)
+    }
+
+    fn resolve(&self, st: &mut State, f: &Fault, wakes: &mut Wakes) {
+        let addr = usize::try_from(f.address).unwrap_or(usize::MAX) & !(PAGE - 1);
+        let c = self.stats.counters();
+        let Some((pos, i)) = st.find(addr) else {
+            // Not ours (a scratch page cannot fault): wake so the thread retries.
+            c.spurious.fetch_add(1, Ordering::Relaxed);
+            wakes.push((addr as u64, PAGE as u64));
+            return;
+        };
+        let s = st.ranges[pos].state(i) & STATE_MASK;
+        if s == RESIDENT {
+            // Resolved meanwhile (a run brought it in, or another thread's
+            // fault), or a write-protect fault on a page that was being
+            // evicted and came back: let the faulting thread go on.
+            c.spurious.fetch_add(1, Ordering::Relaxed);
+            if f.flags & uffd::PAGEFAULT_FLAG_WP != 0 {
+                let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+            } else {
+                wakes.push((addr as u64, PAGE as u64));
+            }
+            return;
+        }
+        let want = if self.readahead {
+            let cap = (st.window_size() / 8).clamp(1, RUN_MAX);
+            st.streams.plan(addr, cap)
+        } else {
+            1
+        };
+        // Room first, so that plaintext never exceeds the window, not even
+        // for the time of one eviction (at least a batch, so that the next
+        // faults find room).
+        let window = st.window_size();
+        if st.resident + want > window && !st.frozen {
+            let need = (st.resident + want - window).max(self.batch);
+            self.evict(st, need);
+        }
+        match self.bring_in(st, pos, i, want, Why::Fault) {
+            Ok(n) => {
+                st.streams.ran(addr, n);
+                wakes.push((addr as u64, (n * PAGE) as u64));
+            }
+            Err(e) => {
+                eprintln!("memveil-shield: cannot map page {addr:#x}: {e}");
+                wakes.push((addr as u64, PAGE as u64));
+            }
+        }
+    }
+
+    /// Brings page `i` of range `pos` (ZERO or EVICTED) in as plaintext,
+    /// and up to `want - 1` pages after it that are also missing, without
+    /// waking anyone; returns how many pages from `i` are now resident.
+    /// Runs of never-written pages take one `UFFDIO_COPY` of zeros, runs of
+    /// evicted pages (Move mechanism) one `UFFDIO_MOVE` home from their
+    /// slots, decrypted there in place.
+    fn bring_in(
+        &self,
+        st: &mut State,
+        pos: usize,
+        i: usize,
+        want: usize,
+        why: Why,
+    ) -> io::Result<usize> {
+        let t0 = Instant::now();
+        let end = {
+            let r = &st.ranges[pos];
+            let mut end = i + 1;
+            let stop = (i.saturating_add(want)).min(r.pages);
+            while end < stop {
+                let s = r.state(end);
+                if s & PINNED != 0 || s & STATE_MASK == RESIDENT {
+                    break;
+                }
+                end += 1;
+            }
+            end
+        };
+        let mut k = i;
+        while k < end {
+            let kind = st.ranges[pos].state(k) & STATE_MASK;
+            let mut e = k + 1;
+            while e < end && st.ranges[pos].state(e) & STATE_MASK == kind {
+                e += 1;
+            }
+            let res = match kind {
+                EVICTED if self.mechanism == Mechanism::Move => self.move_in(st, pos, k, e),
+                EVICTED => self.copy_in(st, pos, k).map(|()| 1),
+                _ => self.zero_in(st, pos, k, e),
+            };
+            let done = match res {
+                Ok(d) => d,
+                Err(err) if k == i => return Err(err),
+                Err(_) => 0,
+            };
+            for p in k..k + done {
+                let w = if p == i { why } else { why.ahead() };
+                self.book_in(st, pos, p, w);
+            }
+            if k + done < e {
+                // Stopped part-way: the rest of the run stays missing.
+                let c = self.stats.counters();
+                c.copy_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+                return Ok(k + done - i);
+            }
+            k = e;
+        }
+        let c = self.stats.counters();
+        c.copy_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+        Ok(end - i)
+    }
+
+    /// Books page `i` of range `pos`, just mapped, as resident.
+    fn book_in(&self, st: &mut State, pos: usize, i: usize, why: Why) {
+        let s = st.ranges[pos].state(i);
+        let evicted = s & STATE_MASK == EVICTED;
+        let c = self.stats.counters();
+        match why {
+            Why::Fault => {
+                let age = evicted.then(|| st.age(pos, i));
+                let data = st.data_pages();
+                if st.window.fault(age, data) {
+                    c.near_misses.fetch_add(1, Ordering::Relaxed);
+                }
+                if evicted {
+                    c.faults_in.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    c.zero_fills.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Why::Ahead if evicted => {
+                c.readahead.fetch_add(1, Ordering::Relaxed);
+            }
+            Why::Ahead => {
+                c.prefill.fetch_add(1, Ordering::Relaxed);
+            }
+            Why::Restore => {}
+        }
+        st.mark_resident(pos, i, s);
+    }
+
+    /// Fills never-written pages `[a, b)` of range `pos` with zeros (one
+    /// `UFFDIO_COPY` per [`RUN_MAX`] pages); returns how many from `a`.
+    fn zero_in(&self, st: &State, pos: usize, a: usize, b: usize) -> io::Result<usize> {
+        let r = &st.ranges[pos];
+        let mut k = a;
+        while k < b {
+            let n = (b - k).min(RUN_MAX);
+            let (bytes, res) = self
+                .uffd
+                .copy_run(r.addr(k) as u64, &ZEROS[..n * PAGE], false);
+            let got = usize::try_from(bytes).unwrap_or(0) / PAGE;
+            k += got;
+            match res {
+                Ok(()) => {}
+                // Present already (a page the kernel filled before the range
+                // was registered): it holds what it holds, count it in.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => k += 1,
+                Err(e) if k == a => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(k.min(b) - a)
+    }
+
+    /// Brings evicted pages `[a, b)` of range `pos` home (Move mechanism):
+    /// their frames, in the store slots, are decrypted in place and moved to
+    /// the pages' addresses with one `UFFDIO_MOVE`. The plaintext exists
+    /// only in frames that become the program's pages. When the move stops
+    /// at a page (its protection differs from the store's after
+    /// `mprotect`), that page's frame is copied in with `UFFDIO_COPY` and
+    /// its slot wiped and dropped, and the frames after it are encrypted
+    /// again (they stay evicted). Returns how many pages from `a` came in.
+    fn move_in(&self, st: &mut State, pos: usize, a: usize, b: usize) -> io::Result<usize> {
+        let State { ranges, keys, .. } = &mut *st;
+        let r = &mut ranges[pos];
+        let key = keys[usize::from(r.keyid)]
+            .as_ref()
+            .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
+        for k in a..b {
+            // The page is EVICTED, so its slot holds a frame: touching it
+            // does not fault.
+            let addr = r.addr(k);
+            key.decrypt_unit(addr as u128, r.store_page(k))
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        let len = ((b - a) * PAGE) as u64;
+        let (bytes, res) = self
+            .uffd
+            .move_run(r.addr(a) as u64, r.slot_ptr(a) as u64, len, false);
+        if res.is_ok() {
+            return Ok(b - a);
+        }
+        let moved = usize::try_from(bytes).unwrap_or(0) / PAGE;
+        let k = a + moved;
+        let addr = r.addr(k);
+        let copied = match self.uffd.copy_run(addr as u64, r.store_page(k), false).1 {
+            Ok(()) => true,
+            Err(e) => e.raw_os_error() == Some(libc::EEXIST),
+        };
+        let first_out = if copied { k + 1 } else { k };
+        if copied {
+            // SAFETY: the slot is a present page of the store owned by this
+            // range, and the page's contents now live at `addr`.
+            unsafe { release_slot(r.slot_ptr(k)) };
+        }
+        for j in first_out..b {
+            // Still evicted: back to ciphertext (4096 bytes: always a valid
+            // XTS unit).
+            let addr = r.addr(j);
+            let _ = key.encrypt_unit(addr as u128, r.store_page(j));
+        }
+        if first_out == a {
+            return res.map(|()| 0);
+        }
+        Ok(first_out - a)
+    }
+
+    /// Brings evicted page `i` of range `pos` back through the bounce page
+    /// (write-protect mechanism: the store holds ciphertext, not frames).
+    fn copy_in(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
+        let State {
+            ranges,
+            keys,
+            bounce,
+            ..
+        } = &mut *st;
+        let r = &mut ranges[pos];
+        let addr = r.addr(i);
+        bounce.copy_from_slice(r.store_page(i));
+        let key = keys[usize::from(r.keyid)]
+            .as_ref()
+            .ok_or_else(|| io::Error::other("no key for the range's KeyID"))?;
+        let res = key
+            .decrypt_unit(addr as u128, bounce)
+            .map_err(|e| io::Error::other(e.to_string()))
+            .and_then(|()| self.uffd.copy_run(addr as u64, bounce, false).1);
+        bounce.fill(0);
+        match res {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Evicts until at most the window's pages are resident (or nothing more
+    /// can be evicted: every resident page pinned).
+    pub(crate) fn shrink_to_window(&self, st: &mut State) {
+        while st.resident > st.window_size() {
+            let over = st.resident - st.window_size();
+            if self.evict(st, over) == 0 {
+                break;
+            }
+        }
+        self.publish(st);
+    }
+
+    /// Evicts up to `n` of the resident pages; returns how many. With
+    /// `UFFDIO_MOVE` each run of neighbouring victims is moved out of the
+    /// program's view into its store slots in one call and encrypted there:
+    /// the frames themselves become the ciphertext, and no plaintext frame
+    /// is ever freed.
+    fn evict(&self, st: &mut State, n: usize) -> usize {
+        let t0 = Instant::now();
+        let victims = st.victims(n);
+        let mut done = 0;
+        let mut k = 0;
+        while k < victims.len() {
+            let (pos, a) = victims[k];
+            let mut e = k + 1;
+            while e < victims.len() && victims[e] == (pos, a + (e - k)) {
+                e += 1;
+            }
+            let b = a + (e - k);
+            let mut moved = 0;
+            if self.mechanism == Mechanism::Move {
+                let r = &st.ranges[pos];
+                let len = ((b - a) * PAGE) as u64;
+                let (bytes, _) =
+                    self.uffd
+                        .move_run(r.slot_ptr(a) as u64, r.addr(a) as u64, len, false);
+                moved = usize::try_from(bytes).unwrap_or(0) / PAGE;
+                self.stats
+                    .counters()
+                    .evict_moves
+                    .fetch_add(1, Ordering::Relaxed);
+                for j in a..a + moved {
+                    let State { ranges, keys, .. } = &mut *st;
+                    let r = &mut ranges[pos];
+                    let addr = r.addr(j);
+                    encrypt_page(keys, r.keyid, addr, r.store_page(j));
+                    st.mark_evicted(pos, j);
+                }
+                done += moved;
+            }
+            if a + moved < b {
+                // No UFFDIO_MOVE, or the page is shared with a forked child:
+                // that one by write-protection, the rest of the run anew.
+                let j = a + moved;
+                if self.evict_wp(st, pos, j).is_ok() {
+                    done += 1;
+                } else {
+                    let addr = st.ranges[pos].addr(j);
+                    st.queues.main.push_back(addr);
+                }
+                k += moved + 1;
+                continue;
+            }
+            k = e;
+        }
+        let c = self.stats.counters();
+        c.evictions.fetch_add(done as u64, Ordering::Relaxed);
+        c.evict_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+        done
+    }
+
+    /// Write-protect eviction: the writers of the page wait while it is
+    /// encrypted and dropped, then fault it back in. The ciphertext goes to
+    /// the store slot by `UFFDIO_COPY` when the store is registered (Move
+    /// mechanism: touching its empty slot would fault on this very thread).
+    fn evict_wp(&self, st: &mut State, pos: usize, i: usize) -> io::Result<()> {
+        let addr = st.ranges[pos].addr(i);
+        self.uffd.write_protect(addr as u64, PAGE as u64, true)?;
+        let saved = {
+            let State {
+                ranges,
+                keys,
+                bounce,
+                ..
+            } = &mut *st;
+            let r = &mut ranges[pos];
+            // SAFETY: the page is resident and readable (not pinned) and,
+            // being write-protected, nobody changes it while it is read.
+            bounce.copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) });
+            encrypt_page(keys, r.keyid, addr, bounce);
+            let saved = if self.mechanism == Mechanism::Move {
+                self.uffd.copy(r.slot_ptr(i) as u64, bounce)
+            } else {
+                r.store_page(i).copy_from_slice(bounce);
+                Ok(())
+            };
+            bounce.fill(0);
+            saved
+        };
+        saved.inspect_err(|_| {
+            let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+        })?;
+        // SAFETY: the page's contents are saved as ciphertext; dropping it
+        // makes the next access fault it back in.
+        let dropped = unsafe { uffd::madvise_direct(addr as *mut u8, PAGE, libc::MADV_DONTNEED) };
+        // Clear any write-protect marker and release waiting writers: they
+        // fault on the now-missing page and wait for it to come back.
+        let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+        if let Err(e) = dropped {
+            // Still resident: its store slot goes empty again.
+            let slot = st.ranges[pos].slot_ptr(i);
+            // SAFETY: the slot was just filled and is owned by the range.
+            unsafe { release_slot(slot) };
+            return Err(e);
+        }
+        st.mark_evicted(pos, i);
+        self.stats
+            .counters()
+            .wp_evictions
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Decrypts every evicted page of range `pos` back into place (runs of
+    /// neighbours in one move each) and wakes any thread waiting on them.
+    pub(crate) fn restore_range(&self, st: &mut State, pos: usize) -> Result<(), ShieldError> {
+        let pages = st.ranges[pos].pages;
+        let mut i = 0;
+        while i < pages {
+            if st.ranges[pos].state(i) & STATE_MASK != EVICTED {
+                i += 1;
+                continue;
+            }
+            let mut e = i + 1;
+            while e < pages && st.ranges[pos].state(e) & STATE_MASK == EVICTED {
+                e += 1;
+            }
+            let n = self
+                .bring_in(st, pos, i, e - i, Why::Restore)
+                .map_err(os("UFFDIO_MOVE/UFFDIO_COPY"))?
+                .max(1);
+            let addr = st.ranges[pos].addr(i);
+            let _ = self.uffd.wake(addr as u64, (n * PAGE) as u64);
+            i += n;
+        }
+        self.publish(st);
+        Ok(())
+    }
+}
+
+impl Why {
+    /// The reason for the pages after the first of a run.
+    fn ahead(self) -> Self {
+        match self {
+            Why::Fault | Why::Ahead => Why::Ahead,
+            Why::Restore => Why::Restore,
+        }
+    }
+}
+
+/// Sets the handler thread's scheduling policy (the watchdog's lever).
+pub(crate) fn set_handler_policy(inner: &Inner, policy: SchedPolicy) -> io::Result<()> {
+    match inner.handler_tid.load(Ordering::Acquire) {
+        0 => Err(io::Error::other("handler not started")),
+        tid => memveil_sys::process::set_sched_policy(tid, policy),
+    }
+}
+
+/// Encrypts the plaintext `page` at `addr` in place under `keyid`'s key
+/// (the page's address is the tweak).
+fn encrypt_page(keys: &[Option<SecretBox<Xts>>], keyid: u16, addr: usize, page: &mut [u8]) {
+    if let Some(key) = &keys[usize::from(keyid)] {
+        // A 4096-byte unit is always a valid XTS length.
+        let _ = key.encrypt_unit(addr as u128, page);
+    }
+}
+
+/// Wipes a store slot and hands its frame back to the kernel: the slot is
+/// empty again (Move mechanism: a slot holds a frame only while its page is
+/// evicted).
+///
+/// # Safety
+/// `slot` must be a present, writable store page that no Rust object lives
+/// in and whose contents are no longer needed.
+unsafe fn release_slot(slot: *mut u8) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        zeroize_page(slot);
+        let _ = uffd::madvise_direct(slot, PAGE, libc::MADV_DONTNEED);
+    }
+}

@@ -1,0 +1,189 @@
+//! The fault path's economies, each against a control that shows the
+//! counters could fail: sequential scans brought in as runs (never-written
+//! and evicted pages alike), neighbouring victims evicted in one move, the
+//! window and an adaptive window's bound never exceeded, an adaptive window
+//! that grows on near misses and gives back when the program is quiet.
+
+#![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
+use std::time::{Duration, Instant};
+
+use memveil_shield::{Bound, Config, Shield, Snapshot, PAGE};
+
+mod common;
+use common::pages;
+
+fn shield(cfg: Config) -> Option<Shield> {
+    common::shield(&cfg)
+}
+
+fn protect(s: &Shield, buf: &mut [u8]) {
+    common::protect(s, buf, 1);
+}
+
+/// Writes a word derived from the page number into every page, in order.
+fn sweep_write(buf: &mut [u8], seed: u64) {
+    for (i, p) in buf.chunks_mut(PAGE).enumerate() {
+        p[8..16].copy_from_slice(&(seed ^ i as u64).to_le_bytes());
+    }
+}
+
+/// Checks every page's word, in order.
+fn sweep_check(buf: &[u8], seed: u64) {
+    for (i, p) in buf.chunks(PAGE).enumerate() {
+        let got = u64::from_le_bytes(p[8..16].try_into().unwrap());
+        assert_eq!(got, seed ^ i as u64, "page {i}");
+    }
+}
+
+fn diff(a: &Snapshot, b: &Snapshot) -> (u64, u64, u64, u64) {
+    (
+        b.zero_fills - a.zero_fills,
+        b.faults_in - a.faults_in,
+        b.evictions - a.evictions,
+        b.evict_moves - a.evict_moves,
+    )
+}
+
+/// Runs the two sweeps of `sequential_runs` with or without readahead;
+/// returns (zero fills, faults in, evictions, eviction moves) of the first
+/// and the second sweep.
+fn two_sweeps(readahead: bool) -> Option<[(u64, u64, u64, u64); 2]> {
+    const N: usize = 4096;
+    let s = shield(Config {
+        window: 512,
+        readahead,
+        ..Config::default()
+    })?;
+    let buf = pages(N);
+    protect(&s, buf);
+    let s0 = s.stats();
+    sweep_write(buf, 1);
+    let s1 = s.stats();
+    sweep_check(buf, 1);
+    let s2 = s.stats();
+    assert!(s2.max_resident <= 512, "{s2:?}");
+    Some([diff(&s0, &s1), diff(&s1, &s2)])
+}
+
+#[test]
+fn sequential_scans_bring_in_runs_and_evict_runs() {
+    let Some([(zf, fi, ev, mv), (zf2, fi2, ev2, mv2)]) = two_sweeps(true) else {
+        return;
+    };
+    let Some([(czf, _, cev, cmv), (_, cfi2, _, _)]) = two_sweeps(false) else {
+        return;
+    };
+    println!("runs: zero {zf}, in {fi2}, moves {mv}/{ev} {mv2}/{ev2}; single pages: zero {czf}, in {cfi2}, moves {cmv}/{cev}");
+    // Control: without readahead each page is a fault of its own.
+    assert_eq!(czf, 4096);
+    assert_eq!(cfi2, 4096);
+    // Never-written pages in sequence: runs of up to 64 (window/8) pages.
+    assert!(zf <= 4096 / 16, "zero-fill faults {zf}");
+    assert_eq!(fi, 0);
+    // Evicted pages in sequence: the same.
+    assert!(fi2 <= 4096 / 16, "decrypting faults {fi2}");
+    assert_eq!(zf2, 0);
+    // Victims that are neighbours leave together (FIFO order of a scan).
+    assert!(ev >= 3500 && mv * 8 <= ev, "{mv} moves for {ev} evictions");
+    assert!(
+        ev2 >= 4000 && mv2 * 8 <= ev2,
+        "{mv2} moves for {ev2} evictions"
+    );
+}
+
+/// xorshift: a cheap generator for access patterns.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+#[test]
+fn an_adaptive_window_grows_to_its_bound_never_past_it_and_gives_back() {
+    // A working set of 200 pages touched at random in a 2048-page buffer:
+    // with a window of 64 nearly every touch misses, but each miss is on a
+    // page evicted so recently that a larger window would have kept it.
+    let Some(s) = shield(Config {
+        window: 64,
+        max_plaintext: Some(Bound::Pages(256)),
+        ..Config::default()
+    }) else {
+        return;
+    };
+    let buf = pages(2048);
+    protect(&s, buf);
+    sweep_write(buf, 9);
+    let after_fill = s.stats();
+    assert_eq!(after_fill.adaptive, 1);
+    let mut rng = Rng(0x1234_5678);
+    for _ in 0..20_000 {
+        let i = rng.below(200);
+        buf[i * PAGE] = buf[i * PAGE].wrapping_add(1);
+    }
+    let grown = s.stats();
+    println!("{grown:?}");
+    assert!(grown.near_misses > 100, "{grown:?}");
+    assert!(
+        grown.max_window > 200,
+        "the window grew to the working set: {grown:?}"
+    );
+    assert!(
+        grown.max_window <= 256 && grown.max_resident <= 256,
+        "past the bound: {grown:?}"
+    );
+    // Touches within the grown window no longer fault.
+    let before = s.stats().faults();
+    for _ in 0..5000 {
+        let i = rng.below(200);
+        buf[i * PAGE] = buf[i * PAGE].wrapping_add(1);
+    }
+    let refaults = s.stats().faults() - before;
+    assert!(
+        refaults < 500,
+        "{refaults} faults in a window that holds the working set"
+    );
+    // Quiet seconds: the window gives pages back, plaintext goes with them.
+    let t = Instant::now();
+    while s.stats().window >= grown.window && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let quiet = s.stats();
+    assert!(quiet.window < grown.window, "{quiet:?}");
+    assert!(quiet.resident_pages <= quiet.window, "{quiet:?}");
+    // The contents survived all of it.
+    for (i, p) in buf.chunks(PAGE).enumerate().skip(200) {
+        let got = u64::from_le_bytes(p[8..16].try_into().unwrap());
+        assert_eq!(got, 9 ^ i as u64, "page {i}");
+    }
+}
+
+#[test]
+fn a_fixed_window_stays_fixed_under_the_same_load() {
+    // Control for the test above: the same near misses, no bound.
+    let Some(s) = shield(Config {
+        window: 64,
+        ..Config::default()
+    }) else {
+        return;
+    };
+    let buf = pages(2048);
+    protect(&s, buf);
+    sweep_write(buf, 9);
+    let mut rng = Rng(0x1234_5678);
+    for _ in 0..20_000 {
+        let i = rng.below(200);
+        buf[i * PAGE] = buf[i * PAGE].wrapping_add(1);
+    }
+    let st = s.stats();
+    assert_eq!(st.adaptive, 0);
+    assert_eq!(st.max_window, 64, "{st:?}");
+    assert!(st.max_resident <= 64, "{st:?}");
+    assert!(
+        st.faults_in > 10_000,
+        "a 64-page window thrashes on 200 pages: {st:?}"
+    );
+}

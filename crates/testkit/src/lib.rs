@@ -1,0 +1,240 @@
+//! How a memveil test that cannot run here says so. Test-only (every crate
+//! takes it as a dev-dependency); it has no dependencies and no `unsafe`.
+//!
+//! A test missing a prerequisite calls [`skip`] with what it lacks, then
+//! returns. [`skip`] writes one line,
+//!
+//! ```text
+//! SKIP <test>: <reason>: <detail>
+//! ```
+//!
+//! where `<test>` is the test's name (the harness names each test's thread
+//! after it), `<reason>` the [`Need`]'s fixed wording (no `:` in it, so the
+//! lines can be counted by reason) and `<detail>` one line of the caller's
+//! explanation. The line goes straight to the process's standard error, not
+//! through `eprintln!`, which the test harness captures and shows only for
+//! failing tests: a skip shows in the output of a passing run. When
+//! `MEMVEIL_SKIP_LOG` names a file, the line is appended to it as well;
+//! `scripts/test.sh` ends with the count of those lines by reason.
+//!
+//! Under `CI=true`, a skip for want of something the project's own scripts
+//! provide ([`Need::Installed`]: a package of `scripts/packages.txt`, an
+//! artefact of `scripts/install.d/`, a binary `scripts/test.sh` builds)
+//! panics instead: CI installs all of them, so such a skip means a broken
+//! installation, not a test that passed. What no script can provide (root,
+//! `memfd_secret`, userfaultfd rights, a CPU feature, a second CPU, a
+//! hypervisor, a host setting) stays a skip under CI, and is still counted.
+
+use std::fmt;
+use std::io::Write as _;
+
+/// What a test lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Need {
+    /// A program, library or artefact that `scripts/install.sh` installs or
+    /// builds, or that `scripts/test.sh` builds before the tests (its name:
+    /// `"gcore"`, `"redis-server"`, `"build/guest"`). Fails the run under
+    /// `CI=true`.
+    Installed(&'static str),
+    /// Root (effective uid 0).
+    Root,
+    /// `memfd_secret(2)` (Linux 5.14+, not booted with `secretmem.enable=0`).
+    MemfdSecret,
+    /// userfaultfd, as far as the test needs it.
+    Userfaultfd,
+    /// A CPU feature (`"RDRAND"`, `"RDSEED"`, `"AES-NI"`).
+    Cpu(&'static str),
+    /// A second CPU.
+    SecondCpu,
+    /// Running under a hypervisor.
+    Hypervisor,
+    /// A host setting other than the one found (a sysctl, a device's mode,
+    /// a directory another user cannot reach).
+    HostSetting(&'static str),
+}
+
+impl Need {
+    /// Whether the project's scripts provide it (so CI must have it).
+    #[must_use]
+    pub fn provided_by_scripts(self) -> bool {
+        matches!(self, Need::Installed(_))
+    }
+}
+
+impl fmt::Display for Need {
+    /// The reason as counted: fixed wording, never a `:`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Need::Installed(what) => write!(f, "{what} not installed"),
+            Need::Root => f.write_str("not root"),
+            Need::MemfdSecret => f.write_str("no memfd_secret"),
+            Need::Userfaultfd => f.write_str("no userfaultfd"),
+            Need::Cpu(feature) => write!(f, "CPU lacks {feature}"),
+            Need::SecondCpu => f.write_str("one CPU"),
+            Need::Hypervisor => f.write_str("no hypervisor"),
+            Need::HostSetting(s) => write!(f, "host setting {s}"),
+        }
+    }
+}
+
+/// Whether this is a CI run (`CI=true`, as CI services set it, or `CI=1`).
+#[must_use]
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// Says that the calling test skips (all of it, or the part `detail`
+/// names) for want of `need`; the caller returns afterwards.
+///
+/// # Panics
+/// Under `CI=true` when `need` is something the project's scripts provide,
+/// so that the run fails rather than passing without the test.
+#[track_caller]
+pub fn skip(need: Need, detail: impl fmt::Display) {
+    let test = std::thread::current().name().unwrap_or("?").to_owned();
+    if fails_the_run(need, ci()) {
+        panic!(
+            "{test}: {need} ({}), under CI=true: scripts/install.sh provides it, \
+             so this test must run, not skip (run scripts/install.sh --deps)",
+            one_line(&detail.to_string())
+        );
+    }
+    let line = line(&test, need, &detail.to_string());
+    // Straight to the descriptor: `eprintln!` would land in the harness's
+    // capture buffer, shown only for failing tests.
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(path) = std::env::var_os("MEMVEIL_SKIP_LOG") {
+        // One write of a short line to an O_APPEND file: lines of tests
+        // running in parallel (and in other test binaries) do not mix.
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// Whether a skip for want of `need` fails the run instead.
+fn fails_the_run(need: Need, ci: bool) -> bool {
+    ci && need.provided_by_scripts()
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The SKIP line for `test`, newline included.
+fn line(test: &str, need: Need, detail: &str) -> String {
+    format!("SKIP {test}: {need}: {}\n", one_line(detail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Need; 8] = [
+        Need::Installed("redis-server"),
+        Need::Root,
+        Need::MemfdSecret,
+        Need::Userfaultfd,
+        Need::Cpu("RDSEED"),
+        Need::SecondCpu,
+        Need::Hypervisor,
+        Need::HostSetting("vm.unprivileged_userfaultfd"),
+    ];
+
+    #[test]
+    fn the_line_splits_into_test_reason_and_detail_on_colon_space() {
+        for need in ALL {
+            let l = line("tests::a_test", need, "why\n  on two lines");
+            let fields: Vec<&str> = l.trim_end().splitn(3, ": ").collect();
+            assert_eq!(
+                fields,
+                ["SKIP tests::a_test", &need.to_string(), "why on two lines"]
+            );
+            assert!(!need.to_string().contains(':'), "{need}");
+            assert!(l.ends_with('\n') && l.matches('\n').count() == 1);
+        }
+    }
+
+    #[test]
+    fn under_ci_only_what_the_scripts_install_fails_the_run() {
+        for need in ALL {
+            assert!(!fails_the_run(need, false), "{need}");
+            assert_eq!(
+                fails_the_run(need, true),
+                need == Need::Installed("redis-server"),
+                "{need}"
+            );
+        }
+    }
+
+    /// Runs this test binary's `child` test with `need` (by index in ALL)
+    /// and `ci`; its exit status, its stderr, its stdout (where the harness
+    /// reports a failure) and the skip log it wrote.
+    fn run_child(need: usize, ci: bool) -> (bool, String, String, String) {
+        let log = std::env::temp_dir().join(format!(
+            "memveil-testkit-{}-{need}-{ci}.log",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&log);
+        let mut cmd = std::process::Command::new(std::env::current_exe().expect("exe"));
+        cmd.args(["tests::child", "--exact", "--test-threads=1"])
+            .env("MEMVEIL_TESTKIT_CHILD", need.to_string())
+            .env("MEMVEIL_SKIP_LOG", &log)
+            .env_remove("CI");
+        if ci {
+            cmd.env("CI", "true");
+        }
+        let out = cmd.output().expect("run the test binary");
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            logged,
+        )
+    }
+
+    /// Not a test of its own: what `run_child` runs in a child process.
+    #[test]
+    fn child() {
+        if let Some(i) = std::env::var("MEMVEIL_TESTKIT_CHILD")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            skip(ALL[i], "from the child");
+        }
+    }
+
+    #[test]
+    fn a_skip_shows_through_capture_is_logged_and_fails_under_ci_only_if_installable() {
+        // A machine property: a skip under CI too, printed although the
+        // harness captures the passing test's output, and logged.
+        let (ok, err, _, log) = run_child(5, true);
+        let want = "SKIP tests::child: one CPU: from the child\n";
+        assert!(ok, "{err}");
+        assert!(err.contains(want), "not on stderr: {err}");
+        assert_eq!(log, want);
+        // Installable, outside CI: a counted skip.
+        let (ok, err, _, log) = run_child(0, false);
+        assert!(ok, "{err}");
+        assert_eq!(
+            log,
+            "SKIP tests::child: redis-server not installed: from the child\n"
+        );
+        // Installable, under CI: the test fails, nothing is counted as skipped.
+        let (ok, err, out, log) = run_child(0, true);
+        assert!(!ok, "an installable skip passed under CI=true: {err}");
+        assert!(
+            out.contains("redis-server not installed (from the child), under CI=true"),
+            "{out}"
+        );
+        assert!(!err.contains("SKIP"), "{err}");
+        assert_eq!(log, "");
+    }
+}
