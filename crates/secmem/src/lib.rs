@@ -26,7 +26,7 @@
 mod pool;
 mod region;
 
-pub use pool::{SecretBox, SecretPool};
+pub use pool::{pool_footprint, SecretBox, SecretPool};
 pub use region::SecretRegion;
 
 use std::fmt;

@@ -13,6 +13,13 @@ use crate::{scrub_stack, Level, Policy, SecmemError};
 /// Allocation granule: one cache line.
 const GRANULE: usize = 64;
 
+/// Bytes of a [`SecretPool`] that an allocation of `bytes` takes (whole
+/// granules; at least one), for callers that budget a pool among users.
+#[must_use]
+pub fn pool_footprint(bytes: usize) -> usize {
+    bytes.max(1).div_ceil(GRANULE) * GRANULE
+}
+
 struct Inner {
     region: SecretRegion,
     /// One bit per granule; set = in use.
@@ -93,7 +100,7 @@ impl SecretPool {
         if layout.align() > GRANULE {
             return Err(SecmemError::Alignment(layout.align()));
         }
-        let need = layout.size().max(1).div_ceil(GRANULE);
+        let need = pool_footprint(layout.size()) / GRANULE;
         let mut used = self
             .inner
             .used
@@ -270,6 +277,19 @@ mod tests {
         assert_eq!(p.free(), free0 - 4 * GRANULE);
         drop(a);
         drop(b);
+        assert_eq!(p.free(), free0);
+    }
+
+    #[test]
+    fn footprint_is_what_an_allocation_takes() {
+        let p = pool();
+        let free0 = p.free();
+        let a = p.alloc_bytes(100).expect("a");
+        assert_eq!(free0 - p.free(), pool_footprint(100));
+        let b = p.alloc(|| [0u64; 9]).expect("b");
+        assert_eq!(free0 - p.free(), pool_footprint(100) + pool_footprint(72));
+        assert_eq!(pool_footprint(0), GRANULE);
+        drop((a, b));
         assert_eq!(p.free(), free0);
     }
 

@@ -200,18 +200,85 @@ pub fn seals_forbid_shrink(seals: i32) -> bool {
     seals & libc::F_SEAL_SHRINK != 0
 }
 
-/// A read-write `MAP_SHARED` mapping of a memfd, unmapped on drop. The other
-/// side may write any byte at any time; every accessor is bounds-checked.
+/// Why an access to a [`SharedMap`] was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ShmError {
+    /// The range does not lie inside the mapping.
+    OutOfBounds,
+    /// The range overlaps one this process is using right now (an exclusive
+    /// claim, or a control range overlapping anything).
+    Busy,
+    /// A control access that is not on 4-byte boundaries.
+    Misaligned,
+}
+
+impl std::fmt::Display for ShmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShmError::OutOfBounds => "range outside the shared mapping",
+            ShmError::Busy => {
+                "range in use by another access of this process (overlapping accesses are refused)"
+            }
+            ShmError::Misaligned => "control access not on 4-byte boundaries",
+        })
+    }
+}
+
+impl std::error::Error for ShmError {}
+
+/// How a range of a [`SharedMap`] is in use inside this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// A [`Control`] range: only 32-bit atomic accesses, for as long as the
+    /// handle lives.
+    Control,
+    /// A copy out of the mapping (plain reads; several may overlap).
+    Shared,
+    /// A [`Claim`]: copies in and `&mut [u8]`, nobody else in the process.
+    Exclusive,
+}
+
+/// A live use of `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Live {
+    start: usize,
+    end: usize,
+    kind: Use,
+}
+
+/// A read-write `MAP_SHARED` mapping of a memfd, unmapped on drop.
+///
+/// The other process may write any byte at any time; every accessor is
+/// bounds-checked, and no two accesses of this process that could conflict
+/// run on overlapping bytes at once: the map keeps a table of the ranges in
+/// use and refuses an overlapping access with [`ShmError::Busy`] instead of
+/// letting it alias. Three kinds of use:
+///
+/// - [`SharedMap::control`]: a range (a request ring's page) reached only
+///   through 32-bit atomics, held for as long as the [`Control`] lives.
+///   Overlaps nothing else.
+/// - [`SharedMap::read`]: a copy out through a raw pointer (one read of each
+///   byte). Overlaps other reads, nothing else.
+/// - [`SharedMap::claim`] (and [`SharedMap::write`], [`SharedMap::with_mut`]):
+///   exclusive; copies in and out through raw pointers, and the one place a
+///   `&mut [u8]` over the mapping exists. Overlaps nothing.
+///
+/// So no safe call can produce two references, or a reference and a copy,
+/// over the same bytes in this process.
 pub struct SharedMap {
     ptr: NonNull<u8>,
     len: usize,
+    live: std::sync::Mutex<Vec<Live>>,
 }
 
 // SAFETY: the mapping is an owned range of address space; all access goes
-// through bounds-checked methods using atomics or byte copies.
+// through bounds-checked methods whose overlapping uses are refused by the
+// `live` table (itself behind a mutex).
 unsafe impl Send for SharedMap {}
-// SAFETY: as above; concurrent access is to shared memory whose contents are
-// treated as untrusted bytes.
+// SAFETY: as above: concurrent accesses from several threads either touch
+// disjoint bytes, or are copies out (reads only), or are 32-bit atomics in a
+// `Control` range; the peer process's writes are treated as untrusted bytes.
 unsafe impl Sync for SharedMap {}
 
 impl SharedMap {
@@ -243,7 +310,11 @@ impl SharedMap {
             return Err(io::Error::last_os_error());
         }
         let ptr = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        Ok(Self { ptr, len })
+        Ok(Self {
+            ptr,
+            len,
+            live: std::sync::Mutex::new(Vec::new()),
+        })
     }
 
     /// Bytes mapped.
@@ -258,79 +329,314 @@ impl SharedMap {
         false
     }
 
-    fn range_ok(&self, off: usize, len: usize) -> bool {
-        off.checked_add(len).is_some_and(|end| end <= self.len)
+    /// `[off, off+len)` when it lies inside the mapping.
+    fn range(&self, off: usize, len: usize) -> Result<(usize, usize), ShmError> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok((off, end)),
+            _ => Err(ShmError::OutOfBounds),
+        }
     }
 
-    /// The 4-byte-aligned atomic word at `off`, or `None` when out of bounds
-    /// or misaligned.
-    #[must_use]
-    pub fn atomic_u32(&self, off: usize) -> Option<&AtomicU32> {
-        if !self.range_ok(off, 4) || !off.is_multiple_of(4) {
-            return None;
+    /// Records a use of `[start, end)` unless it conflicts with a live one.
+    fn acquire(&self, start: usize, end: usize, kind: Use) -> Result<Live, ShmError> {
+        let me = Live { start, end, kind };
+        let mut live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let clash = live.iter().any(|l| {
+            l.start < end && start < l.end && !(l.kind == Use::Shared && kind == Use::Shared)
+        });
+        if clash {
+            return Err(ShmError::Busy);
         }
-        // SAFETY: in bounds and 4-byte aligned (the mapping is page-aligned);
-        // AtomicU32 has no invalid bit patterns and tolerates concurrent
-        // writers in the other process; it lives as long as `&self`.
-        Some(unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() })
+        live.push(me);
+        Ok(me)
+    }
+
+    fn release(&self, me: Live) {
+        let mut live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = live.iter().position(|l| *l == me) {
+            live.swap_remove(i);
+        }
     }
 
     /// Copies `out.len()` bytes starting at `off` out of the mapping (one
-    /// read of each byte), or returns `None` when out of bounds.
-    pub fn read(&self, off: usize, out: &mut [u8]) -> Option<()> {
-        if !self.range_ok(off, out.len()) {
-            return None;
-        }
-        // SAFETY: source range checked in bounds; `out` is a distinct local
-        // buffer; bytes have no invalid values. A racing writer can only
-        // change which bytes we copy.
+    /// read of each byte, through a raw pointer).
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfBounds`]; [`ShmError::Busy`] while the range overlaps
+    /// a claim or a control range.
+    pub fn read(&self, off: usize, out: &mut [u8]) -> Result<(), ShmError> {
+        let (start, end) = self.range(off, out.len())?;
+        let me = self.acquire(start, end, Use::Shared)?;
+        // SAFETY: source range checked in bounds; the `Shared` entry keeps
+        // every write of this process off these bytes during the copy; `out`
+        // is a distinct local buffer; bytes have no invalid values. A peer
+        // writing meanwhile can only change which values we copy.
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len());
         }
-        Some(())
+        self.release(me);
+        Ok(())
     }
 
-    /// Copies `data` into the mapping at `off`, or returns `None` when out of bounds.
-    pub fn write(&self, off: usize, data: &[u8]) -> Option<()> {
-        if !self.range_ok(off, data.len()) {
-            return None;
-        }
-        // SAFETY: destination range checked in bounds; `data` cannot overlap
-        // the mapping through a safe reference handed out by us except via
-        // `with_mut`, which holds the only such borrow while it runs.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len());
-        }
-        Some(())
+    /// Copies `data` into the mapping at `off` (through a raw pointer).
+    ///
+    /// # Errors
+    /// As [`SharedMap::claim`].
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<(), ShmError> {
+        self.claim(off, data.len())?.write(0, data)
     }
 
     /// Runs `f` on the bytes `[off, off+len)` of the mapping in place (no
-    /// copy), or returns `None` when the range is out of bounds.
+    /// copy), under an exclusive claim (see [`Claim::bytes`] for what `f`
+    /// must assume about them).
     ///
-    /// The other process may write these bytes while `f` runs; `f` must treat
-    /// them as untrusted data (a cipher transforming them in place does: a
-    /// racing writer can only corrupt its own output). Callers must not run
-    /// two `with_mut` on overlapping ranges at once.
-    pub fn with_mut<R>(&self, off: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
-        if !self.range_ok(off, len) {
-            return None;
+    /// # Errors
+    /// As [`SharedMap::claim`].
+    pub fn with_mut<R>(
+        &self,
+        off: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, ShmError> {
+        let mut c = self.claim(off, len)?;
+        Ok(f(c.bytes()))
+    }
+
+    /// Claims `[off, off+len)` for this caller alone until the [`Claim`] is
+    /// dropped.
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfBounds`]; [`ShmError::Busy`] when the range overlaps
+    /// any live use (claim, read or control range).
+    pub fn claim(&self, off: usize, len: usize) -> Result<Claim<'_>, ShmError> {
+        let (start, end) = self.range(off, len)?;
+        let me = self.acquire(start, end, Use::Exclusive)?;
+        Ok(Claim {
+            map: self,
+            me,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+
+    /// Reserves `[off, off+len)` for 32-bit atomic access (a request ring's
+    /// control page) until the [`Control`] is dropped.
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfBounds`]; [`ShmError::Misaligned`] unless `off` and
+    /// `len` are multiples of 4; [`ShmError::Busy`] when the range overlaps
+    /// any live use.
+    pub fn control(
+        self: &std::sync::Arc<Self>,
+        off: usize,
+        len: usize,
+    ) -> Result<Control, ShmError> {
+        if !off.is_multiple_of(4) || !len.is_multiple_of(4) {
+            return Err(ShmError::Misaligned);
         }
-        // SAFETY: range checked in bounds of our live mapping. u8 has no
-        // invalid values, so concurrent writes by the peer cannot create an
-        // invalid value; no Rust invariant of ours depends on these bytes.
-        // Exclusivity inside this process is the caller's documented duty.
-        let s = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) };
-        Some(f(s))
+        let (start, end) = self.range(off, len)?;
+        let me = self.acquire(start, end, Use::Control)?;
+        Ok(Control {
+            map: std::sync::Arc::clone(self),
+            me,
+        })
     }
 }
 
 impl Drop for SharedMap {
     fn drop(&mut self) {
         // SAFETY: we own this mapping; no reference into it outlives `self`
-        // (all accessors borrow `self`).
+        // (claims borrow it, control handles keep it alive through an Arc).
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
+    }
+}
+
+/// An exclusive range of a [`SharedMap`]: no other access of this process
+/// reaches these bytes while it lives. Released on drop.
+pub struct Claim<'a> {
+    map: &'a SharedMap,
+    me: Live,
+    // A claim is released by the thread that made it (it is cheap to make).
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Claim<'_> {
+    /// Bytes claimed.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.me.end - self.me.start
+    }
+
+    /// True for an empty claim.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn at(&self, at: usize, len: usize) -> Result<*mut u8, ShmError> {
+        match at.checked_add(len) {
+            Some(end) if end <= self.len() => {}
+            _ => return Err(ShmError::OutOfBounds),
+        }
+        // SAFETY: `start + at + len <= end <= map.len`, so the offset stays
+        // inside the mapping.
+        Ok(unsafe { self.map.ptr.as_ptr().add(self.me.start + at) })
+    }
+
+    /// Copies `out.len()` bytes from offset `at` of the claim out (one read
+    /// of each byte, through a raw pointer).
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfBounds`] past the claim's end.
+    pub fn read(&self, at: usize, out: &mut [u8]) -> Result<(), ShmError> {
+        let p = self.at(at, out.len())?;
+        // SAFETY: in bounds of the claim; the claim keeps every other access
+        // of this process away; `out` is distinct memory; bytes have no
+        // invalid values, and a peer writing meanwhile only changes which
+        // values we copy.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` into the claim at offset `at` (through a raw pointer).
+    ///
+    /// # Errors
+    /// [`ShmError::OutOfBounds`] past the claim's end.
+    pub fn write(&mut self, at: usize, data: &[u8]) -> Result<(), ShmError> {
+        let p = self.at(at, data.len())?;
+        // SAFETY: in bounds of the claim, which no other access of this
+        // process overlaps; `data` cannot point into it (the only reference
+        // into the claim, `bytes`, needs `&mut self`).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    /// The claimed bytes in place.
+    ///
+    /// The claim makes this the only reference to them in this process. The
+    /// peer process can still write them at any moment, which no Rust type
+    /// can rule out: callers must treat the bytes as input that may change
+    /// under them, and give them only to code that never lets a byte's value
+    /// decide a memory access, a length or a loop bound (the vault passes
+    /// its data-oblivious cipher transforms here, and copies bytes out with
+    /// [`Claim::read`] when it must look at them). A racing peer can then
+    /// only change the output it gets back.
+    pub fn bytes(&mut self) -> &mut [u8] {
+        let len = self.len();
+        // SAFETY: `[start, end)` lies inside our live mapping; the exclusive
+        // entry in the map's table keeps every other access of this process
+        // (claims, reads, control ranges) off these bytes until the claim
+        // is dropped, and the returned borrow cannot outlive `&mut self`;
+        // u8 has no invalid values, so bytes a peer writes are still valid
+        // `u8`s.
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(self.me.start), len) }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.map.release(self.me);
+    }
+}
+
+/// A range of a [`SharedMap`] reached only through 32-bit atomics (the
+/// control words and descriptors of a request ring). Since every access of
+/// this process to it is a 4-byte atomic, threads may share it freely; no
+/// claim or copy can overlap it while it lives. Released on drop.
+pub struct Control {
+    map: std::sync::Arc<SharedMap>,
+    me: Live,
+}
+
+impl Control {
+    /// Bytes in the range.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.me.end - self.me.start
+    }
+
+    /// True for an empty range.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The range as 32-bit atomic words.
+    fn atomics(&self) -> &[AtomicU32] {
+        // SAFETY: the range lies inside our live mapping and starts 4-byte
+        // aligned (the mapping is page-aligned, the offset a multiple of 4),
+        // its length a multiple of 4 (both checked in `SharedMap::control`);
+        // AtomicU32 has no invalid bit patterns and tolerates a concurrent
+        // writer in the other process; this process reaches the range only
+        // through such atomics while `self` lives (the map refuses claims
+        // and copies over it), and the borrow cannot outlive `self`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.ptr.as_ptr().add(self.me.start).cast::<AtomicU32>(),
+                self.len() / 4,
+            )
+        }
+    }
+
+    /// The atomic word at offset `at` of the range, or `None` when out of
+    /// bounds or misaligned.
+    #[must_use]
+    pub fn word(&self, at: usize) -> Option<&AtomicU32> {
+        if !at.is_multiple_of(4) {
+            return None;
+        }
+        self.atomics().get(at / 4)
+    }
+
+    fn words(&self, at: usize, len: usize) -> Result<&[AtomicU32], ShmError> {
+        if !at.is_multiple_of(4) || !len.is_multiple_of(4) {
+            return Err(ShmError::Misaligned);
+        }
+        match at.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(&self.atomics()[at / 4..end / 4]),
+            _ => Err(ShmError::OutOfBounds),
+        }
+    }
+
+    /// Copies `out.len()` bytes from offset `at` out, one relaxed 32-bit
+    /// atomic load per word (so one read of each byte).
+    ///
+    /// # Errors
+    /// [`ShmError::Misaligned`] unless `at` and the length are multiples of
+    /// 4; [`ShmError::OutOfBounds`].
+    pub fn read(&self, at: usize, out: &mut [u8]) -> Result<(), ShmError> {
+        let words = self.words(at, out.len())?;
+        for (o, w) in out.chunks_exact_mut(4).zip(words) {
+            o.copy_from_slice(&w.load(std::sync::atomic::Ordering::Relaxed).to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    /// Copies `data` in at offset `at`, one relaxed 32-bit atomic store per
+    /// word.
+    ///
+    /// # Errors
+    /// As [`Control::read`].
+    pub fn write(&self, at: usize, data: &[u8]) -> Result<(), ShmError> {
+        let words = self.words(at, data.len())?;
+        for (d, w) in data.chunks_exact(4).zip(words) {
+            let v = u32::from_ne_bytes([d[0], d[1], d[2], d[3]]);
+            w.store(v, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.map.release(self.me);
     }
 }
 
@@ -408,12 +714,60 @@ mod tests {
         let mut out = [0u8; 3];
         m2.read(100, &mut out).expect("read");
         assert_eq!(&out, b"xyz");
-        assert!(m2.read(8190, &mut out).is_none());
-        assert!(m2.atomic_u32(8190).is_none());
-        assert!(m2.atomic_u32(usize::MAX - 1).is_none());
-        assert!(m2.with_mut(usize::MAX, 2, |_| ()).is_none());
+        assert_eq!(m2.read(8190, &mut out), Err(ShmError::OutOfBounds));
+        assert_eq!(
+            m2.with_mut(usize::MAX, 2, |_| ()),
+            Err(ShmError::OutOfBounds)
+        );
         let cred = peer_cred(&a).expect("cred");
         assert_eq!(cred.pid, i32::try_from(std::process::id()).expect("pid"));
+    }
+
+    /// Regression (issue 14): `with_mut` handed out `&mut [u8]` over any
+    /// range and left "no overlapping calls" to the caller, so two lane
+    /// workers could hold aliased `&mut` over bytes a client chose. Now an
+    /// overlapping access is refused while the first one lives.
+    #[test]
+    fn overlapping_accesses_are_refused_while_a_claim_lives() {
+        let fd = memfd_sealed("t", 16384).expect("memfd");
+        let m = std::sync::Arc::new(SharedMap::map(fd.as_fd(), 16384).expect("map"));
+        let mut c = m.claim(4096, 4096).expect("claim");
+        c.bytes().fill(7);
+        assert_eq!(m.claim(8191, 2).err(), Some(ShmError::Busy));
+        assert_eq!(m.with_mut(0, 4097, |_| ()), Err(ShmError::Busy));
+        assert_eq!(m.read(5000, &mut [0u8; 4]), Err(ShmError::Busy));
+        assert_eq!(m.write(4095, &[1, 2]), Err(ShmError::Busy));
+        assert_eq!(m.control(4096, 4096).err(), Some(ShmError::Busy));
+        // Positive control: the neighbours on both sides are free.
+        m.with_mut(0, 4096, |b| b.fill(1)).expect("left");
+        m.write(8192, &[2; 16]).expect("right");
+        // A claim inside the same thread's closure is refused too.
+        let nested = m.with_mut(0, 64, |_| m.with_mut(32, 64, |_| ()));
+        assert_eq!(nested, Ok(Err(ShmError::Busy)));
+        c.write(0, b"abc").expect("claim write");
+        let mut got = [0u8; 4];
+        c.read(0, &mut got).expect("claim read");
+        assert_eq!(&got, b"abc\x07");
+        assert_eq!(c.read(4094, &mut got), Err(ShmError::OutOfBounds));
+        drop(c);
+        // Released: the same range can be had again, and reads may overlap.
+        let mut out = [0u8; 8];
+        m.read(4096, &mut out).expect("read after release");
+        assert_eq!(&out, b"abc\x07\x07\x07\x07\x07");
+        let ctl = m.control(12288, 4096).expect("control");
+        assert!(ctl.word(2).is_none() && ctl.word(4096).is_none());
+        ctl.word(0)
+            .expect("word")
+            .store(9, std::sync::atomic::Ordering::SeqCst);
+        ctl.write(8, &[1, 2, 3, 4]).expect("control write");
+        assert_eq!(ctl.write(9, &[1, 2, 3, 4]), Err(ShmError::Misaligned));
+        let mut w = [0u8; 12];
+        ctl.read(0, &mut w).expect("control read");
+        assert_eq!(w, [9, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4]);
+        assert_eq!(m.read(12280, &mut [0u8; 16]), Err(ShmError::Busy));
+        assert_eq!(m.control(12288, 4).err(), Some(ShmError::Busy));
+        drop(ctl);
+        m.read(12280, &mut [0u8; 16]).expect("free again");
     }
 
     #[test]

@@ -136,15 +136,33 @@ pub struct ServeArgs {
     /// Argon2id iterations for a new keystore.
     #[arg(long, default_value_t = 3)]
     pub kdf_iterations: u32,
+    /// Connections one uid may have open at once (per uid, across all its processes).
+    #[arg(long, default_value_t = 64)]
+    pub max_connections: usize,
     /// Keys one uid may own.
     #[arg(long, default_value_t = 256)]
     pub max_keys: usize,
-    /// Lanes per client connection.
-    #[arg(long, default_value_t = 8)]
-    pub max_lanes: usize,
-    /// Registered buffers per client connection.
+    /// Key versions (`rotate` adds one) the keys of one uid may hold in all.
+    #[arg(long, default_value_t = 1024)]
+    pub max_versions: usize,
+    /// KiB of the secret pool one uid's keys and connections may take (default: a quarter of --pool-kib).
+    #[arg(long)]
+    pub uid_pool_kib: Option<usize>,
+    /// Lanes one uid may have open (each is a vault thread with a secret stack).
     #[arg(long, default_value_t = 64)]
+    pub max_lanes: usize,
+    /// Buffers one uid may have registered.
+    #[arg(long, default_value_t = 256)]
     pub max_buffers: usize,
+    /// Shared areas one uid may have registered.
+    #[arg(long, default_value_t = 64)]
+    pub max_areas: usize,
+    /// MiB of shared areas one uid may have registered.
+    #[arg(long, default_value_t = 4096)]
+    pub max_area_mib: u64,
+    /// Longest GCM message, MiB (opening one takes as much of the vault's private memory).
+    #[arg(long, default_value_t = 64)]
+    pub max_gcm_mib: usize,
     /// Secret pool for key objects, KiB.
     #[arg(long, default_value_t = 2048)]
     pub pool_kib: usize,
@@ -178,10 +196,15 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
         p: 1,
     };
     c.quotas = Quotas {
-        keys_per_uid: a.max_keys,
+        connections: a.max_connections,
+        keys: a.max_keys,
+        versions: a.max_versions,
+        uid_pool_bytes: a.uid_pool_kib.map(|k| k.saturating_mul(1024)),
         lanes: a.max_lanes,
         buffers: a.max_buffers,
-        ..Quotas::default()
+        areas: a.max_areas,
+        area_bytes: a.max_area_mib.saturating_mul(1 << 20),
+        gcm_bytes: a.max_gcm_mib.saturating_mul(1 << 20),
     };
     c.pool_bytes = a.pool_kib.saturating_mul(1024);
     c.socket_mode = u32::from_str_radix(&a.socket_mode, 8)

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memveil_sys::ipc::{self, SharedMap};
+use memveil_sys::ipc::{self, Control, SharedMap, ShmError};
 
 use crate::proto::{self, DecodeError, ErrorCode, KeyInfo, KeyKind, Mode, Reply, Request, Status};
 use crate::ring::{self, status, Entry, Op, ENTRY_BYTES, LANE_BYTES};
@@ -227,15 +227,23 @@ impl Client {
 
     fn call(&mut self, req: &Request<'_>) -> Result<Reply, ClientError> {
         let frame = proto::encode_request(req);
-        match req {
+        let sent = match req {
             Request::ImportKey { key, .. } => {
                 // The key goes from the caller's buffer straight to the socket.
                 write_all_vectored(
                     &mut self.sock,
                     &mut [IoSlice::new(&frame), IoSlice::new(key)],
-                )?;
+                )
             }
-            _ => self.sock.write_all(&frame)?,
+            _ => self.sock.write_all(&frame),
+        };
+        if let Err(e) = sent {
+            // A vault that refuses a connection (a per-uid limit) answers
+            // and closes at once; its reason is still there to read.
+            return match self.read_reply() {
+                Err(r @ ClientError::Refused { .. }) => Err(r),
+                _ => Err(e.into()),
+            };
         }
         self.read_reply()
     }
@@ -421,8 +429,7 @@ impl Client {
                 offset: (i * LANE_BYTES) as u64,
             })?;
             ls.push(LaneClient {
-                map: Arc::clone(&map),
-                off: i * LANE_BYTES,
+                lane: map.control(i * LANE_BYTES, LANE_BYTES).map_err(shm_err)?,
                 id,
                 buffer,
                 seq: 0,
@@ -512,6 +519,10 @@ fn check_name(name: &str) -> Result<(), ClientError> {
     }
 }
 
+fn shm_err(e: ShmError) -> ClientError {
+    ClientError::Usage(e.to_string())
+}
+
 fn unexpected(r: &Reply) -> ClientError {
     ClientError::Usage(format!("unexpected reply from the vault: {r:?}"))
 }
@@ -546,29 +557,28 @@ impl Session {
     /// Copies `data` into the buffer at `off`.
     ///
     /// # Errors
-    /// Out of range.
+    /// Out of range, or the range is in use by another thread of this
+    /// process right now (`with_mut` or a `write` on overlapping bytes).
     pub fn write(&self, off: usize, data: &[u8]) -> Result<(), ClientError> {
         self.check(off, data.len())?;
-        self.map
-            .write(self.data_off + off, data)
-            .ok_or_else(|| ClientError::Usage("out of range".into()))
+        self.map.write(self.data_off + off, data).map_err(shm_err)
     }
 
     /// Copies bytes out of the buffer at `off`.
     ///
     /// # Errors
-    /// Out of range.
+    /// As [`Session::write`].
     pub fn read(&self, off: usize, out: &mut [u8]) -> Result<(), ClientError> {
         self.check(off, out.len())?;
-        self.map
-            .read(self.data_off + off, out)
-            .ok_or_else(|| ClientError::Usage("out of range".into()))
+        self.map.read(self.data_off + off, out).map_err(shm_err)
     }
 
-    /// Runs `f` on `[off, off+len)` of the buffer in place.
+    /// Runs `f` on `[off, off+len)` of the buffer in place. The vault may
+    /// be working on these bytes meanwhile (a request in flight): `f` sees
+    /// whatever is there.
     ///
     /// # Errors
-    /// Out of range.
+    /// As [`Session::write`].
     pub fn with_mut<R>(
         &self,
         off: usize,
@@ -578,7 +588,7 @@ impl Session {
         self.check(off, len)?;
         self.map
             .with_mut(self.data_off + off, len, f)
-            .ok_or_else(|| ClientError::Usage("out of range".into()))
+            .map_err(shm_err)
     }
 
     fn check(&self, off: usize, len: usize) -> Result<(), ClientError> {
@@ -606,8 +616,7 @@ pub(crate) const PURE_SPIN: Duration = Duration::from_micros(4);
 
 /// One lane, used by one thread at a time.
 pub struct LaneClient {
-    map: Arc<SharedMap>,
-    off: usize,
+    lane: Control,
     id: u32,
     buffer: u32,
     seq: u32,
@@ -634,8 +643,8 @@ impl LaneClient {
     }
 
     fn word(&self, at: usize) -> Result<&AtomicU32, ClientError> {
-        self.map
-            .atomic_u32(self.off + at)
+        self.lane
+            .word(at)
             .ok_or_else(|| ClientError::Usage("lane outside its area".into()))
     }
 
@@ -652,17 +661,15 @@ impl LaneClient {
             )));
         }
         for (i, e) in entries.iter().enumerate() {
-            let at = self.off + ring::OFF_ENTRIES + i * ENTRY_BYTES;
-            self.map
-                .write(at, &e.encode())
-                .ok_or_else(|| ClientError::Usage("entry outside the lane".into()))?;
+            let at = ring::OFF_ENTRIES + i * ENTRY_BYTES;
+            self.lane.write(at, &e.encode()).map_err(shm_err)?;
         }
-        self.map
+        self.lane
             .write(
-                self.off + ring::OFF_COUNT,
+                ring::OFF_COUNT,
                 &u32::try_from(entries.len()).unwrap_or(0).to_le_bytes(),
             )
-            .ok_or_else(|| ClientError::Usage("lane outside its area".into()))?;
+            .map_err(shm_err)?;
         self.seq = self.seq.wrapping_add(1);
         let submit = self.word(ring::OFF_SUBMIT)?;
         submit.store(self.seq, Ordering::SeqCst);
@@ -714,11 +721,15 @@ impl LaneClient {
         }
         let mut out = Vec::with_capacity(n);
         for k in 0..n.min(ring::MAX_BATCH) {
-            let at = self.off + ring::OFF_ENTRIES + k * ENTRY_BYTES;
+            let at = ring::OFF_ENTRIES + k * ENTRY_BYTES;
             let mut st = [0u8; 4];
             let mut tag = [0u8; 16];
-            self.map.read(at + ring::ENTRY_STATUS, &mut st);
-            self.map.read(at + ring::ENTRY_TAG, &mut tag);
+            self.lane
+                .read(at + ring::ENTRY_STATUS, &mut st)
+                .map_err(shm_err)?;
+            self.lane
+                .read(at + ring::ENTRY_TAG, &mut tag)
+                .map_err(shm_err)?;
             out.push(Outcome {
                 status: u32::from_le_bytes(st),
                 tag,
@@ -736,9 +747,10 @@ impl LaneClient {
         self.wait(entries.len())
     }
 
-    /// Writes raw bytes into this lane's page (tests of hostile clients).
+    /// Writes raw bytes into this lane's page (tests of hostile clients);
+    /// `at` and the length must be multiples of 4.
     pub fn poke(&self, at: usize, bytes: &[u8]) -> bool {
-        at < LANE_BYTES && self.map.write(self.off + at, bytes).is_some()
+        at < LANE_BYTES && self.lane.write(at, bytes).is_ok()
     }
 
     /// Bumps `submit` without writing entries (tests of hostile clients).

@@ -12,12 +12,10 @@ use memveil_secmem::{SecmemError, SecretBox, SecretPool};
 use crate::proto::{perm, KeyInfo, KeyKind, Mode};
 use crate::ring::{status, Entry, Op};
 
-/// Expanded key objects, each built straight into secret memory.
+/// Expanded key objects, each built straight into secret memory. An AES
+/// key is one [`VaultGcm`], whose AES schedule also serves ECB, CBC and CTR.
 pub(crate) enum Material {
-    Aes {
-        aes: SecretBox<Option<Aes>>,
-        gcm: SecretBox<Option<VaultGcm>>,
-    },
+    Aes(SecretBox<Option<VaultGcm>>),
     Xts(SecretBox<Option<Xts>>),
 }
 
@@ -61,16 +59,15 @@ impl Version {
         // place); their only failure modes are checked up front.
         let material = match kind {
             KeyKind::Aes128 | KeyKind::Aes256 => {
-                let aes = pool.alloc(|| Aes::new(key).ok())?;
                 let gcm = pool.alloc(|| VaultGcm::new(key).ok())?;
-                if aes.is_none() || gcm.is_none() {
+                if gcm.is_none() {
                     return Err(MaterialError::Cipher(
                         Aes::new(&[])
                             .err()
                             .unwrap_or(memveil_cipher::CipherError::EqualXtsHalves),
                     ));
                 }
-                Material::Aes { aes, gcm }
+                Material::Aes(gcm)
             }
             KeyKind::Xts128 | KeyKind::Xts256 => {
                 let half = key.len() / 2;
@@ -118,6 +115,25 @@ impl Version {
         self.raw.as_deref()
     }
 
+    /// Bytes of the secret pool a version of `kind` takes (what the per-uid
+    /// pool share is charged), with the raw key kept when `keep_raw`.
+    pub(crate) fn pool_bytes(kind: KeyKind, keep_raw: bool) -> usize {
+        let material = match kind {
+            KeyKind::Aes128 | KeyKind::Aes256 => {
+                memveil_secmem::pool_footprint(std::mem::size_of::<Option<VaultGcm>>())
+            }
+            KeyKind::Xts128 | KeyKind::Xts256 => {
+                memveil_secmem::pool_footprint(std::mem::size_of::<Option<Xts>>())
+            }
+        };
+        let raw = if keep_raw {
+            memveil_secmem::pool_footprint(kind.key_len())
+        } else {
+            0
+        };
+        material + raw
+    }
+
     /// Runs one checked entry over `data` (in place). `aad` is the GCM
     /// associated data; `tag_out` receives the GCM tag on encryption.
     pub(crate) fn apply(
@@ -130,19 +146,19 @@ impl Version {
         let bad = |_| status::BAD_LENGTH;
         let gone = status::NO_KEY;
         match (&self.material, e.mode) {
-            (Material::Aes { aes, .. }, Mode::Ecb) => match (aes.as_ref().ok_or(gone)?, e.op) {
+            (Material::Aes(g), Mode::Ecb) => match (g.as_ref().ok_or(gone)?.aes(), e.op) {
                 (a, Op::Encrypt) => a.ecb_encrypt(data).map_err(bad),
                 (a, Op::Decrypt) => a.ecb_decrypt(data).map_err(bad),
             },
-            (Material::Aes { aes, .. }, Mode::Cbc) => match (aes.as_ref().ok_or(gone)?, e.op) {
+            (Material::Aes(g), Mode::Cbc) => match (g.as_ref().ok_or(gone)?.aes(), e.op) {
                 (a, Op::Encrypt) => a.cbc_encrypt(&e.iv, data).map_err(bad),
                 (a, Op::Decrypt) => a.cbc_decrypt(&e.iv, data).map_err(bad),
             },
-            (Material::Aes { aes, .. }, Mode::Ctr) => {
-                aes.as_ref().ok_or(gone)?.ctr_apply(&e.iv, data);
+            (Material::Aes(g), Mode::Ctr) => {
+                g.as_ref().ok_or(gone)?.aes().ctr_apply(&e.iv, data);
                 Ok(())
             }
-            (Material::Aes { gcm, .. }, Mode::Gcm) => {
+            (Material::Aes(gcm), Mode::Gcm) => {
                 let gcm = gcm.as_ref().ok_or(gone)?;
                 let mut nonce = [0u8; 12];
                 nonce.copy_from_slice(&e.iv[..12]);
@@ -199,6 +215,11 @@ impl KeyEntry {
         }
     }
 
+    /// Bytes of the secret pool this key's versions take.
+    pub(crate) fn pool_bytes(&self) -> usize {
+        self.versions.len() * Version::pool_bytes(self.kind, self.persistent)
+    }
+
     /// The version for a request (0 = newest).
     pub(crate) fn version(&self, v: u32) -> Option<&Arc<Version>> {
         if v == 0 {
@@ -243,8 +264,12 @@ impl KeyTable {
         id
     }
 
-    pub(crate) fn owned_by(&self, uid: u32) -> usize {
-        self.by_id.values().filter(|k| k.owner == uid).count()
+    /// Keys `uid` owns, and the versions they hold in all.
+    pub(crate) fn owned_by(&self, uid: u32) -> (usize, usize) {
+        self.by_id
+            .values()
+            .filter(|k| k.owner == uid)
+            .fold((0, 0), |(n, v), k| (n + 1, v + k.versions.len()))
     }
 
     /// Permission check for a data request; returns the version to use.

@@ -29,6 +29,7 @@ pub mod client;
 pub mod gcm;
 mod keys;
 pub mod keystore;
+pub mod limits;
 pub mod proto;
 pub mod ring;
 pub mod server;

@@ -79,6 +79,14 @@ pub mod status {
     pub const AUTH_FAILED: u32 = 7;
     /// The batch count was 0 or larger than the lane holds.
     pub const BAD_COUNT: u32 = 8;
+    /// A range overlaps one that another request of the same client is
+    /// using right now (or a lane page): concurrent requests on overlapping
+    /// ranges are refused, never run over each other.
+    pub const BUSY: u32 = 9;
+    /// A GCM message longer than the vault opens in its private memory.
+    pub const TOO_LONG: u32 = 10;
+    /// The vault could not get private memory for this request now.
+    pub const NO_MEMORY: u32 = 11;
     /// Not yet processed (written by the client library before submit).
     pub const PENDING: u32 = 0xFFFF_FFFF;
 
@@ -95,6 +103,9 @@ pub mod status {
             BAD_LENGTH => "data length not acceptable for this mode",
             AUTH_FAILED => "GCM authentication failed",
             BAD_COUNT => "batch count out of range",
+            BUSY => "range in use by another request of this client (overlapping concurrent requests are refused; retry, or use disjoint ranges)",
+            TOO_LONG => "GCM message longer than the vault accepts (the vault's --max-gcm-mib)",
+            NO_MEMORY => "the vault is out of private memory for this request; retry later",
             PENDING => "not processed",
             _ => "unknown status",
         }

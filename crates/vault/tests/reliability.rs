@@ -15,34 +15,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Opts, Vault};
+use common::{Opts, Rng, Vault};
 use memveil_cipher::{Aes, Gcm, Xts};
 use memveil_vault::client::{ClientError, Crypt};
 use memveil_vault::proto::{KeyKind, Mode};
 use memveil_vault::Client;
 
-/// A small deterministic generator (no extra dependency).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn fill(&mut self, b: &mut [u8]) {
-        for x in b {
-            *x = self.next() as u8;
-        }
-    }
-}
-
 #[test]
 fn sixty_four_concurrent_clients_zero_wrong_results() {
-    let v = Vault::start_with(Opts::default().arg("--spin-us=5")).expect("start");
+    let v = Vault::start_with(
+        Opts::default()
+            .arg("--spin-us=5")
+            .arg("--max-connections=128"),
+    )
+    .expect("start");
     let socket = v.socket.clone();
     let wrong = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));

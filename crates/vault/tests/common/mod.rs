@@ -196,3 +196,36 @@ impl Drop for Vault {
         }
     }
 }
+
+/// A small deterministic generator (no extra dependency).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn fill(&mut self, b: &mut [u8]) {
+        for x in b {
+            *x = self.next().to_le_bytes()[0];
+        }
+    }
+}
+
+/// The effective uid of this process, from /proc (no unsafe needed).
+pub fn euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .and_then(|u| u.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}
