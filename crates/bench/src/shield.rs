@@ -913,7 +913,8 @@ fn redis_rows(opts: &BenchOpts, t: &RedisTools, dir: &Path) -> Result<Vec<RedisR
     // places both servers (and the shield's handler) on one CPU and
     // redis-benchmark on another, as `memveil run --cpu` is meant for.
     // (setting, redis-benchmark arguments, pins, `memveil run` arguments).
-    let mut settings: Vec<(&'static str, Vec<&str>, Option<Pin>, &[&str])> = vec![
+    type Setting<'a> = (&'static str, Vec<&'a str>, Option<Pin>, &'a [&'a str]);
+    let mut settings: Vec<Setting> = vec![
         ("small", vec!["-n", n, "-t", "set,get", "-q"], None, &[]),
         ("large", large.clone(), None, &[]),
         // The program suite's fixed-window figure.
