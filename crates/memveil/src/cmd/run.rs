@@ -19,8 +19,10 @@ const PRELOAD: &str = "libmemveil_shield_preload.so";
 #[derive(clap::Args)]
 #[command(
     after_help = "The program's heap (malloc, calloc, realloc, ..., its anonymous private read-write mmaps and sbrk) \
-is kept as AES-XTS ciphertext except for at most --window pages of plaintext; pages come back on touch through \
-userfaultfd, also when the kernel touches them inside read(2), write(2), recv(2).\n\
+is kept as AES-XTS ciphertext except for a plaintext window (--window, or adaptive within --max-plaintext); pages come \
+back on touch through userfaultfd, also when the kernel touches them inside read(2), write(2), recv(2); a fault that \
+continues a sequential scan brings in a run of up to 64 pages. At exit a summary line gives the counters, and a line \
+of advice when faults took a good part of the run.\n\
 Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or vm.unprivileged_userfaultfd=1, or \
 access to /dev/userfaultfd), a dynamically linked program.\n\
 Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to start it; 125 when the \
@@ -77,8 +79,9 @@ pub struct Args {
     /// Run the program, and so its fault handler, on this one CPU (as
     /// `taskset -c N`): the fault hand-off then never crosses CPUs, where a
     /// wake-up costs tens of microseconds on a VM. Without it the handler
-    /// follows the thread that faults (it looks every 8 faults). Default:
-    /// wherever the scheduler puts the program.
+    /// runs at SCHED_IDLE (so the scheduler keeps the woken thread on the
+    /// handler's CPU) and follows the thread that faults (its CPU read on
+    /// every fault). Default: wherever the scheduler puts the program.
     #[arg(long, value_name = "N")]
     cpu: Option<usize>,
     /// Whose malloc the program uses. auto: a program linked against its
