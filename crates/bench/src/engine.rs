@@ -294,7 +294,8 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     let memcpy = rate(bytes, mc);
 
     // The portable XTS path (RustCrypto batch API), for the backend choice.
-    let portable = Xts::new_portable(&KEY[..16], &KEY[16..]).map_err(|x| err(x.to_string()))?;
+    let portable = Xts::with_path(&KEY[..16], &KEY[16..], memveil_cipher::Path::Portable)
+        .map_err(|x| err(x.to_string()))?;
     let pt = best_of(reps, || {
         for (i, p) in buf.chunks_mut(PAGE).enumerate() {
             let _ = portable.encrypt_unit((i * PAGE) as u128, p);

@@ -1,15 +1,16 @@
-//! XTS-AES (IEEE 1619-2007, SP 800-38E) over the batched block API.
+//! XTS-AES (IEEE 1619-2007, SP 800-38E): the kernels' fused XTS on the
+//! AES-NI and VAES paths, RustCrypto's batched block API on the portable one.
 
 use crate::block::{Aes, Block, BATCH};
-use crate::ni::NiKeys;
+use crate::kernel::wipe16;
+use crate::path::{path, Path};
 use crate::CipherError;
 
 /// An XTS-AES-128 or XTS-AES-256 key: a data key and a tweak key of the same
-/// size, which must differ.
+/// size, which must differ. Plain inline data, so it can live in secret
+/// memory; wiped on drop.
 pub struct Xts {
     data: Aes,
-    /// The fused AES-NI kernel's schedule of the data key, when the CPU has AES-NI.
-    ni: Option<NiKeys>,
     tweak: Aes,
 }
 
@@ -27,6 +28,23 @@ impl Xts {
     /// [`CipherError::BadKeyLength`] for halves of another or unequal length;
     /// [`CipherError::EqualXtsHalves`] when the halves are equal.
     pub fn new(data_key: &[u8], tweak_key: &[u8]) -> Result<Self, CipherError> {
+        Self::build(data_key, tweak_key, path())
+    }
+
+    /// [`Xts::new`] on the path named (for tests and benchmarks that run
+    /// every path in turn).
+    ///
+    /// # Errors
+    /// As [`Xts::new`]; [`CipherError::PathUnavailable`] when this CPU cannot
+    /// run `p`.
+    pub fn with_path(data_key: &[u8], tweak_key: &[u8], p: Path) -> Result<Self, CipherError> {
+        if !p.supported() {
+            return Err(CipherError::unavailable(p));
+        }
+        Self::build(data_key, tweak_key, p)
+    }
+
+    fn build(data_key: &[u8], tweak_key: &[u8], p: Path) -> Result<Self, CipherError> {
         if data_key.len() != tweak_key.len() || !(data_key.len() == 16 || data_key.len() == 32) {
             return Err(CipherError::BadKeyLength {
                 algorithm: "XTS",
@@ -38,23 +56,15 @@ impl Xts {
             return Err(CipherError::EqualXtsHalves);
         }
         Ok(Self {
-            data: Aes::new(data_key)?,
-            ni: NiKeys::new(data_key),
-            tweak: Aes::new(tweak_key)?,
+            data: Aes::with_path(data_key, p)?,
+            tweak: Aes::with_path(tweak_key, p)?,
         })
     }
 
-    /// [`Xts::new`] without the fused AES-NI kernel: the portable path over
-    /// RustCrypto's batch API that hosts without AES-NI take. For the
-    /// benchmark that justifies the kernel; not for production use.
-    ///
-    /// # Errors
-    /// As [`Xts::new`].
-    #[doc(hidden)]
-    pub fn new_portable(data_key: &[u8], tweak_key: &[u8]) -> Result<Self, CipherError> {
-        let mut x = Self::new(data_key, tweak_key)?;
-        x.ni = None;
-        Ok(x)
+    /// The path this key runs on.
+    #[must_use]
+    pub fn path(&self) -> Path {
+        self.data.path()
     }
 
     /// Builds an XTS key from the combined key (32 or 64 bytes: data key then
@@ -123,24 +133,29 @@ impl Xts {
             });
         }
         let mut t0 = *i;
-        self.tweak.encrypt_block(&mut t0);
-        let t = u128::from_le_bytes(t0);
+        self.tweak.block(&mut t0, true);
         let rem = n % 16;
         // With ciphertext stealing the last full block is handled apart.
         let bulk_blocks = if rem == 0 { n / 16 } else { n / 16 - 1 };
         let (bulk, tail) = data.split_at_mut(bulk_blocks * 16);
-        let t = self.bulk(t, bulk, enc);
+        let t = match self.data.kernel() {
+            Some(k) => {
+                k.xts(&mut t0, bulk, enc);
+                u128::from_le_bytes(t0)
+            }
+            None => self.bulk(u128::from_le_bytes(t0), bulk, enc),
+        };
+        wipe16(&mut t0);
         if rem != 0 {
             self.steal(t, tail, enc);
         }
+        self.data.after();
         Ok(())
     }
 
-    /// Processes whole blocks; returns the tweak for the next block.
+    /// Portable path: whole blocks over RustCrypto's batch API; returns the
+    /// tweak for the next block.
     fn bulk(&self, mut t: u128, data: &mut [u8], enc: bool) -> u128 {
-        if let Some(ni) = &self.ni {
-            return ni.xts(t, data, enc);
-        }
         let (blocks, _) = Block::slice_as_chunks_mut(data);
         let mut tw = [0u128; BATCH];
         for chunk in blocks.chunks_mut(BATCH) {
@@ -158,16 +173,13 @@ impl Xts {
                 b.0 = (u128::from_le_bytes(b.0) ^ tv).to_le_bytes();
             }
         }
+        zeroize::Zeroize::zeroize(&mut tw);
         t
     }
 
     fn one(&self, t: u128, b: &mut [u8; 16], enc: bool) {
         *b = (u128::from_le_bytes(*b) ^ t).to_le_bytes();
-        if enc {
-            self.data.encrypt_block(b);
-        } else {
-            self.data.decrypt_block(b);
-        }
+        self.data.block(b, enc);
         *b = (u128::from_le_bytes(*b) ^ t).to_le_bytes();
     }
 
@@ -260,35 +272,42 @@ mod tests {
 mod backend_tests {
     use super::*;
 
-    /// The fused AES-NI kernel and the portable batched path agree (so hosts
-    /// without AES-NI, which take the portable path, get the same ciphertext).
+    /// Every path this CPU runs gives the portable path's ciphertext, at
+    /// lengths around the kernels' group sizes (8 and 16 blocks), with and
+    /// without ciphertext stealing.
     #[test]
-    fn ni_and_portable_paths_agree() {
-        for klen in [16usize, 32] {
-            let k1: Vec<u8> = (0..klen).map(|i| u8::try_from(i).unwrap_or(0)).collect();
-            let k2: Vec<u8> = k1.iter().map(|b| b ^ 0x5c).collect();
-            let fast = Xts::new(&k1, &k2).expect("key");
-            if fast.ni.is_none() {
-                eprintln!("SKIP ni_and_portable_paths_agree: no AES-NI on this CPU");
-                return;
+    fn every_path_agrees_with_portable() {
+        for p in Path::ALL {
+            if !p.supported() {
+                eprintln!(
+                    "path {p} not run: this CPU lacks {}",
+                    p.missing().join(", ")
+                );
+                continue;
             }
-            let portable = Xts {
-                data: Aes::new(&k1).expect("key"),
-                ni: None,
-                tweak: Aes::new(&k2).expect("key"),
-            };
-            for len in [16usize, 17, 31, 128, 143, 4096, 4111] {
-                let src: Vec<u8> = (0..len)
-                    .map(|i| u8::try_from(i % 251).unwrap_or(0))
-                    .collect();
-                let (mut a, mut b) = (src.clone(), src.clone());
-                fast.encrypt_unit(0x1234_5000, &mut a).expect("enc");
-                portable.encrypt_unit(0x1234_5000, &mut b).expect("enc");
-                assert_eq!(a, b, "len {len} key {klen}");
-                fast.decrypt_unit(0x1234_5000, &mut a).expect("dec");
-                portable.decrypt_unit(0x1234_5000, &mut b).expect("dec");
-                assert_eq!(a, src);
-                assert_eq!(b, src);
+            for klen in [16usize, 32] {
+                let k1: Vec<u8> = (0..klen).map(|i| u8::try_from(i).unwrap_or(0)).collect();
+                let k2: Vec<u8> = k1.iter().map(|b| b ^ 0x5c).collect();
+                let fast = Xts::with_path(&k1, &k2, p).expect("key");
+                assert_eq!(fast.path(), p);
+                let portable = Xts::with_path(&k1, &k2, Path::Portable).expect("key");
+                for len in [
+                    16usize, 17, 31, 128, 143, 255, 256, 257, 272, 383, 512, 527, 4096, 4111,
+                ] {
+                    let src: Vec<u8> = (0..len)
+                        .map(|i| u8::try_from(i % 251).unwrap_or(0))
+                        .collect();
+                    for unit in [0x1234_5000u128, u128::MAX - 3] {
+                        let (mut a, mut b) = (src.clone(), src.clone());
+                        fast.encrypt_unit(unit, &mut a).expect("enc");
+                        portable.encrypt_unit(unit, &mut b).expect("enc");
+                        assert_eq!(a, b, "{p} len {len} key {klen}");
+                        fast.decrypt_unit(unit, &mut a).expect("dec");
+                        portable.decrypt_unit(unit, &mut b).expect("dec");
+                        assert_eq!(a, src);
+                        assert_eq!(b, src);
+                    }
+                }
             }
         }
     }
