@@ -50,3 +50,6 @@ impl GhashKey {
 pub(crate) fn wipe16(b: &mut [u8; 16]) {
     zeroize::Zeroize::zeroize(b);
 }
+
+/// No prefetch on other targets.
+pub(crate) fn prefetch(_bytes: &[u8]) {}
