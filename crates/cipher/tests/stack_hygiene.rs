@@ -105,16 +105,37 @@ fn mul_alpha(t: u128) -> u128 {
     (t << 1) ^ ((t >> 127) * 0x87)
 }
 
-/// XTS over one unit: the tweak masks and every block's states.
+/// A round key XORed with a known value (a kernel forms these for the first
+/// or last round): with the value public, as good as the round key.
+fn add_mixed(s: &mut Secrets, rk: &B16, with: &B16, what: String) {
+    s.add(xor(rk, with), what);
+}
+
+/// XTS over one unit: the tweak masks, the first and last round keys XORed
+/// with them, and every block's states.
 fn add_xts(s: &mut Secrets, k1: &[u8], k2: &[u8], unit: u128, input: &[u8], enc: bool) {
     let mut t0 = unit.to_le_bytes();
     Aes::with_path(k2, Path::Portable)
         .expect("key")
         .encrypt_block(&mut t0);
+    let (ek, dk) = round_keys(k1);
+    let k = if enc { ek } else { dk };
     let mut t = u128::from_le_bytes(t0);
     let blocks = input.len() / 16;
     for j in 0..blocks + 1 {
         s.add(t.to_le_bytes(), format!("XTS tweak mask {j}"));
+        add_mixed(
+            s,
+            &k[0],
+            &t.to_le_bytes(),
+            format!("round key 0 ^ XTS tweak {j}"),
+        );
+        add_mixed(
+            s,
+            &k[k.len() - 1],
+            &t.to_le_bytes(),
+            format!("last round key ^ XTS tweak {j}"),
+        );
         t = mul_alpha(t);
     }
     let mut t = u128::from_le_bytes(t0);
@@ -288,9 +309,22 @@ fn scan_path(path: Path) -> Vec<String> {
             .cbc_encrypt(&ctr0, &mut cbc)
             .expect("cbc");
         let mut prev = ctr0;
+        let (ek, dk) = round_keys(k1);
         for j in 0..256 {
             let p: B16 = pt[16 * j..16 * j + 16].try_into().expect("16");
             let ct: B16 = cbc[16 * j..16 * j + 16].try_into().expect("16");
+            add_mixed(
+                &mut s,
+                &dk[dk.len() - 1],
+                &prev,
+                format!("last decryption round key ^ ciphertext {j}"),
+            );
+            add_mixed(
+                &mut s,
+                &ek[0],
+                &prev,
+                format!("round key 0 ^ CBC chaining value {j}"),
+            );
             add_states(
                 &mut s,
                 k1,

@@ -184,12 +184,6 @@ fn opaque<T: ?Sized>(r: &mut T) -> &mut T {
     unsafe { &mut *p }
 }
 
-/// Multiplies an XTS tweak by α (IEEE 1619 little-endian convention).
-#[inline]
-fn mul_alpha_u128(t: u128) -> u128 {
-    (t << 1) ^ ((t >> 127) * 0x87)
-}
-
 /// Asks the processor to bring `bytes` into its caches ahead of use (no
 /// effect on any result). The processor's own prefetchers stop at page
 /// boundaries; a caller working through many pages in a row fetches the

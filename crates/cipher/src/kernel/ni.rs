@@ -193,7 +193,11 @@ pub(super) fn cbc_encrypt<const R: usize>(s: &Schedule, iv: &[u8; 16], data: &mu
 }
 
 /// CBC decryption, eight blocks in flight. The previous ciphertext blocks
-/// are read from the buffer before any of the group is overwritten.
+/// are read again from the buffer after the rounds (through a pointer the
+/// optimiser cannot see through) and before any of the group is
+/// overwritten: kept in registers from the first read they crowded the
+/// rounds, and the last round key XORed with one of them (a key, given the
+/// public ciphertext) was spilled to the stack.
 #[target_feature(enable = "aes,sse2")]
 pub(super) fn cbc_decrypt<const R: usize>(s: &Schedule, iv: &[u8; 16], data: &mut [u8]) {
     let mut prev = load(iv);
@@ -206,15 +210,15 @@ pub(super) fn cbc_decrypt<const R: usize>(s: &Schedule, iv: &[u8; 16], data: &mu
         let k0 = k.x(0);
         let mut x = [k0; 8];
         unroll!(8, J => x[J] = _mm_xor_si128(load(&b[J]), k0));
-        let next = load(&b[7]);
         middle!(R, k, false, x);
+        let b = opaque(b);
         let kl = k.x(R);
         unroll!(8, J => {
             let c = if J == 0 { prev } else { load(&b[J.saturating_sub(1)]) };
             x[J] = fin(false, x[J], _mm_xor_si128(kl, c));
         });
+        prev = load(&b[7]);
         unroll!(8, J => store(&mut b[J], x[J]));
-        prev = next;
     }
     let (blocks, _) = rest.as_chunks_mut::<16>();
     for b in blocks {
@@ -302,7 +306,7 @@ pub(super) fn ctr_tail<const R: usize>(s: &Schedule, c: &mut u128, data: &mut [u
 /// and fold the carry out of bit 127 back in as 0x87.
 #[inline]
 #[target_feature(enable = "sse2")]
-fn mul_alpha(t: __m128i) -> __m128i {
+pub(super) fn mul_alpha(t: __m128i) -> __m128i {
     let carries = _mm_shuffle_epi32::<0x93>(_mm_srai_epi32::<31>(t));
     let mask = _mm_set_epi32(1, 1, 1, 0x87);
     _mm_xor_si128(_mm_slli_epi32::<1>(t), _mm_and_si128(carries, mask))
