@@ -20,7 +20,8 @@
 //! The kernels are the crate's only `unsafe` (module `kernel`), each entered
 //! only through a key object built after CPUID showed the path's features.
 //! They never copy a key schedule to the stack (see `kernel`). The choice of
-//! paths was made by measurement; see `BENCHMARKS.md` ("Cipher").
+//! paths was made by measurement; see `BENCHMARKS.md` ("Cipher paths and the
+//! engine on a VAES machine").
 //!
 //! What this crate refuses to do: return key bytes (key objects have no
 //! accessor, no `Clone` and no `Debug` that prints them), accept XTS keys whose
