@@ -80,10 +80,7 @@ impl Aes {
     /// As [`Aes::new`]; [`CipherError::PathUnavailable`] when this CPU
     /// cannot run `p`.
     pub fn with_path(key: &[u8], p: Path) -> Result<Self, CipherError> {
-        if !p.supported() {
-            return Err(CipherError::unavailable(p));
-        }
-        Self::build(key, p)
+        Self::build(key, p.require()?)
     }
 
     fn build(key: &[u8], p: Path) -> Result<Self, CipherError> {
@@ -307,14 +304,7 @@ mod tests {
             c[15] = 0xf3;
             c
         }];
-        for p in Path::ALL {
-            if !p.supported() {
-                eprintln!(
-                    "path {p} not run: this CPU lacks {}",
-                    p.missing().join(", ")
-                );
-                continue;
-            }
+        for p in crate::path::runnable() {
             for klen in [16usize, 32] {
                 let key: Vec<u8> = (0..klen)
                     .map(|i| u8::try_from(i * 7 % 256).unwrap_or(0))

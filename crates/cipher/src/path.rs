@@ -114,6 +114,15 @@ impl Path {
         self.missing().is_empty()
     }
 
+    /// `self` when this CPU runs it, otherwise the error naming what it lacks.
+    pub(crate) fn require(self) -> Result<Path, crate::CipherError> {
+        if self.supported() {
+            Ok(self)
+        } else {
+            Err(crate::CipherError::unavailable(self))
+        }
+    }
+
     /// The widest path this CPU runs.
     #[must_use]
     pub fn best() -> Path {
@@ -195,6 +204,24 @@ pub fn path() -> Path {
 #[must_use]
 pub fn path_note() -> Option<&'static str> {
     choice().note.as_deref()
+}
+
+/// For tests: the paths this CPU runs, after printing which it cannot run
+/// and why (a narrower CPU says what it did not test).
+#[cfg(test)]
+pub(crate) fn runnable() -> Vec<Path> {
+    Path::ALL
+        .into_iter()
+        .filter(|p| {
+            if !p.supported() {
+                eprintln!(
+                    "path {p} not run: this CPU lacks {}",
+                    p.missing().join(", ")
+                );
+            }
+            p.supported()
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -29,6 +29,9 @@ use std::hint::black_box;
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 
+#[path = "common/mod.rs"]
+mod common;
+
 use aes::hazmat::{cipher_round, equiv_inv_cipher_round, inv_mix_columns};
 use memveil_cipher::{Aes, Gcm, Path, Xts};
 
@@ -423,14 +426,7 @@ fn positive_controls_are_caught() {
 #[test]
 fn kernels_leave_no_key_material_on_the_stack() {
     let mut bad = Vec::new();
-    for p in Path::ALL {
-        if !p.supported() {
-            eprintln!(
-                "stack hygiene: path {p} NOT RUN: this CPU lacks {}",
-                p.missing().join(", ")
-            );
-            continue;
-        }
+    for p in common::paths("stack hygiene") {
         let found = scan_path(p);
         eprintln!(
             "stack hygiene: path {p}: {} operations with finds",

@@ -420,7 +420,8 @@ impl Memory {
     }
 
     /// The plaintext of the slot ranges starting at `reads` (shared) and
-    /// `writes` (exclusive), `pages` slots each, none overlapping.
+    /// `writes` (exclusive), `pages` slots each, none overlapping: handed
+    /// out in slot order, splitting the cache as it goes.
     pub(crate) fn ranges<const R: usize, const W: usize>(
         &mut self,
         reads: &[usize; R],
@@ -475,45 +476,11 @@ impl Memory {
         reads: &[usize; R],
         writes: &[usize; W],
     ) -> ([&[u8; PAGE]; R], [&mut [u8; PAGE]; W]) {
-        let mut r: [Option<&[u8; PAGE]>; R] = [None; R];
-        let mut w: [Option<&mut [u8; PAGE]>; W] = std::array::from_fn(|_| None);
-        // (slot, written, position asked), in slot order, so one pass over
-        // the cache hands every page out.
-        let mut order: Vec<(usize, bool, usize)> = Vec::new();
-        let mut small = [(0usize, false, 0usize); 8];
-        let want = reads
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| (s, false, i))
-            .chain(writes.iter().enumerate().map(|(i, &s)| (s, true, i)));
-        let order: &mut [(usize, bool, usize)] = if R + W <= small.len() {
-            for (o, x) in small.iter_mut().zip(want) {
-                *o = x;
-            }
-            &mut small[..R + W]
-        } else {
-            order.extend(want);
-            &mut order
-        };
-        order.sort_unstable_by_key(|x| x.0);
-        let (pages, _) = self.cache.bytes().as_chunks_mut::<PAGE>();
-        let mut it = pages.iter_mut();
-        let mut at = 0;
-        for &(slot, write, i) in order.iter() {
-            let Some(page) = it.nth(slot - at) else {
-                break;
-            };
-            at = slot + 1;
-            if write {
-                w[i] = Some(page);
-            } else {
-                r[i] = Some(page);
-            }
-        }
-        // `pin` returned distinct slots of this cache: each was handed out.
+        let (r, w) = self.ranges(reads, writes, 1);
+        // Ranges of one page each are pages.
         (
-            r.map(|p| p.expect("pinned slot")),
-            w.map(|p| p.expect("pinned slot")),
+            r.map(|p| p.first_chunk::<PAGE>().expect("one page")),
+            w.map(|p| p.first_chunk_mut::<PAGE>().expect("one page")),
         )
     }
 

@@ -413,27 +413,7 @@ impl Engine {
         reads: [u64; R],
         writes: [u64; W],
     ) -> Result<Pages<'_, R, W>, EngineError> {
-        let cache = self.cfg.cache_pages.min(self.cfg.frames);
-        if R + W > cache {
-            return Err(EngineError::TooManyPages {
-                asked: R + W,
-                cache,
-            });
-        }
-        let mut rq = [(0usize, 0u16, false); R];
-        let mut wq = [(0usize, 0u16, false); W];
-        for (q, &addr) in rq
-            .iter_mut()
-            .chain(wq.iter_mut())
-            .zip(reads.iter().chain(&writes))
-        {
-            let a = self.check(addr, PAGE)?;
-            if a.phys % PAGE as u64 != 0 {
-                return Err(EngineError::Unaligned { addr });
-            }
-            let frame = usize::try_from(a.phys).unwrap_or(usize::MAX) / PAGE;
-            *q = (frame, a.keyid, self.encrypted(&a));
-        }
+        let (rq, wq) = self.requests(&reads, &writes, 1)?;
         let mut mem = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
         let (reads, writes) = mem
             .pin(&self.keys, rq, wq)
@@ -459,29 +439,9 @@ impl Engine {
         writes: [u64; W],
         pages: usize,
     ) -> Result<Runs<'_, R, W>, EngineError> {
-        let cache = self.cfg.cache_pages.min(self.cfg.frames);
         let pages = pages.max(1);
-        let total = (R + W).saturating_mul(pages);
-        if total > cache {
-            return Err(EngineError::TooManyPages {
-                asked: total,
-                cache,
-            });
-        }
-        let mut rq = [(0usize, 0u16, false); R];
-        let mut wq = [(0usize, 0u16, false); W];
-        for (q, &addr) in rq
-            .iter_mut()
-            .chain(wq.iter_mut())
-            .zip(reads.iter().chain(&writes))
-        {
-            let a = self.check(addr, pages * PAGE)?;
-            if a.phys % PAGE as u64 != 0 {
-                return Err(EngineError::Unaligned { addr });
-            }
-            let frame = usize::try_from(a.phys).unwrap_or(usize::MAX) / PAGE;
-            *q = (frame, a.keyid, self.encrypted(&a));
-        }
+        let cache = self.cfg.cache_pages.min(self.cfg.frames);
+        let (rq, wq) = self.requests(&reads, &writes, pages)?;
         let mut mem = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
         let (reads, writes) = mem
             .pin_runs(&self.keys, rq, wq, pages)
@@ -500,6 +460,40 @@ impl Engine {
             writes,
             pages,
         })
+    }
+
+    /// Checks the addresses of a zero-copy request (each starting `pages`
+    /// pages) and turns them into (frame, KeyID, encrypted).
+    #[allow(clippy::type_complexity)]
+    fn requests<const R: usize, const W: usize>(
+        &self,
+        reads: &[u64; R],
+        writes: &[u64; W],
+        pages: usize,
+    ) -> Result<([(usize, u16, bool); R], [(usize, u16, bool); W]), EngineError> {
+        let cache = self.cfg.cache_pages.min(self.cfg.frames);
+        let total = (R + W).saturating_mul(pages);
+        if total > cache {
+            return Err(EngineError::TooManyPages {
+                asked: total,
+                cache,
+            });
+        }
+        let mut rq = [(0usize, 0u16, false); R];
+        let mut wq = [(0usize, 0u16, false); W];
+        for (q, &addr) in rq
+            .iter_mut()
+            .chain(wq.iter_mut())
+            .zip(reads.iter().chain(writes))
+        {
+            let a = self.check(addr, pages * PAGE)?;
+            if a.phys % PAGE as u64 != 0 {
+                return Err(EngineError::Unaligned { addr });
+            }
+            let frame = usize::try_from(a.phys).unwrap_or(usize::MAX) / PAGE;
+            *q = (frame, a.keyid, self.encrypted(&a));
+        }
+        Ok((rq, wq))
     }
 
     /// [`Engine::pages`] for one page read in place.

@@ -54,6 +54,30 @@ fn op(limit: usize) -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Lent pages `dst` = `a` + `b` (bytewise), checked against and applied to
+/// the model (`known` marks the bytes the model knows).
+fn combine(
+    model: &mut [u8],
+    known: &mut [bool],
+    [a, b, dst]: [usize; 3],
+    [pa, pb]: [&[u8]; 2],
+    pd: &mut [u8],
+) -> Result<(), TestCaseError> {
+    for i in 0..pd.len() {
+        pd[i] = pa[i].wrapping_add(pb[i]);
+        let (ia, ib, id) = (a * PAGE + i, b * PAGE + i, dst * PAGE + i);
+        if known[ia] && known[ib] {
+            prop_assert_eq!(pa[i], model[ia]);
+            prop_assert_eq!(pb[i], model[ib]);
+            model[id] = model[ia].wrapping_add(model[ib]);
+            known[id] = true;
+        } else {
+            known[id] = false;
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -115,18 +139,7 @@ proptest! {
                     }
                     let mut g = r.expect("runs");
                     let ([pa, pb], [pd]) = g.split();
-                    for i in 0..run * PAGE {
-                        pd[i] = pa[i].wrapping_add(pb[i]);
-                        let (ia, ib, id) = (a * PAGE + i, b * PAGE + i, dst * PAGE + i);
-                        if w[ia] && w[ib] {
-                            prop_assert_eq!(pa[i], m[ia]);
-                            prop_assert_eq!(pb[i], m[ib]);
-                            m[id] = m[ia].wrapping_add(m[ib]);
-                            w[id] = true;
-                        } else {
-                            w[id] = false;
-                        }
-                    }
+                    combine(m, w, [a, b, dst], [pa, pb], pd)?;
                 }
                 Op::Combine { dst, a, b, .. } => {
                     let at = |p: usize| e.address((base + p * PAGE) as u64, k, true);
@@ -141,18 +154,7 @@ proptest! {
                     }
                     let mut g = r.expect("pages");
                     let ([pa, pb], [pd]) = g.split();
-                    for i in 0..PAGE {
-                        pd[i] = pa[i].wrapping_add(pb[i]);
-                        let (ia, ib, id) = (a * PAGE + i, b * PAGE + i, dst * PAGE + i);
-                        if w[ia] && w[ib] {
-                            prop_assert_eq!(pa[i], m[ia]);
-                            prop_assert_eq!(pb[i], m[ib]);
-                            m[id] = m[ia].wrapping_add(m[ib]);
-                            w[id] = true;
-                        } else {
-                            w[id] = false;
-                        }
-                    }
+                    combine(m, w, [a, b, dst], [pa, pb], pd)?;
                 }
             }
         }
