@@ -52,47 +52,12 @@ fn openssl_pages(buf: &mut [u8], enc: bool) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// AES-256-GCM over 4 KiB messages, 16 MiB in all: (memveil backend, OpenSSL) in GB/s.
-fn gcm_4k(reps: usize) -> Result<(f64, f64), BenchError> {
-    let total = 16 << 20;
-    let mut buf = vec![0x33u8; total];
-    let g = memveil_cipher::Gcm::new(&KEY).map_err(|x| err(x.to_string()))?;
-    let ours = best_of(reps, || {
-        for (i, m) in buf.chunks_mut(PAGE).enumerate() {
-            let mut nonce = [0u8; 12];
-            nonce[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            std::hint::black_box(g.seal(&nonce, &[], m));
-        }
-    });
-    let mut ctx = CipherCtx::new().map_err(|e| err(e.to_string()))?;
-    ctx.encrypt_init(Some(Cipher::aes_256_gcm()), Some(&KEY), None)
-        .map_err(|e| err(e.to_string()))?;
-    let mut tag = [0u8; 16];
-    let mut failed = None;
-    let ossl = best_of(reps, || {
-        for (i, m) in buf.chunks_mut(PAGE).enumerate() {
-            let mut nonce = [0u8; 12];
-            nonce[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            let r = ctx
-                .encrypt_init(None, None, Some(&nonce))
-                .and_then(|()| ctx.cipher_update_inplace(m, PAGE))
-                .and_then(|_| ctx.cipher_final(&mut []))
-                .and_then(|_| ctx.tag(&mut tag));
-            if let Err(e) = r {
-                failed = Some(err(e.to_string()));
-            }
-        }
-    });
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    Ok((rate(total, ours), rate(total, ossl)))
-}
-
 fn rate(bytes: usize, d: Duration) -> f64 {
     gbps(bytes, d)
 }
 
+/// GB/s of the four STREAM kernels (or, for ratios, engine over plain).
+#[derive(Clone, Copy, Default)]
 struct Stream {
     copy: f64,
     scale: f64,
@@ -102,120 +67,310 @@ struct Stream {
 
 const SCALAR: f64 = 3.0;
 
-/// STREAM on plain vectors (the baseline), GB/s per kernel, best of `reps`.
-fn stream_plain(n: usize, reps: usize) -> Stream {
-    let mut a = vec![1.0f64; n];
-    let mut b = vec![2.0f64; n];
-    let mut c = vec![0.0f64; n];
-    let bytes2 = 2 * 8 * n;
-    let bytes3 = 3 * 8 * n;
-    let copy = best_of(reps, || c.copy_from_slice(&a));
-    let scale = best_of(reps, || {
-        for (bi, ci) in b.iter_mut().zip(&c) {
-            *bi = SCALAR * ci;
-        }
-    });
-    let add = best_of(reps, || {
-        for ((ci, ai), bi) in c.iter_mut().zip(&a).zip(&b) {
-            *ci = ai + bi;
-        }
-    });
-    let triad = best_of(reps, || {
-        for ((ai, bi), ci) in a.iter_mut().zip(&b).zip(&c) {
-            *ai = bi + SCALAR * ci;
-        }
-    });
-    std::hint::black_box((&a, &b, &c));
-    Stream {
-        copy: rate(bytes2, copy),
-        scale: rate(bytes2, scale),
-        add: rate(bytes3, add),
-        triad: rate(bytes3, triad),
-    }
+/// The STREAM kernels over one implementation of the three arrays.
+trait Kernels {
+    /// Runs kernel `k` (0 copy, 1 scale, 2 add, 3 triad) once over the arrays.
+    fn run(&mut self, k: usize) -> Result<(), BenchError>;
 }
 
-fn load(e: &Engine, base: u64, page: usize, out: &mut [f64; PAGE / 8]) -> Result<(), BenchError> {
-    let mut raw = [0u8; PAGE];
-    e.read(base + (page * PAGE) as u64, &mut raw)
-        .map_err(|x| err(x.to_string()))?;
-    for (o, c) in out.iter_mut().zip(raw.chunks_exact(8)) {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(c);
-        *o = f64::from_le_bytes(w);
-    }
-    Ok(())
+/// The three arrays in plain memory: the baseline.
+struct Plain {
+    a: Vec<f64>,
+    b: Vec<f64>,
+    c: Vec<f64>,
 }
 
-fn store(e: &Engine, base: u64, page: usize, v: &[f64; PAGE / 8]) -> Result<(), BenchError> {
-    let mut raw = [0u8; PAGE];
-    for (c, x) in raw.chunks_exact_mut(8).zip(v) {
-        c.copy_from_slice(&x.to_le_bytes());
-    }
-    e.write(base + (page * PAGE) as u64, &raw)
-        .map_err(|x| err(x.to_string()))
-}
-
-/// STREAM over engine memory: three arrays of `pages` pages each, every
-/// kernel streamed a page at a time through the engine's read/write path.
-fn stream_engine(e: &Engine, pages: usize, reps: usize) -> Result<Stream, BenchError> {
-    let keyid = 1;
-    let arr = |i: usize| e.address((i * pages * PAGE) as u64, keyid, true);
-    let (a, b, c) = (arr(0), arr(1), arr(2));
-    let (mut x, mut y, mut z) = ([1.0f64; PAGE / 8], [2.0f64; PAGE / 8], [0.0f64; PAGE / 8]);
-    for p in 0..pages {
-        store(e, a, p, &x)?;
-        store(e, b, p, &y)?;
-        store(e, c, p, &z)?;
-    }
-    let bytes2 = 2 * pages * PAGE;
-    let bytes3 = 3 * pages * PAGE;
-    let mut fail = None;
-    let mut run = |f: &mut dyn FnMut(usize) -> Result<(), BenchError>| {
-        best_of(reps, || {
-            for p in 0..pages {
-                if let Err(er) = f(p) {
-                    fail = Some(er);
-                    return;
+impl Kernels for Plain {
+    fn run(&mut self, k: usize) -> Result<(), BenchError> {
+        let Plain { a, b, c } = self;
+        match k {
+            0 => c.copy_from_slice(a),
+            1 => {
+                for (bi, ci) in b.iter_mut().zip(c.iter()) {
+                    *bi = SCALAR * ci;
                 }
             }
-        })
-    };
-    let copy = run(&mut |p| {
-        load(e, a, p, &mut x)?;
-        store(e, c, p, &x)
-    });
-    let scale = run(&mut |p| {
-        load(e, c, p, &mut z)?;
-        for v in &mut z {
-            *v *= SCALAR;
+            2 => {
+                for ((ci, ai), bi) in c.iter_mut().zip(a.iter()).zip(b.iter()) {
+                    *ci = ai + bi;
+                }
+            }
+            _ => {
+                for ((ai, bi), ci) in a.iter_mut().zip(b.iter()).zip(c.iter()) {
+                    *ai = bi + SCALAR * ci;
+                }
+            }
         }
-        store(e, b, p, &z)
-    });
-    let add = run(&mut |p| {
-        load(e, a, p, &mut x)?;
-        load(e, b, p, &mut y)?;
-        for (zi, (xi, yi)) in z.iter_mut().zip(x.iter().zip(&y)) {
-            *zi = xi + yi;
-        }
-        store(e, c, p, &z)
-    });
-    let triad = run(&mut |p| {
-        load(e, b, p, &mut y)?;
-        load(e, c, p, &mut z)?;
-        for (xi, (yi, zi)) in x.iter_mut().zip(y.iter().zip(&z)) {
-            *xi = yi + SCALAR * zi;
-        }
-        store(e, a, p, &x)
-    });
-    if let Some(er) = fail {
-        return Err(er);
+        std::hint::black_box((&*a, &*b, &*c));
+        Ok(())
     }
-    Ok(Stream {
-        copy: rate(bytes2, copy),
-        scale: rate(bytes2, scale),
-        add: rate(bytes3, add),
-        triad: rate(bytes3, triad),
-    })
+}
+
+/// How STREAM reaches engine memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// In place, runs of [`RUN`] pages of each array per guard (`Engine::runs`).
+    Runs,
+    /// In place, one page of each array per guard (`Engine::pages`).
+    Pages,
+    /// Through the read/write interface: each page copied out and back in.
+    Copies,
+}
+
+/// Pages of each STREAM array lent per guard with [`Access::Runs`].
+const RUN: usize = 16;
+
+/// The three arrays in engine memory, `pages` pages each, under KeyID 1.
+struct OnEngine<'e> {
+    e: &'e Engine,
+    pages: usize,
+    access: Access,
+    bufs: [[f64; PAGE / 8]; 3],
+}
+
+/// The f64 lanes of a page (little-endian).
+fn lanes(p: &[u8; PAGE]) -> impl Iterator<Item = f64> + '_ {
+    p.as_chunks::<8>().0.iter().map(|c| f64::from_le_bytes(*c))
+}
+
+fn out(o: &mut [u8; PAGE], v: impl Iterator<Item = f64>) {
+    for (c, x) in o.as_chunks_mut::<8>().0.iter_mut().zip(v) {
+        *c = x.to_le_bytes();
+    }
+}
+
+impl OnEngine<'_> {
+    fn at(&self, array: usize, page: usize) -> u64 {
+        self.e
+            .address(((array * self.pages + page) * PAGE) as u64, 1, true)
+    }
+
+    fn load(&mut self, array: usize, page: usize, buf: usize) -> Result<(), BenchError> {
+        let mut raw = [0u8; PAGE];
+        self.e
+            .read(self.at(array, page), &mut raw)
+            .map_err(|x| err(x.to_string()))?;
+        for (o, x) in self.bufs[buf].iter_mut().zip(lanes(&raw)) {
+            *o = x;
+        }
+        Ok(())
+    }
+
+    fn store(&self, array: usize, page: usize, buf: usize) -> Result<(), BenchError> {
+        let mut raw = [0u8; PAGE];
+        out(&mut raw, self.bufs[buf].iter().copied());
+        self.e
+            .write(self.at(array, page), &raw)
+            .map_err(|x| err(x.to_string()))
+    }
+
+    fn fill(&mut self) -> Result<(), BenchError> {
+        for (i, v) in [1.0, 2.0, 0.0].into_iter().enumerate() {
+            self.bufs[i] = [v; PAGE / 8];
+        }
+        for p in 0..self.pages {
+            for i in 0..3 {
+                self.store(i, p, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kernel `k` on the run of [`RUN`] pages from page `p`, in place.
+    fn run_in_place(&self, k: usize, p: usize) -> Result<(), BenchError> {
+        let ex = |x: memveil_engine::EngineError| err(x.to_string());
+        let (a, b, c) = (self.at(0, p), self.at(1, p), self.at(2, p));
+        match k {
+            0 => {
+                let mut g = self.e.runs([a], [c], RUN).map_err(ex)?;
+                let ([s], [d]) = g.split();
+                d.copy_from_slice(s);
+            }
+            1 => {
+                let mut g = self.e.runs([c], [b], RUN).map_err(ex)?;
+                let ([s], [d]) = g.split();
+                for (o, v) in d
+                    .as_chunks_mut::<8>()
+                    .0
+                    .iter_mut()
+                    .zip(s.as_chunks::<8>().0)
+                {
+                    *o = (SCALAR * f64::from_le_bytes(*v)).to_le_bytes();
+                }
+            }
+            2 => {
+                let mut g = self.e.runs([a, b], [c], RUN).map_err(ex)?;
+                let ([x, y], [z]) = g.split();
+                let src = x.as_chunks::<8>().0.iter().zip(y.as_chunks::<8>().0);
+                for (o, (u, v)) in z.as_chunks_mut::<8>().0.iter_mut().zip(src) {
+                    *o = (f64::from_le_bytes(*u) + f64::from_le_bytes(*v)).to_le_bytes();
+                }
+            }
+            _ => {
+                let mut g = self.e.runs([b, c], [a], RUN).map_err(ex)?;
+                let ([y, z], [x]) = g.split();
+                let src = y.as_chunks::<8>().0.iter().zip(z.as_chunks::<8>().0);
+                for (o, (u, v)) in x.as_chunks_mut::<8>().0.iter_mut().zip(src) {
+                    *o = (f64::from_le_bytes(*u) + SCALAR * f64::from_le_bytes(*v)).to_le_bytes();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Kernel `k` on page `p` in place: (sources, destination) arrays.
+    fn in_place(&self, k: usize, p: usize) -> Result<(), BenchError> {
+        let ex = |x: memveil_engine::EngineError| err(x.to_string());
+        let (a, b, c) = (self.at(0, p), self.at(1, p), self.at(2, p));
+        match k {
+            0 => {
+                let mut g = self.e.pages([a], [c]).map_err(ex)?;
+                let ([s], [d]) = g.split();
+                d.copy_from_slice(s);
+            }
+            1 => {
+                let mut g = self.e.pages([c], [b]).map_err(ex)?;
+                let ([s], [d]) = g.split();
+                for (o, v) in d.as_chunks_mut::<8>().0.iter_mut().zip(lanes(s)) {
+                    *o = (SCALAR * v).to_le_bytes();
+                }
+            }
+            2 => {
+                let mut g = self.e.pages([a, b], [c]).map_err(ex)?;
+                let ([x, y], [z]) = g.split();
+                for (o, (u, v)) in z
+                    .as_chunks_mut::<8>()
+                    .0
+                    .iter_mut()
+                    .zip(lanes(x).zip(lanes(y)))
+                {
+                    *o = (u + v).to_le_bytes();
+                }
+            }
+            _ => {
+                let mut g = self.e.pages([b, c], [a]).map_err(ex)?;
+                let ([y, z], [x]) = g.split();
+                for (o, (u, v)) in x
+                    .as_chunks_mut::<8>()
+                    .0
+                    .iter_mut()
+                    .zip(lanes(y).zip(lanes(z)))
+                {
+                    *o = (u + SCALAR * v).to_le_bytes();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Kernel `k` on page `p` through copies.
+    fn copied(&mut self, k: usize, p: usize) -> Result<(), BenchError> {
+        match k {
+            0 => {
+                self.load(0, p, 0)?;
+                self.store(2, p, 0)
+            }
+            1 => {
+                self.load(2, p, 2)?;
+                for v in &mut self.bufs[2] {
+                    *v *= SCALAR;
+                }
+                self.store(1, p, 2)
+            }
+            2 => {
+                self.load(0, p, 0)?;
+                self.load(1, p, 1)?;
+                let [x, y, z] = &mut self.bufs;
+                for (zi, (xi, yi)) in z.iter_mut().zip(x.iter().zip(y.iter())) {
+                    *zi = xi + yi;
+                }
+                self.store(2, p, 2)
+            }
+            _ => {
+                self.load(1, p, 1)?;
+                self.load(2, p, 2)?;
+                let [x, y, z] = &mut self.bufs;
+                for (xi, (yi, zi)) in x.iter_mut().zip(y.iter().zip(z.iter())) {
+                    *xi = yi + SCALAR * zi;
+                }
+                self.store(0, p, 0)
+            }
+        }
+    }
+}
+
+impl Kernels for OnEngine<'_> {
+    fn run(&mut self, k: usize) -> Result<(), BenchError> {
+        match self.access {
+            Access::Runs => {
+                for p in (0..self.pages).step_by(RUN) {
+                    self.run_in_place(k, p)?;
+                }
+            }
+            Access::Pages => {
+                for p in 0..self.pages {
+                    self.in_place(k, p)?;
+                }
+            }
+            Access::Copies => {
+                for p in 0..self.pages {
+                    self.copied(k, p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// STREAM over `eng` and `plain` (arrays of `elems` f64 each), kernel by
+/// kernel in alternation for `reps` rounds: the fastest GB/s of each side
+/// and the median of the rounds' engine/plain ratios (a burst of load from
+/// another tenant then shifts one round's pair, not one side's best).
+fn stream(
+    eng: &mut dyn Kernels,
+    plain: &mut dyn Kernels,
+    elems: usize,
+    reps: usize,
+) -> Result<(Stream, Stream, Stream), BenchError> {
+    let bytes = [2, 2, 3, 3].map(|n| n * 8 * elems);
+    let mut best = [[Duration::MAX; 4]; 2];
+    let mut ratios = [(); 4].map(|()| Vec::with_capacity(reps));
+    for _ in 0..reps {
+        for k in 0..4 {
+            let mut t = [Duration::ZERO; 2];
+            for side in 0..2 {
+                let start = std::time::Instant::now();
+                if side == 0 {
+                    eng.run(k)?;
+                } else {
+                    plain.run(k)?;
+                }
+                t[side] = start.elapsed();
+                best[side][k] = best[side][k].min(t[side]);
+            }
+            ratios[k].push(t[1].as_secs_f64() / t[0].as_secs_f64().max(1e-12));
+        }
+    }
+    let gb = |side: usize| {
+        let g = |k: usize| rate(bytes[k], best[side][k]);
+        Stream {
+            copy: g(0),
+            scale: g(1),
+            add: g(2),
+            triad: g(3),
+        }
+    };
+    for v in &mut ratios {
+        v.sort_by(f64::total_cmp);
+    }
+    let med = |k: usize| ratios[k].get(ratios[k].len() / 2).copied().unwrap_or(0.0);
+    let r = Stream {
+        copy: med(0),
+        scale: med(1),
+        add: med(2),
+        triad: med(3),
+    };
+    Ok((gb(0), gb(1), r))
 }
 
 fn engine_with(frames: usize, cache_pages: usize) -> Result<Engine, BenchError> {
@@ -252,13 +407,16 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     // --- Page encryption over 64 MiB of frames, 1 and 2 threads.
     opts.say("engine: page encryption over 64 MiB (engine, OpenSSL EVP, memcpy)");
     let e = engine_with(frames, 64)?;
-    // Engine and OpenSSL passes are interleaved, round after round, and each
-    // keeps its fastest pass: a burst of load from another tenant then hits
-    // both sides alike instead of one whole measurement.
+    // Engine, OpenSSL and memcpy passes are interleaved, round after round,
+    // and each keeps its fastest pass: a burst of load from another tenant
+    // then hits every side alike instead of one whole measurement.
     let mut t = [[Duration::MAX; 2]; 2];
     let mut buf = vec![0x5au8; bytes];
     let (mut oe, mut od) = (Duration::MAX, Duration::MAX);
+    let mut dst = vec![0xa5u8; bytes];
+    let mut mc = Duration::MAX;
     for _ in 0..reps {
+        mc = mc.min(best_of(1, || dst.copy_from_slice(&buf)));
         for (ti, threads) in [1usize, 2].into_iter().enumerate() {
             t[ti][0] = t[ti][0].min(best_of(1, || {
                 let _ = e.encrypt_frames(0, frames, 1, threads);
@@ -288,13 +446,12 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     let engine2 = enc2.min(dec2);
 
     let ossl = rate(bytes, oe).min(rate(bytes, od));
-    let mut dst = vec![0xa5u8; bytes];
-    let mc = best_of(reps, || dst.copy_from_slice(&buf));
     std::hint::black_box(&dst);
     let memcpy = rate(bytes, mc);
 
     // The portable XTS path (RustCrypto batch API), for the backend choice.
-    let portable = Xts::new_portable(&KEY[..16], &KEY[16..]).map_err(|x| err(x.to_string()))?;
+    let portable = Xts::with_path(&KEY[..16], &KEY[16..], memveil_cipher::Path::Portable)
+        .map_err(|x| err(x.to_string()))?;
     let pt = best_of(reps, || {
         for (i, p) in buf.chunks_mut(PAGE).enumerate() {
             let _ = portable.encrypt_unit((i * PAGE) as u128, p);
@@ -302,7 +459,8 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     });
     let portable_rate = rate(bytes, pt);
     let speed = openssl_speed("aes-128-xts", 4096, opts.pick(1, 3)).map_err(err)?;
-    let (gcm_ours, gcm_ossl) = gcm_4k(reps)?;
+    let path = memveil_cipher::path();
+    let wide = path >= memveil_cipher::Path::Vaes256;
 
     figs.push(
         Figure::vs(
@@ -310,9 +468,9 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
             engine1,
             ossl,
             "GB/s",
-            "engine page encryption, 1 thread, lower of enc/dec, vs OpenSSL EVP AES-128-XTS on the same pages",
+            &format!("engine page encryption, 1 thread, lower of enc/dec, path {path}, vs OpenSSL EVP AES-128-XTS on the same pages"),
         )
-        .target(">= 1.0"),
+        .target(if wide { ">= 1.2" } else { ">= 1.0 (no VAES)" }),
     );
     figs.push(
         Figure::vs(
@@ -320,9 +478,9 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
             engine1,
             memcpy,
             "GB/s",
-            "engine page encryption, 1 thread, vs memcpy of the same 64 MiB",
+            &format!("engine page encryption, 1 thread, path {path}, vs memcpy of the same 64 MiB"),
         )
-        .target(">= 0.85"),
+        .target(if wide { ">= 1.0" } else { ">= 0.85 (no VAES)" }),
     );
     figs.push(
         Figure::vs(
@@ -371,14 +529,9 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         portable_rate,
         engine1,
         "GB/s",
-        "portable XTS over RustCrypto's batch API vs the fused AES-NI kernel (backend choice)",
-    ));
-    figs.push(Figure::vs(
-        "cipher.gcm256_4k_vs_openssl",
-        gcm_ours,
-        gcm_ossl,
-        "GB/s",
-        "AES-256-GCM seal of 4 KiB messages: RustCrypto aes-gcm (the backend) vs OpenSSL EVP",
+        &format!(
+            "portable XTS over RustCrypto's batch API vs the {path} kernels (why the kernels)"
+        ),
     ));
     figs.push(Figure::plain(
         "engine.openssl_speed_xts128_4k",
@@ -388,10 +541,10 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     ));
     let _ = writeln!(
         md,
-        "Backend: {}. Page encryption over 64 MiB: engine {enc1:.2}/{dec1:.2} GB/s (enc/dec) on 1 thread, \
+        "AES path: {}. Page encryption over 64 MiB: engine {enc1:.2}/{dec1:.2} GB/s (enc/dec) on 1 thread, \
          {enc2:.2}/{dec2:.2} on 2; OpenSSL EVP {ossl:.2}; memcpy {memcpy:.2}; portable XTS path {portable_rate:.2}; \
          `openssl speed` in cache {:.2} GB/s.\n",
-        memveil_cipher::backend(),
+        path.describe(),
         speed / 1e9
     );
 
@@ -403,47 +556,115 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         || memveil_sys::process::memlock_limit().is_ok_and(|(cur, _)| cur >= 32 << 20);
     let cache = if can_lock_8m { 2048usize } else { 256 };
     opts.say("engine: STREAM, working set fitting the plaintext cache and 8x larger");
-    let fit_pages = cache * 3 / 4 / 3; // three arrays in 3/4 of the cache
+    // Three arrays in 3/4 of the cache (whole runs), or 8x the cache.
+    let fit_pages = cache * 3 / 4 / 3 / RUN * RUN;
     let big_pages = cache * 8 / 3;
-    let sreps = opts.pick(3, 7);
+    let sreps: usize = opts.pick(9, 21);
     let mut rows = String::new();
     let mut triads = [0.0f64; 2];
+    let (mut page_triad, mut copy_triad) = (0.0, 0.0);
     let mut plaintext = 0.0;
-    for (i, pages) in [fit_pages, big_pages].into_iter().enumerate() {
-        let e = engine_with(3 * pages + 1, cache)?;
-        let s = stream_engine(&e, pages, sreps)?;
-        let p = stream_plain(pages * PAGE / 8, sreps);
-        let st = e.stats();
-        if i == 1 {
-            plaintext = st.plaintext_fraction();
-        }
-        triads[i] = s.triad / p.triad;
+    let row = |rows: &mut String,
+               what: &str,
+               pages: usize,
+               s: &Stream,
+               p: &Stream,
+               r: &Stream,
+               cache: String| {
         let _ = writeln!(
             rows,
-            "| {} ({} KiB x 3) | {:.2}/{:.2} | {:.2}/{:.2} | {:.2}/{:.2} | {:.2}/{:.2} | {:.3} | {} fills, {} write-backs |",
-            if i == 0 { "fits cache" } else { "8x cache" },
+            "| {what} ({} KiB x 3) | {:.2}/{:.2} | {:.2}/{:.2} | {:.2}/{:.2} | {:.2}/{:.2} | {:.3} | {cache} |",
             pages * PAGE / 1024,
-            s.copy, p.copy, s.scale, p.scale, s.add, p.add, s.triad, p.triad,
-            triads[i], st.fills, st.writebacks
+            s.copy, p.copy, s.scale, p.scale, s.add, p.add, s.triad, p.triad, r.triad
         );
+    };
+    let cases = [
+        (
+            fit_pages,
+            Access::Runs,
+            "fits cache, zero-copy runs of 16 pages",
+        ),
+        (
+            fit_pages,
+            Access::Pages,
+            "fits cache, zero-copy page by page",
+        ),
+        (fit_pages, Access::Copies, "fits cache, read/write copies"),
+        (big_pages, Access::Pages, "8x cache, zero-copy page by page"),
+    ];
+    for (i, (pages, access, what)) in cases.into_iter().enumerate() {
+        let n = pages * PAGE / 8;
+        let mut plain = Plain {
+            a: vec![1.0; n],
+            b: vec![2.0; n],
+            c: vec![0.0; n],
+        };
+        let e = engine_with(3 * pages + 1, cache)?;
+        let mut arrays = OnEngine {
+            e: &e,
+            pages,
+            access,
+            bufs: [[0.0; PAGE / 8]; 3],
+        };
+        arrays.fill()?;
+        let reps = if i < 3 { sreps } else { sreps.div_ceil(3) };
+        let (s, p, r) = stream(&mut arrays, &mut plain, n, reps)?;
+        let st = e.stats();
+        row(
+            &mut rows,
+            what,
+            pages,
+            &s,
+            &p,
+            &r,
+            format!("{} fills, {} write-backs", st.fills, st.writebacks),
+        );
+        match i {
+            0 => triads[0] = r.triad,
+            1 => page_triad = r.triad,
+            2 => copy_triad = r.triad,
+            _ => {
+                triads[1] = r.triad;
+                plaintext = st.plaintext_fraction();
+            }
+        }
     }
     figs.push(
         Figure::plain(
             "engine.stream_triad_fit_vs_plain",
             triads[0],
             "ratio",
-            "STREAM triad over engine memory / plain memory, working set fits the plaintext cache",
+            "STREAM triad over engine memory (zero-copy runs of 16 pages of each array per guard) / plain memory, working set fits the plaintext cache; median of interleaved rounds",
         )
-        .with_ratio(triads[0]),
+        .with_ratio(triads[0])
+        .target(">= 0.90"),
     );
     figs.push(
         Figure::plain(
             "engine.stream_triad_8x_vs_plain",
             triads[1],
             "ratio",
-            "STREAM triad over engine memory / plain memory, working set 8x the plaintext cache",
+            "STREAM triad over engine memory (zero-copy page access) / plain memory, working set 8x the plaintext cache; median of interleaved rounds",
         )
         .with_ratio(triads[1]),
+    );
+    figs.push(
+        Figure::plain(
+            "engine.stream_triad_fit_pages_vs_plain",
+            page_triad,
+            "ratio",
+            "STREAM triad over engine memory (zero-copy, one guard per page of each array) / plain memory, working set fits the cache; median of interleaved rounds",
+        )
+        .with_ratio(page_triad),
+    );
+    figs.push(
+        Figure::plain(
+            "engine.stream_triad_fit_copy_vs_plain",
+            copy_triad,
+            "ratio",
+            "STREAM triad through the read/write interface (a page copied out and in per access) / plain memory, working set fits the cache; median of interleaved rounds",
+        )
+        .with_ratio(copy_triad),
     );
     figs.push(Figure::plain(
         "engine.plaintext_fraction_8x",
@@ -453,11 +674,11 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     ));
     let _ = writeln!(
         md,
-        "STREAM (GB/s, engine/plain, cache {cache} pages = {} KiB):\n\n| working set | copy | scale | add | triad | triad ratio | cache |\n|---|---|---|---|---|---|---|\n{rows}\n\
-         Published hardware figures (Cloudflare's for AMD TSME on its edge, Intel's for TME-MK): AMD TSME \
-         costs STREAM 2.6-4.2% (ratio 0.96-0.97), Intel TME-MK 0-2.2% on memory-bound workloads. A software engine pays a page decryption per miss \
-         and a page encryption per dirty eviction on one core's AES throughput; inside the cache it pays \
-         only the copy through the read/write interface.\n",
+        "STREAM (GB/s, engine/plain, fastest round of each; triad ratio: median of the rounds' ratios; cache {cache} pages = {} KiB):\n\n| working set | copy | scale | add | triad | triad ratio | cache |\n|---|---|---|---|---|---|---|\n{rows}\n\
+         Published hardware figures (Cloudflare's for AMD TSME on its edge, Intel's for TME-MK): AMD TSME costs STREAM 2.6-4.2% (ratio 0.96-0.97), \
+         Intel TME-MK 0-2.2% on memory-bound workloads. A software engine pays a page decryption per miss \
+         and a page encryption per dirty eviction on one core's AES throughput; inside the cache, with \
+         zero-copy page access, it pays a lookup per page and nothing per byte.\n",
         cache * PAGE / 1024
     );
 

@@ -1,6 +1,6 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`engine`, `vault`, `rng`, `shield`) has a module with
+//! Each part (`cipher`, `engine`, `vault`, `rng`, `shield`) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
 //! are shared and noisy; the report records value, baseline and ratio.
@@ -8,6 +8,7 @@
 //! The report is written as `report.md` (with SVG plots beside it) and
 //! `report.json` (one record per figure, stable ids) into a folder.
 
+pub mod cipher;
 pub mod engine;
 pub mod report;
 pub mod rng;
@@ -90,7 +91,7 @@ pub enum BenchError {
 }
 
 /// The parts `--only` accepts, in run order.
-pub const PARTS: &[&str] = &["engine", "vault", "rng", "shield"];
+pub const PARTS: &[&str] = &["cipher", "engine", "vault", "rng", "shield"];
 
 /// Runs one part by name.
 ///
@@ -98,6 +99,7 @@ pub const PARTS: &[&str] = &["engine", "vault", "rng", "shield"];
 /// `BenchError::Part` for an unknown part or a workload that cannot run.
 pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
     match name {
+        "cipher" => cipher::run(opts),
         "engine" => engine::run(opts),
         "vault" => vault::run(opts),
         "rng" => rng::run(opts),
@@ -125,7 +127,9 @@ pub fn host_header(size: Size) -> String {
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
-        "Host: {cpu}, {cores} logical CPUs, kernel {}. Size: {size:?}. Every ratio is against a baseline measured in the same run.",
-        kernel.trim()
+        "Host: {cpu}, {cores} logical CPUs, kernel {}. Size: {size:?}. AES path: {}{}. Every ratio is against a baseline measured in the same run.",
+        kernel.trim(),
+        memveil_cipher::path().describe(),
+        memveil_cipher::path_note().map_or(String::new(), |n| format!(" ({n})")),
     )
 }

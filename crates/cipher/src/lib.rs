@@ -5,12 +5,23 @@
 //! (IEEE 1619 XTS-AES-128/256, the memory-encryption cipher) and [`Gcm`]
 //! (AES-GCM, 96-bit nonces, 128-bit tags).
 //!
-//! The backend is RustCrypto's `aes` 0.9 (runtime-detected AES-NI, VAES when
-//! the CPU has it, constant-time fixslice software otherwise) and RustCrypto's
-//! `aes-gcm`, plus one fused AES-NI XTS kernel of our own (module `ni`, the only
-//! `unsafe` here) for the page-encryption hot path; without AES-NI, XTS runs
-//! over RustCrypto's batched block API. The choice was
-//! made by measurement; see `BENCHMARKS.md` ("Cipher backend").
+//! Three implementations ("paths", [`Path`]), chosen once per process from
+//! CPUID ([`path`], the one dispatch point; `MEMVEIL_CIPHER_PATH` caps it):
+//!
+//! - **vaes256**: memveil's VAES kernels on 256-bit registers (two blocks per
+//!   instruction, sixteen in flight) for XTS, CTR, ECB and GCM, GHASH with
+//!   VPCLMULQDQ;
+//! - **aesni**: memveil's 128-bit AES-NI kernels (eight blocks in flight),
+//!   GHASH with PCLMULQDQ;
+//! - **portable**: memveil's modes over RustCrypto's `aes` 0.9 block API and
+//!   RustCrypto's `aes-gcm` (constant-time fixslice software on CPUs without
+//!   AES-NI).
+//!
+//! The kernels are the crate's only `unsafe` (module `kernel`), each entered
+//! only through a key object built after CPUID showed the path's features.
+//! They never copy a key schedule to the stack (see `kernel`). The choice of
+//! paths was made by measurement; see `BENCHMARKS.md` ("Cipher paths and the
+//! engine on a VAES machine").
 //!
 //! What this crate refuses to do: return key bytes (key objects have no
 //! accessor, no `Clone` and no `Debug` that prints them), accept XTS keys whose
@@ -22,11 +33,19 @@
 
 mod block;
 mod gcm;
-mod ni;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod kernel;
+#[cfg(not(target_arch = "x86_64"))]
+mod kernel_none;
+#[cfg(not(target_arch = "x86_64"))]
+use kernel_none as kernel;
+mod path;
 mod xts;
 
 pub use block::Aes;
 pub use gcm::Gcm;
+pub use path::{path, path_note, Path, PATH_ENV};
 pub use xts::Xts;
 
 /// Errors of the cipher layer.
@@ -63,16 +82,42 @@ pub enum CipherError {
         "GCM authentication failed: ciphertext, associated data, nonce or key do not match the tag"
     )]
     TagMismatch,
+    /// A path was asked for that this CPU cannot run.
+    #[error("cipher path {path} needs CPU features this CPU lacks: {missing}")]
+    PathUnavailable {
+        /// The path asked for.
+        path: Path,
+        /// The features missing, in words.
+        missing: String,
+    },
 }
 
-/// Names the AES implementation in use on this CPU, for reports.
-#[must_use]
-pub fn backend() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("aes") {
-            return "memveil AES-NI XTS kernel + RustCrypto aes 0.9 / aes-gcm 0.11 (AES-NI)";
+impl CipherError {
+    pub(crate) fn unavailable(p: Path) -> Self {
+        CipherError::PathUnavailable {
+            path: p,
+            missing: p.missing().join(", "),
         }
     }
-    "RustCrypto aes 0.9 / aes-gcm 0.11 (software fixslice, constant time); XTS over its batch API"
+}
+
+/// Bytes of stack [`scrub_stack`] overwrites.
+const SCRUB_BYTES: usize = 8192;
+
+/// Overwrites the stack just below the caller's frame, where the functions
+/// it called have returned from. The portable path calls it after every
+/// operation: RustCrypto's AES-NI and VAES backends leave round keys there
+/// (found by `tests/stack_hygiene.rs`; the kernels leave nothing, so their
+/// paths skip it).
+#[inline(never)]
+pub(crate) fn scrub_stack() {
+    let mut pad = [0u128; SCRUB_BYTES / 16];
+    zeroize::Zeroize::zeroize(&mut pad);
+    std::hint::black_box(&pad);
+}
+
+/// Names the AES implementation in use in this process, for reports.
+#[must_use]
+pub fn backend() -> &'static str {
+    path().describe()
 }

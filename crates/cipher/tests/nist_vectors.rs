@@ -1,17 +1,24 @@
-//! Every mode against the NIST CAVP files in `tests/vectors` (see its README).
+//! Every mode against the NIST CAVP files in `tests/vectors` (see its README),
+//! on every path this CPU runs (each test names the paths it could not run).
 
 #[path = "common/mod.rs"]
 mod common;
 
-use common::parse;
-use memveil_cipher::{Aes, CipherError, Gcm, Xts};
+use common::{parse, paths};
+use memveil_cipher::{Aes, CipherError, Gcm, Path, Xts};
 
 fn block_mode(prefix: &str, cbc: bool) {
+    for p in paths(prefix) {
+        block_mode_on(prefix, cbc, p);
+    }
+}
+
+fn block_mode_on(prefix: &str, cbc: bool, path: Path) {
     let mut n = 0;
     for kind in ["GFSbox", "KeySbox", "VarKey", "VarTxt", "MMT"] {
         for bits in [128, 256] {
             for c in parse(&format!("{prefix}{kind}{bits}.rsp")) {
-                let key = Aes::new(&c.hex("KEY")).expect("key");
+                let key = Aes::with_path(&c.hex("KEY"), path).expect("key");
                 let (pt, ct) = (c.hex("PLAINTEXT"), c.hex("CIPHERTEXT"));
                 let iv: [u8; 16] = if cbc {
                     c.hex("IV").try_into().expect("iv")
@@ -25,7 +32,12 @@ fn block_mode(prefix: &str, cbc: bool) {
                     } else {
                         key.ecb_encrypt(&mut d).expect("len");
                     }
-                    assert_eq!(d, ct, "{prefix}{kind}{bits} encrypt {:?}", c.get("COUNT"));
+                    assert_eq!(
+                        d,
+                        ct,
+                        "{path} {prefix}{kind}{bits} encrypt {:?}",
+                        c.get("COUNT")
+                    );
                 } else {
                     let mut d = ct.clone();
                     if cbc {
@@ -33,14 +45,19 @@ fn block_mode(prefix: &str, cbc: bool) {
                     } else {
                         key.ecb_decrypt(&mut d).expect("len");
                     }
-                    assert_eq!(d, pt, "{prefix}{kind}{bits} decrypt {:?}", c.get("COUNT"));
+                    assert_eq!(
+                        d,
+                        pt,
+                        "{path} {prefix}{kind}{bits} decrypt {:?}",
+                        c.get("COUNT")
+                    );
                 }
                 n += 1;
             }
         }
     }
     assert!(n > 1000, "only {n} {prefix} cases read");
-    eprintln!("{prefix}: {n} cases passed");
+    eprintln!("{prefix} on {path}: {n} cases passed");
 }
 
 #[test]
@@ -55,24 +72,37 @@ fn cbc_kat_and_mmt() {
 
 #[test]
 fn ctr_rfc3686() {
+    for path in paths("CTR") {
+        ctr_on(path);
+    }
+}
+
+fn ctr_on(path: Path) {
     let mut n = 0;
     for f in ["aes-128-ctr.txt", "aes-256-ctr.txt"] {
         for c in parse(f) {
-            let key = Aes::new(&c.hex("KEY")).expect("key");
+            let key = Aes::with_path(&c.hex("KEY"), path).expect("key");
             let ctr: [u8; 16] = c.hex("IV").try_into().expect("iv");
             let mut d = c.hex("PLAINTEXT");
             key.ctr_apply(&ctr, &mut d);
-            assert_eq!(d, c.hex("CIPHERTEXT"), "{f} {:?}", c.get("COUNT"));
+            assert_eq!(d, c.hex("CIPHERTEXT"), "{path} {f} {:?}", c.get("COUNT"));
             key.ctr_apply(&ctr, &mut d);
             assert_eq!(d, c.hex("PLAINTEXT"));
             n += 1;
         }
     }
     assert!(n >= 6, "{n}");
+    eprintln!("CTR on {path}: {n} cases passed");
 }
 
 #[test]
 fn xts_genaes() {
+    for path in paths("XTS") {
+        xts_on(path);
+    }
+}
+
+fn xts_on(path: Path) {
     let (mut n, mut skipped) = (0, 0);
     for bits in [128, 256] {
         for form in ["hexstr", "seqno"] {
@@ -85,7 +115,9 @@ fn xts_genaes() {
                     skipped += 1;
                     continue;
                 }
-                let key = Xts::from_combined(&c.hex("KEY")).expect("key");
+                let k = c.hex("KEY");
+                let (k1, k2) = k.split_at(k.len() / 2);
+                let key = Xts::with_path(k1, k2, path).expect("key");
                 let tweak: [u8; 16] = match c.get("I") {
                     Some(_) => c.hex("I").try_into().expect("i"),
                     None => {
@@ -100,35 +132,41 @@ fn xts_genaes() {
                 if c.direction == "ENCRYPT" {
                     let mut d = pt.clone();
                     key.encrypt(&tweak, &mut d).expect("enc");
-                    assert_eq!(d, ct, "XTS{bits} {form} enc {:?}", c.get("COUNT"));
+                    assert_eq!(d, ct, "{path} XTS{bits} {form} enc {:?}", c.get("COUNT"));
                 } else {
                     let mut d = ct.clone();
                     key.decrypt(&tweak, &mut d).expect("dec");
-                    assert_eq!(d, pt, "XTS{bits} {form} dec {:?}", c.get("COUNT"));
+                    assert_eq!(d, pt, "{path} XTS{bits} {form} dec {:?}", c.get("COUNT"));
                 }
                 n += 1;
             }
         }
     }
-    eprintln!("XTS: {n} cases passed, {skipped} skipped (DataUnitLen not a whole number of bytes)");
+    eprintln!("XTS on {path}: {n} cases passed, {skipped} skipped (DataUnitLen not a whole number of bytes)");
     assert!(n > 1000, "{n}");
 }
 
 #[test]
 fn gcm_encrypt_and_decrypt() {
+    for path in paths("GCM") {
+        gcm_on(path);
+    }
+}
+
+fn gcm_on(path: Path) {
     let (mut n, mut fails, mut skipped) = (0, 0, 0);
     for bits in [128, 256] {
         for c in parse(&format!("gcmEncryptExtIV{bits}.rsp")) {
-            let key = Gcm::new(&c.hex("KEY")).expect("key");
+            let key = Gcm::with_path(&c.hex("KEY"), path).expect("key");
             let iv: [u8; 12] = c.hex("IV").try_into().expect("96-bit iv");
             let mut d = c.hex("PT");
             let tag = key.seal(&iv, &c.hex("AAD"), &mut d);
-            assert_eq!(d, c.hex("CT"), "gcm{bits} {:?}", c.get("COUNT"));
+            assert_eq!(d, c.hex("CT"), "{path} gcm{bits} {:?}", c.get("COUNT"));
             let want = c.hex("TAG");
             assert_eq!(
                 &tag[..want.len()],
                 &want[..],
-                "gcm{bits} tag {:?}",
+                "{path} gcm{bits} tag {:?}",
                 c.get("COUNT")
             );
             n += 1;
@@ -139,7 +177,7 @@ fn gcm_encrypt_and_decrypt() {
                 skipped += 1;
                 continue;
             }
-            let key = Gcm::new(&c.hex("KEY")).expect("key");
+            let key = Gcm::with_path(&c.hex("KEY"), path).expect("key");
             let iv: [u8; 12] = c.hex("IV").try_into().expect("96-bit iv");
             let mut d = c.hex("CT");
             let r = key.open(&iv, &c.hex("AAD"), &mut d, &want);
@@ -147,7 +185,7 @@ fn gcm_encrypt_and_decrypt() {
                 assert_eq!(
                     r,
                     Err(CipherError::TagMismatch),
-                    "must reject {:?}",
+                    "{path} must reject {:?}",
                     c.get("COUNT")
                 );
                 fails += 1;
@@ -158,6 +196,6 @@ fn gcm_encrypt_and_decrypt() {
             n += 1;
         }
     }
-    eprintln!("GCM: {n} cases passed ({fails} FAIL cases rejected), {skipped} decrypt cases with 96-bit tags skipped");
+    eprintln!("GCM on {path}: {n} cases passed ({fails} FAIL cases rejected), {skipped} decrypt cases with 96-bit tags skipped");
     assert!(n > 500 && fails > 50, "{n} {fails}");
 }

@@ -1,6 +1,13 @@
-//! Property tests against an independent implementation (OpenSSL's EVP).
+//! Property tests against an independent implementation (OpenSSL's EVP), on
+//! every path this CPU runs (each case checks them all; the paths this CPU
+//! cannot run are named in the output).
 
-use memveil_cipher::{Aes, Gcm, Xts};
+#[path = "common/mod.rs"]
+mod common;
+
+use std::sync::OnceLock;
+
+use memveil_cipher::{Aes, Gcm, Path, Xts};
 use openssl::symm::{self, Cipher, Crypter, Mode};
 use proptest::prelude::*;
 
@@ -13,6 +20,12 @@ fn ossl(c: Cipher, key: &[u8], iv: Option<&[u8]>, data: &[u8], enc: bool) -> Vec
     n += cr.finalize(&mut out[n..]).expect("finalize");
     out.truncate(n);
     out
+}
+
+/// The paths to check, computed (and reported) once.
+fn paths() -> &'static [Path] {
+    static P: OnceLock<Vec<Path>> = OnceLock::new();
+    P.get_or_init(|| common::paths("openssl_oracle"))
 }
 
 fn distinct_halves(k: &[u8]) -> bool {
@@ -33,12 +46,16 @@ proptest! {
         let key = if wide { &key[..] } else { &key[..32] };
         prop_assume!(distinct_halves(key));
         let c = if wide { Cipher::aes_256_xts() } else { Cipher::aes_128_xts() };
-        let x = Xts::from_combined(key).expect("key");
-        let mut d = data.clone();
-        x.encrypt(&tweak, &mut d).expect("enc");
-        prop_assert_eq!(&d, &ossl(c, key, Some(&tweak), &data, true));
-        x.decrypt(&tweak, &mut d).expect("dec");
-        prop_assert_eq!(d, data);
+        let want = ossl(c, key, Some(&tweak), &data, true);
+        let (k1, k2) = key.split_at(key.len() / 2);
+        for &p in paths() {
+            let x = Xts::with_path(k1, k2, p).expect("key");
+            let mut d = data.clone();
+            x.encrypt(&tweak, &mut d).expect("enc");
+            prop_assert_eq!(&d, &want, "{}", p);
+            x.decrypt(&tweak, &mut d).expect("dec");
+            prop_assert_eq!(&d, &data, "{}", p);
+        }
     }
 
     #[test]
@@ -51,22 +68,31 @@ proptest! {
         seed in any::<u8>(),
     ) {
         let key = if wide { &key[..] } else { &key[..16] };
-        let a = Aes::new(key).expect("key");
         let data: Vec<u8> = (0..blocks * 16 + extra).map(|i| (i % 256).to_le_bytes()[0].wrapping_mul(31) ^ seed).collect();
         let (ctr_c, cbc_c) = if wide {
             (Cipher::aes_256_ctr(), Cipher::aes_256_cbc())
         } else {
             (Cipher::aes_128_ctr(), Cipher::aes_128_cbc())
         };
-        let mut d = data.clone();
-        a.ctr_apply(&iv, &mut d);
-        prop_assert_eq!(&d, &ossl(ctr_c, key, Some(&iv), &data, true));
+        let want_ctr = ossl(ctr_c, key, Some(&iv), &data, true);
         let whole = &data[..blocks * 16];
-        let mut d = whole.to_vec();
-        a.cbc_encrypt(&iv, &mut d).expect("cbc");
-        prop_assert_eq!(&d, &ossl(cbc_c, key, Some(&iv), whole, true));
-        a.cbc_decrypt(&iv, &mut d).expect("cbc");
-        prop_assert_eq!(&d[..], whole);
+        let want_cbc = ossl(cbc_c, key, Some(&iv), whole, true);
+        let want_ecb = ossl(if wide { Cipher::aes_256_ecb() } else { Cipher::aes_128_ecb() }, key, None, whole, true);
+        for &p in paths() {
+            let a = Aes::with_path(key, p).expect("key");
+            let mut d = data.clone();
+            a.ctr_apply(&iv, &mut d);
+            prop_assert_eq!(&d, &want_ctr, "{}", p);
+            let mut d = whole.to_vec();
+            a.cbc_encrypt(&iv, &mut d).expect("cbc");
+            prop_assert_eq!(&d, &want_cbc, "{}", p);
+            a.cbc_decrypt(&iv, &mut d).expect("cbc");
+            prop_assert_eq!(&d[..], whole, "{}", p);
+            a.ecb_encrypt(&mut d).expect("ecb");
+            prop_assert_eq!(&d, &want_ecb, "{}", p);
+            a.ecb_decrypt(&mut d).expect("ecb");
+            prop_assert_eq!(&d[..], whole, "{}", p);
+        }
     }
 
     #[test]
@@ -79,20 +105,22 @@ proptest! {
     ) {
         let key = if wide { &key[..] } else { &key[..16] };
         let c = if wide { Cipher::aes_256_gcm() } else { Cipher::aes_128_gcm() };
-        let g = Gcm::new(key).expect("key");
-        let mut d = data.clone();
-        let tag = g.seal(&nonce, &aad, &mut d);
         let mut otag = [0u8; 16];
         let oct = symm::encrypt_aead(c, key, Some(&nonce), &aad, &data, &mut otag).expect("ossl");
-        prop_assert_eq!(&d, &oct);
-        prop_assert_eq!(tag, otag);
-        let mut bad = tag;
-        bad[0] ^= 1;
-        let mut e = d.clone();
-        prop_assert!(g.open(&nonce, &aad, &mut e, &bad).is_err());
-        prop_assert_eq!(&e, &d, "failed open must leave ciphertext");
-        g.open(&nonce, &aad, &mut d, &tag).expect("open");
-        prop_assert_eq!(d, data);
+        for &p in paths() {
+            let g = Gcm::with_path(key, p).expect("key");
+            let mut d = data.clone();
+            let tag = g.seal(&nonce, &aad, &mut d);
+            prop_assert_eq!(&d, &oct, "{}", p);
+            prop_assert_eq!(tag, otag, "{}", p);
+            let mut bad = tag;
+            bad[0] ^= 1;
+            let mut e = d.clone();
+            prop_assert!(g.open(&nonce, &aad, &mut e, &bad).is_err());
+            prop_assert_eq!(&e, &d, "failed open must leave ciphertext ({})", p);
+            g.open(&nonce, &aad, &mut d, &tag).expect("open");
+            prop_assert_eq!(&d, &data, "{}", p);
+        }
     }
 }
 

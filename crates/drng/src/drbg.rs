@@ -15,10 +15,10 @@
 //! requests within these limits by splitting large reads and reseeding on
 //! schedule, and on every request when prediction resistance is on.
 //!
-//! Speed: output blocks are produced by writing the counter values V+1, V+2,
-//! ... straight into the caller's buffer and encrypting it in place with one
-//! batched AES-256 ECB call (the backend pipelines 8 blocks at a time), not
-//! block by block.
+//! Speed: output blocks E(V+1), E(V+2), ... are the CTR keystream from V+1,
+//! which memveil-cipher writes straight into the caller's buffer with its
+//! counter-mode kernel (on the VAES path sixteen blocks in flight, counters
+//! built in registers), not block by block.
 
 use memveil_cipher::Aes;
 use zeroize::{Zeroize, Zeroizing};

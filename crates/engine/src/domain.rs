@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::{Engine, EngineError, PAGE};
+use crate::{Engine, EngineError, Pages, Runs, PAGE};
 
 /// A domain's view of the engine.
 pub struct Domain<'e> {
@@ -28,7 +28,7 @@ impl Engine {
     }
 }
 
-impl Domain<'_> {
+impl<'e> Domain<'e> {
     /// The domain's name.
     #[must_use]
     pub fn name(&self) -> &str {
@@ -89,5 +89,37 @@ impl Domain<'_> {
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), EngineError> {
         self.check(addr, data.len())?;
         self.engine.write(addr, data)
+    }
+
+    /// Zero-copy access through the domain's mapping ([`Engine::pages`]).
+    ///
+    /// # Errors
+    /// As [`Domain::read`] for each page; as [`Engine::pages`].
+    pub fn pages<const R: usize, const W: usize>(
+        &self,
+        reads: [u64; R],
+        writes: [u64; W],
+    ) -> Result<Pages<'e, R, W>, EngineError> {
+        for &a in reads.iter().chain(&writes) {
+            self.check(a, PAGE)?;
+        }
+        self.engine.pages(reads, writes)
+    }
+
+    /// Zero-copy access to runs through the domain's mapping
+    /// ([`Engine::runs`]).
+    ///
+    /// # Errors
+    /// As [`Domain::read`] for each run; as [`Engine::runs`].
+    pub fn runs<const R: usize, const W: usize>(
+        &self,
+        reads: [u64; R],
+        writes: [u64; W],
+        pages: usize,
+    ) -> Result<Runs<'e, R, W>, EngineError> {
+        for &a in reads.iter().chain(&writes) {
+            self.check(a, pages.max(1) * PAGE)?;
+        }
+        self.engine.runs(reads, writes, pages)
     }
 }

@@ -29,6 +29,12 @@
 //! - **Domains** ([`Domain`]) are views that may use only their own KeyIDs (a
 //!   VM's private KeyID and the KeyIDs of pages it shares); the engine itself
 //!   is the manager (hypervisor) and may use any.
+//! - **Zero-copy access.** Besides byte-granular [`Engine::read`] and
+//!   [`Engine::write`], [`Engine::pages`] lends cached pages in place (a
+//!   [`Pages`] guard borrows the plaintext frames while the cache holds them),
+//!   so work on data inside the plaintext cache costs what plain memory
+//!   costs, as it does on hardware; a miss still decrypts the page into the
+//!   cache and a dirty eviction still encrypts it.
 //!
 //! What this crate refuses to do: return or print key bytes, accept XTS keys
 //! with equal halves, keep keys outside secret memory without the caller's
@@ -44,7 +50,7 @@ pub use cache::Stats;
 pub use domain::Domain;
 pub use keytable::{cpu_entropy, Algorithm, Command, EntropyFn, KeyProgram, ProgramError, Status};
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use memveil_secmem::{Level, Policy, SecmemError};
 
@@ -155,6 +161,48 @@ pub enum EngineError {
     /// The platform key could not be generated.
     #[error("platform key: {0}")]
     PlatformKey(String),
+    /// Zero-copy access was asked for at an address inside a page.
+    #[error("address {addr:#x} is not page-aligned: zero-copy access lends whole {PAGE}-byte pages (use read/write for other ranges)")]
+    Unaligned {
+        /// The address.
+        addr: u64,
+    },
+    /// One zero-copy request named the same frame twice (possibly through
+    /// two KeyIDs: the cache holds a frame under one view at a time).
+    #[error("frame {frame} asked for twice in one zero-copy request: ask for it once, as written if it is written")]
+    SameFrameTwice {
+        /// The frame.
+        frame: usize,
+    },
+    /// Runs whose pages would share cache slots (each run sits at the slots
+    /// its first frame maps to: frame number modulo the cache size).
+    #[error("runs starting at frames {a} and {b} would overlap in the plaintext cache (each run sits at its first frame modulo the cache's {cache} pages); lend them in two requests")]
+    RunsOverlap {
+        /// First frame of one run.
+        a: usize,
+        /// First frame of the other.
+        b: usize,
+        /// Pages the cache holds.
+        cache: usize,
+    },
+    /// A run that would pass the end of the cache's slots.
+    #[error("a run of {pages} pages from frame {frame} passes the end of the plaintext cache ({cache} pages; a run sits at its first frame modulo that): shorten or split it")]
+    RunPastEnd {
+        /// First frame of the run.
+        frame: usize,
+        /// Its length in pages.
+        pages: usize,
+        /// Pages the cache holds.
+        cache: usize,
+    },
+    /// One zero-copy request asked for more pages than the cache holds.
+    #[error("{asked} pages asked for at once, but the plaintext cache holds {cache}")]
+    TooManyPages {
+        /// Pages asked for.
+        asked: usize,
+        /// Pages the cache holds.
+        cache: usize,
+    },
 }
 
 /// A decoded engine address.
@@ -373,6 +421,123 @@ impl Engine {
         Ok(())
     }
 
+    /// Zero-copy access: brings the pages at `reads` and `writes` (page-aligned
+    /// addresses, each frame once, at most the cache's size) into the
+    /// plaintext cache, decrypting those not there, and lends them in place
+    /// until the guard drops. The written pages are marked dirty and are
+    /// encrypted back when they leave the cache; the read ones are not.
+    ///
+    /// The guard holds the engine's memory lock: every other access waits
+    /// until it drops. Keep it for one piece of work (a STREAM kernel over a
+    /// page, a page copy), not for a whole program.
+    ///
+    /// # Errors
+    /// Address errors; [`EngineError::Unaligned`],
+    /// [`EngineError::SameFrameTwice`], [`EngineError::TooManyPages`].
+    pub fn pages<const R: usize, const W: usize>(
+        &self,
+        reads: [u64; R],
+        writes: [u64; W],
+    ) -> Result<Pages<'_, R, W>, EngineError> {
+        let (rq, wq) = self.requests(&reads, &writes, 1)?;
+        let mut mem = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        let (reads, writes) = mem
+            .pin(&self.keys, rq, wq)
+            .map_err(|frame| EngineError::SameFrameTwice { frame })?;
+        Ok(Pages { mem, reads, writes })
+    }
+
+    /// Zero-copy access to runs: like [`Engine::pages`], but each address
+    /// starts a run of `pages` consecutive pages, lent as one contiguous
+    /// slice. The engine keeps such runs in consecutive cache slots
+    /// (placing them there on the way in, by swapping slots), so a program
+    /// working through its memory in runs pays one lookup per page and
+    /// nothing per byte, and walks through the cache in address order as
+    /// the processor's prefetchers expect.
+    ///
+    /// # Errors
+    /// As [`Engine::pages`] (for every page of every run);
+    /// [`EngineError::RunsOverlap`] and [`EngineError::RunPastEnd`] for
+    /// runs that cannot each have their own slots.
+    pub fn runs<const R: usize, const W: usize>(
+        &self,
+        reads: [u64; R],
+        writes: [u64; W],
+        pages: usize,
+    ) -> Result<Runs<'_, R, W>, EngineError> {
+        let pages = pages.max(1);
+        let cache = self.cfg.cache_pages.min(self.cfg.frames);
+        let (rq, wq) = self.requests(&reads, &writes, pages)?;
+        let mut mem = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
+        let (reads, writes) = mem
+            .pin_runs(&self.keys, rq, wq, pages)
+            .map_err(|e| match e {
+                cache::RunError::Twice { frame } => EngineError::SameFrameTwice { frame },
+                cache::RunError::Overlap { a, b } => EngineError::RunsOverlap { a, b, cache },
+                cache::RunError::PastEnd { frame } => EngineError::RunPastEnd {
+                    frame,
+                    pages,
+                    cache,
+                },
+            })?;
+        Ok(Runs {
+            mem,
+            reads,
+            writes,
+            pages,
+        })
+    }
+
+    /// Checks the addresses of a zero-copy request (each starting `pages`
+    /// pages) and turns them into (frame, KeyID, encrypted).
+    #[allow(clippy::type_complexity)]
+    fn requests<const R: usize, const W: usize>(
+        &self,
+        reads: &[u64; R],
+        writes: &[u64; W],
+        pages: usize,
+    ) -> Result<([(usize, u16, bool); R], [(usize, u16, bool); W]), EngineError> {
+        let cache = self.cfg.cache_pages.min(self.cfg.frames);
+        let total = (R + W).saturating_mul(pages);
+        if total > cache {
+            return Err(EngineError::TooManyPages {
+                asked: total,
+                cache,
+            });
+        }
+        let mut rq = [(0usize, 0u16, false); R];
+        let mut wq = [(0usize, 0u16, false); W];
+        for (q, &addr) in rq
+            .iter_mut()
+            .chain(wq.iter_mut())
+            .zip(reads.iter().chain(writes))
+        {
+            let a = self.check(addr, pages * PAGE)?;
+            if a.phys % PAGE as u64 != 0 {
+                return Err(EngineError::Unaligned { addr });
+            }
+            let frame = usize::try_from(a.phys).unwrap_or(usize::MAX) / PAGE;
+            *q = (frame, a.keyid, self.encrypted(&a));
+        }
+        Ok((rq, wq))
+    }
+
+    /// [`Engine::pages`] for one page read in place.
+    ///
+    /// # Errors
+    /// As [`Engine::pages`].
+    pub fn page(&self, addr: u64) -> Result<Pages<'_, 1, 0>, EngineError> {
+        self.pages([addr], [])
+    }
+
+    /// [`Engine::pages`] for one page written in place.
+    ///
+    /// # Errors
+    /// As [`Engine::pages`].
+    pub fn page_mut(&self, addr: u64) -> Result<Pages<'_, 0, 1>, EngineError> {
+        self.pages([], [addr])
+    }
+
     /// Writes back every dirty cached page and empties the cache (WBINVD).
     pub fn flush(&self) {
         let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
@@ -475,6 +640,58 @@ impl Engine {
             cache_bytes: m.cache_bytes(),
             metadata_bytes: m.metadata_bytes() + std::mem::size_of::<Self>(),
         }
+    }
+}
+
+/// Pages lent in place by [`Engine::pages`]: `R` read, `W` written. While
+/// the guard lives the cache holds them (nothing can evict them: the guard
+/// holds the engine's memory lock) and every other access to the engine
+/// waits.
+pub struct Pages<'e, const R: usize, const W: usize> {
+    mem: MutexGuard<'e, Memory>,
+    reads: [usize; R],
+    writes: [usize; W],
+}
+
+impl<const R: usize, const W: usize> Pages<'_, R, W> {
+    /// The plaintext of the pages, in the order asked for: the read ones
+    /// shared, the written ones exclusive.
+    pub fn split(&mut self) -> ([&[u8; PAGE]; R], [&mut [u8; PAGE]; W]) {
+        self.mem.slots(&self.reads, &self.writes)
+    }
+}
+
+impl Pages<'_, 1, 0> {
+    /// The page's plaintext.
+    #[must_use]
+    pub fn bytes(&self) -> &[u8; PAGE] {
+        self.mem.slot(self.reads[0])
+    }
+}
+
+impl Pages<'_, 0, 1> {
+    /// The page's plaintext, to change in place.
+    pub fn bytes_mut(&mut self) -> &mut [u8; PAGE] {
+        let ([], [p]) = self.mem.slots(&[], &self.writes);
+        p
+    }
+}
+
+/// Runs of pages lent in place by [`Engine::runs`]: `R` read, `W` written,
+/// each one contiguous slice. As [`Pages`], the guard holds the engine's
+/// memory lock.
+pub struct Runs<'e, const R: usize, const W: usize> {
+    mem: MutexGuard<'e, Memory>,
+    reads: [usize; R],
+    writes: [usize; W],
+    pages: usize,
+}
+
+impl<const R: usize, const W: usize> Runs<'_, R, W> {
+    /// The plaintext of the runs, in the order asked for, `pages * PAGE`
+    /// bytes each: the read ones shared, the written ones exclusive.
+    pub fn split(&mut self) -> ([&[u8]; R], [&mut [u8]; W]) {
+        self.mem.ranges(&self.reads, &self.writes, self.pages)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Property tests: the engine behaves as plain memory per KeyID, whatever the
 //! cache does, and KeyIDs are isolated.
 
-use memveil_engine::{Algorithm, Config, Engine, KeyProgram, Mode, PAGE};
+use memveil_engine::{Algorithm, Config, Engine, EngineError, KeyProgram, Mode, PAGE};
 use memveil_secmem::{Level, Policy};
 use proptest::prelude::*;
 
@@ -25,9 +25,23 @@ fn engine(cache_pages: usize) -> Engine {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { off: usize, data: Vec<u8> },
-    Read { off: usize, len: usize },
+    Write {
+        off: usize,
+        data: Vec<u8>,
+    },
+    Read {
+        off: usize,
+        len: usize,
+    },
     Flush,
+    /// Zero-copy: page `dst` = page `a` + page `b` (bytewise), in place;
+    /// as runs of `run` pages when `run` > 1.
+    Combine {
+        dst: usize,
+        a: usize,
+        b: usize,
+        run: usize,
+    },
 }
 
 fn op(limit: usize) -> impl Strategy<Value = Op> {
@@ -36,7 +50,32 @@ fn op(limit: usize) -> impl Strategy<Value = Op> {
             .prop_map(move |(off, data)| { let off = off.min(limit - data.len().min(limit)); Op::Write { off, data } }),
         4 => (0..limit, 1usize..3 * PAGE).prop_map(move |(off, len)| Op::Read { off: off.min(limit - len.min(limit)), len: len.min(limit) }),
         1 => Just(Op::Flush),
+        3 => (0..limit / PAGE, 0..limit / PAGE, 0..limit / PAGE, 1usize..3).prop_map(|(dst, a, b, run)| Op::Combine { dst, a, b, run }),
     ]
+}
+
+/// Lent pages `dst` = `a` + `b` (bytewise), checked against and applied to
+/// the model (`known` marks the bytes the model knows).
+fn combine(
+    model: &mut [u8],
+    known: &mut [bool],
+    [a, b, dst]: [usize; 3],
+    [pa, pb]: [&[u8]; 2],
+    pd: &mut [u8],
+) -> Result<(), TestCaseError> {
+    for i in 0..pd.len() {
+        pd[i] = pa[i].wrapping_add(pb[i]);
+        let (ia, ib, id) = (a * PAGE + i, b * PAGE + i, dst * PAGE + i);
+        if known[ia] && known[ib] {
+            prop_assert_eq!(pa[i], model[ia]);
+            prop_assert_eq!(pb[i], model[ib]);
+            model[id] = model[ia].wrapping_add(model[ib]);
+            known[id] = true;
+        } else {
+            known[id] = false;
+        }
+    }
+    Ok(())
 }
 
 proptest! {
@@ -46,7 +85,7 @@ proptest! {
     /// each must read back exactly what a plain byte array would.
     #[test]
     fn engine_matches_plain_memory_per_keyid(
-        cache in 1usize..5,
+        cache in 1usize..9,
         ops in prop::collection::vec((any::<bool>(), op(FRAMES / 2 * PAGE)), 1..40),
     ) {
         let e = engine(cache);
@@ -77,6 +116,46 @@ proptest! {
                     }
                 }
                 Op::Flush => e.flush(),
+                Op::Combine { dst, a, b, run } if run > 1 => {
+                    let pages = half / PAGE;
+                    if dst + run > pages || a + run > pages || b + run > pages {
+                        continue;
+                    }
+                    let at = |p: usize| e.address((base + p * PAGE) as u64, k, true);
+                    let r = e.runs([at(a), at(b)], [at(dst)], run);
+                    let frames = |p: usize| (base / PAGE + p)..(base / PAGE + p + run);
+                    let share = |x: usize, y: usize| frames(x).any(|f| frames(y).contains(&f));
+                    let slots = |p: usize| {
+                        let s0 = (base / PAGE + p) % cache;
+                        s0..s0 + run
+                    };
+                    let clash = |x: usize, y: usize| slots(x).any(|s| slots(y).contains(&s));
+                    let past = [a, b, dst].iter().any(|&p| slots(p).end > cache);
+                    let dup = share(a, b) || share(a, dst) || share(b, dst);
+                    let over = clash(a, b) || clash(a, dst) || clash(b, dst);
+                    if 3 * run > cache || dup || past || over {
+                        prop_assert!(r.is_err(), "runs should be refused");
+                        continue;
+                    }
+                    let mut g = r.expect("runs");
+                    let ([pa, pb], [pd]) = g.split();
+                    combine(m, w, [a, b, dst], [pa, pb], pd)?;
+                }
+                Op::Combine { dst, a, b, .. } => {
+                    let at = |p: usize| e.address((base + p * PAGE) as u64, k, true);
+                    let r = e.pages([at(a), at(b)], [at(dst)]);
+                    if cache < 3 {
+                        prop_assert!(matches!(r, Err(EngineError::TooManyPages { .. })), "{:?}", r.err());
+                        continue;
+                    }
+                    if dst == a || dst == b || a == b {
+                        prop_assert!(matches!(r, Err(EngineError::SameFrameTwice { .. })), "{:?}", r.err());
+                        continue;
+                    }
+                    let mut g = r.expect("pages");
+                    let ([pa, pb], [pd]) = g.split();
+                    combine(m, w, [a, b, dst], [pa, pb], pd)?;
+                }
             }
         }
     }

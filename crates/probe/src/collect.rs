@@ -13,8 +13,8 @@ use memveil_sys::probe as sysprobe;
 
 use crate::decode::{MSR_AMD_SEV_STATUS, MSR_AMD_SYSCFG, MSR_TME_ACTIVATE, MSR_TME_CAPABILITY};
 use crate::facts::{
-    Attempt, CpuidRecord, FileRead, HostFacts, KernelLog, MsrAccess, MsrRecord, RngSample, Text,
-    SCHEMA,
+    Attempt, CipherPath, CpuidRecord, FileRead, HostFacts, KernelLog, MsrAccess, MsrRecord,
+    RngSample, Text, SCHEMA,
 };
 
 /// What the collector may do beyond reading.
@@ -69,7 +69,23 @@ pub fn collect(opts: &CollectOptions) -> HostFacts {
     f.memlock = memveil_sys::process::memlock_limit().ok();
     f.euid = Some(sysprobe::euid());
     f.cap_eff = memveil_sys::process::effective_caps();
+    f.cipher_path = Some(cipher_path());
     f
+}
+
+fn cipher_path() -> CipherPath {
+    use memveil_cipher::Path;
+    let p = memveil_cipher::path();
+    CipherPath {
+        path: p.name().to_owned(),
+        detail: p.describe().to_owned(),
+        note: memveil_cipher::path_note().map(str::to_owned),
+        cannot_run: Path::ALL
+            .into_iter()
+            .filter(|q| !q.supported())
+            .map(|q| format!("{q} (lacks {})", q.missing().join(", ")))
+            .collect(),
+    }
 }
 
 fn cpuid(f: &mut HostFacts) {

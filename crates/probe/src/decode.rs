@@ -1295,6 +1295,35 @@ impl Decoder<'_> {
         for (id, label, loc) in bits {
             self.push_cpuid_bit(s, id, label, loc);
         }
+        let (value, how) = match &self.f.cipher_path {
+            Some(c) => (
+                Value::Text(c.path.clone()),
+                format!(
+                    "CPUID, as memveil-cipher read it in the probing process: {}{}; {}",
+                    c.detail,
+                    c.note
+                        .as_deref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default(),
+                    if c.cannot_run.is_empty() {
+                        "every path runs on this CPU".to_owned()
+                    } else {
+                        format!("this CPU cannot run: {}", c.cannot_run.join("; "))
+                    }
+                ),
+            ),
+            None => (
+                Value::unknown("not recorded (facts from a probe older than the cipher paths)"),
+                String::new(),
+            ),
+        };
+        self.push(
+            s,
+            "cipher.path",
+            "memveil AES path in use (MEMVEIL_CIPHER_PATH caps it)",
+            value,
+            how,
+        );
         for r in &self.f.rng {
             let id = format!("rng.{}.healthy", r.source);
             let label = format!(
@@ -1725,16 +1754,22 @@ impl Decoder<'_> {
         let aes = self.bool_of("cpu.aes_ni");
         let vaes = self.bool_of("cpu.vaes").unwrap_or(false)
             && self.bool_of("cpu.vpclmulqdq").unwrap_or(false);
+        let path = self
+            .f
+            .cipher_path
+            .as_ref()
+            .map(|c| format!("; memveil runs its {} path", c.path))
+            .unwrap_or_default();
         match aes {
             Some(true) => add(
                 "aes-ni",
                 Status::Pass,
                 format!(
-                    "AES-NI present{}",
+                    "AES-NI present{}{path}",
                     if vaes {
-                        ", VAES and VPCLMULQDQ present (wide XTS kernel possible)"
+                        ", VAES and VPCLMULQDQ present (wide kernels: two blocks per instruction)"
                     } else {
-                        "; VAES/VPCLMULQDQ absent (128-bit AES-NI path)"
+                        "; VAES/VPCLMULQDQ absent (128-bit AES-NI kernels)"
                     }
                 ),
                 "",
@@ -1894,5 +1929,34 @@ mod tests {
         let r = decode(&HostFacts::default());
         assert!(r.items.iter().any(|i| !i.value.is_known()));
         assert!(!r.checks.is_empty());
+    }
+
+    #[test]
+    fn cipher_path_is_reported_or_unknown() {
+        let r = decode(&HostFacts::default());
+        let item = r.item("cipher.path").expect("item");
+        assert!(!item.value.is_known(), "no record: unknown");
+        let f = HostFacts {
+            cipher_path: Some(crate::facts::CipherPath {
+                path: "aesni".into(),
+                detail: "aesni: kernels".into(),
+                note: Some("MEMVEIL_CIPHER_PATH=aesni".into()),
+                cannot_run: vec!["vaes256 (lacks VAES)".into()],
+            }),
+            ..HostFacts::default()
+        };
+        let r = decode(&f);
+        let item = r.item("cipher.path").expect("item");
+        assert_eq!(item.value, Value::Text("aesni".into()));
+        assert!(
+            item.how.contains("cannot run: vaes256 (lacks VAES)"),
+            "{}",
+            item.how
+        );
+        assert!(
+            item.how.contains("MEMVEIL_CIPHER_PATH=aesni"),
+            "{}",
+            item.how
+        );
     }
 }

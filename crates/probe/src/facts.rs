@@ -86,6 +86,26 @@ pub struct HostFacts {
     /// Effective capability mask (`CapEff` of `/proc/self/status`).
     #[serde(default, with = "hex_opt64")]
     pub cap_eff: Option<u64>,
+    /// The AES implementation memveil-cipher chose in the probing process
+    /// (absent from records of older probes).
+    #[serde(default)]
+    pub cipher_path: Option<CipherPath>,
+}
+
+/// memveil-cipher's choice of AES implementation in the probing process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CipherPath {
+    /// Short name (`vaes256`, `aesni`, `portable`).
+    pub path: String,
+    /// What runs on it.
+    pub detail: String,
+    /// What `MEMVEIL_CIPHER_PATH` did, if it was set.
+    #[serde(default)]
+    pub note: Option<String>,
+    /// Paths this CPU cannot run, each with the features it lacks.
+    #[serde(default)]
+    pub cannot_run: Vec<String>,
 }
 
 /// One CPUID leaf/subleaf and its four registers.

@@ -7,12 +7,17 @@ use std::ptr::NonNull;
 /// `memfd_secret` system call number on x86_64 (Linux 5.14+).
 const SYS_MEMFD_SECRET: libc::c_long = 447;
 
-/// The system page size.
+/// The system page size (asked of the C library once: every
+/// `SecretRegion::bytes` needs it, and the engine's zero-copy path calls that
+/// per page touched).
 #[must_use]
 pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(v).unwrap_or(4096)
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(v).unwrap_or(4096)
+    })
 }
 
 /// Creates a `memfd_secret(2)` file descriptor: memory that is removed from

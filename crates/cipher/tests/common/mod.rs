@@ -96,3 +96,24 @@ pub fn parse(name: &str) -> Vec<Case> {
     }
     out
 }
+
+/// The paths this CPU runs, in order; prints (once per call) which paths it
+/// cannot run and why, so a run on a narrower CPU says what it did not test.
+pub fn paths(test: &str) -> Vec<memveil_cipher::Path> {
+    let mut run = Vec::new();
+    for p in memveil_cipher::Path::ALL {
+        if p.supported() {
+            run.push(p);
+        } else {
+            eprintln!(
+                "{test}: path {p} NOT RUN: this CPU lacks {}",
+                p.missing().join(", ")
+            );
+        }
+    }
+    eprintln!(
+        "{test}: paths run: {}",
+        run.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+    );
+    run
+}

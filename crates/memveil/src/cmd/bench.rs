@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// Flags of `memveil bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run only this part (repeatable). Parts: engine, vault, rng.
+    /// Run only this part (repeatable). Parts: cipher, engine, vault, rng, shield.
     #[arg(long)]
     only: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run.
