@@ -332,14 +332,10 @@ impl Inner {
                 }
             };
             if n > 0 {
-                let t0 = Instant::now();
                 // Odd while a batch is in hand (see `progress`).
                 self.progress.fetch_add(1, Ordering::Release);
                 let cpu = self.handle(&faults[..n], &mut wakes);
                 self.progress.fetch_add(1, Ordering::Release);
-                let c = self.stats.counters();
-                c.handler_ns
-                    .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
                 if self.follow {
                     if let Some(cpu) = cpu {
                         on = self.move_to(cpu, on);
@@ -376,6 +372,7 @@ impl Inner {
     /// threads with the lock released. Returns the CPU of the last faulting
     /// thread when it registered where it runs (see [`crate::threads`]).
     fn handle(&self, faults: &[Fault], wakes: &mut Wakes) -> Option<usize> {
+        let t0 = Instant::now();
         wakes.clear();
         let cpu = {
             let mut st = self.lock();
@@ -399,6 +396,12 @@ impl Inner {
                 .then(|| crate::threads::cpu_of(tid, |a| st.find(a).is_some()))
                 .flatten()
         };
+        // The clock stops before the wakes: a woken thread may preempt the
+        // handler inside UFFDIO_WAKE, and its run is not the handler's time.
+        self.stats
+            .counters()
+            .handler_ns
+            .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
         for &(a, len) in wakes.iter() {
             let _ = self.uffd.wake(a, len);
         }

@@ -46,7 +46,8 @@ pub struct Counters {
     pub spurious: AtomicU64,
     /// Pages discarded by the program (munmap, MADV_DONTNEED).
     pub discards: AtomicU64,
-    /// Time the handler spent resolving faults (ns, includes evictions).
+    /// Time the handler spent resolving faults (ns, includes evictions;
+    /// from reading a batch of faults to just before waking their threads).
     pub handler_ns: AtomicU64,
     /// Time spent evicting (ns).
     pub evict_ns: AtomicU64,
