@@ -1384,6 +1384,117 @@ fn plain_then_protected(
     assert_protected(&stats, what)
 }
 
+#[test]
+fn forked_children_each_run_with_a_shield_of_their_own() {
+    if !have("fork_children", &["cc"]) || !root("fork_children") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("forks");
+    let exe = compile_c(&dir, "fork_children", &[]);
+    let j = plain_then_protected(
+        &dir,
+        &exe,
+        "children 0 0 0 0 parent-bad 0\n",
+        "fork_children",
+        "a heap changed across four forks",
+    );
+    // Every child reported counters: each protected its copy of the heap.
+    assert_eq!(
+        j["processes"].as_u64(),
+        Some(5),
+        "the forked children did not run protected: {j}"
+    );
+    // Each child's own 4 MiB, checked three times, went through its 64-page
+    // window (1024 pages each at least).
+    assert!(
+        j["evictions"].as_u64().unwrap_or(0) > 5 * 1024,
+        "too few evictions for five processes sweeping 4 MiB each: {j}"
+    );
+}
+
+#[test]
+fn a_forked_childs_secret_leaves_its_window() {
+    if !have("fork_secret", &["cc"]) || !root("fork_secret") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("forksecret");
+    let exe = compile_c(&dir, "fork_secret", &[]);
+    let secret = random_secret();
+    let marker = format!("marker-{}", random_secret());
+    for protected in [false, true] {
+        let tag = if protected { "protected" } else { "plain" };
+        let stats = dir.path("fork-secret.json");
+        let mut cmd = if protected {
+            let mut c = Command::new(MEMVEIL);
+            c.args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+                .arg("--stats-json")
+                .arg(&stats)
+                .arg("--")
+                .arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        let mut top = spawn_group(
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit()),
+        );
+        {
+            let mut stdin = top.stdin.take().expect("stdin");
+            stdin
+                .write_all(format!("{secret} {marker}\n").as_bytes())
+                .expect("write secret");
+        }
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(top.stdout.take().expect("stdout"));
+        let ready = std::io::BufRead::read_line(&mut out, &mut line);
+        let pid: Option<u32> = line
+            .trim()
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok());
+        let Some(pid) = pid.filter(|_| ready.is_ok()) else {
+            send_group_signal(top.id(), libc::SIGKILL);
+            let _ = top.wait();
+            panic!("{tag}: the forked child did not get ready: {line:?}");
+        };
+        let image = dir.path(&format!("{tag}.img"));
+        let (kept, unreadable) = page_image(pid, &image);
+        let img = image.to_str().expect("utf-8");
+        let (_, secret_hits, _) = keyfind(&[img], &hex(secret.as_bytes()));
+        let (_, marker_hits, _) = keyfind(&[img], &hex(marker.as_bytes()));
+        send_group_signal(top.id(), libc::SIGTERM);
+        let st = wait_for(&mut top, Duration::from_secs(30));
+        assert!(st.is_some(), "{tag}: did not exit on SIGTERM");
+        if protected {
+            assert!(
+                marker_hits > 0,
+                "the child's page image ({kept} pages readable, {unreadable} not) lacks the marker it wrote last: \
+                 the image does not show the child's plaintext window, so it would prove nothing"
+            );
+            assert_eq!(
+                secret_hits, 0,
+                "the secret is readable in the protected child's memory after 8 MiB went through its 64-page window \
+                 ({kept} pages readable, {unreadable} evicted)"
+            );
+            let j: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats"))
+                    .expect("JSON");
+            assert_eq!(j["processes"].as_u64(), Some(2), "{j}");
+            eprintln!(
+                "forked child under memveil run: {kept} pages readable, {unreadable} evicted; marker found, secret not"
+            );
+        } else {
+            assert!(
+                secret_hits > 0,
+                "positive control failed: the secret is not in the page image of the plain child ({kept} pages)"
+            );
+        }
+    }
+}
+
 // --------------------------------- j: signals reach the program's threads --
 
 #[test]

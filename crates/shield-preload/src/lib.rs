@@ -12,8 +12,11 @@
 //! `munmap`, `madvise` (DONTNEED/FREE/REMOVE), `mremap` and `mprotect` on the
 //! region are interposed so the shield's bookkeeping stays true (freed
 //! plaintext pages are wiped before their frames go back to the kernel).
-//! Before `fork` every evicted page is brought back (the child does not
-//! inherit the userfaultfd); the child runs unprotected.
+//! Before `fork` every evicted page is brought back (the child inherits
+//! neither the userfaultfd nor the keys); after it, the parent evicts down
+//! to its window again and the child protects its copy with a shield of its
+//! own (fresh keys, its own handler and counters), or exits with 125 when it
+//! cannot.
 //!
 //! Settings come from the environment (set by `memveil run`):
 //! `MEMVEIL_SHIELD_WINDOW` (pages: fixed, or the least an adaptive window
@@ -101,8 +104,6 @@ static BASE: AtomicUsize = AtomicUsize::new(0);
 static LEN: AtomicUsize = AtomicUsize::new(0);
 static HEAP_LEN: AtomicUsize = AtomicUsize::new(0);
 static SHIELD: AtomicPtr<Shield> = AtomicPtr::new(null_mut());
-/// Set in a forked child: the region is ordinary memory there.
-static CHILD: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Set on the shield's handler thread: whatever the C library allocates
@@ -351,9 +352,6 @@ fn create_region() -> Option<Heap> {
 }
 
 fn shield() -> Option<&'static Shield> {
-    if CHILD.load(Ordering::Relaxed) {
-        return None;
-    }
     let p = SHIELD.load(Ordering::Acquire);
     // SAFETY: SHIELD is set once to a leaked Box and never freed.
     (!p.is_null()).then(|| unsafe { &*p })
@@ -904,16 +902,31 @@ extern "C" fn after_fork_parent() {
 }
 
 extern "C" fn after_fork_child() {
-    // The child has no userfaultfd (it is not inherited) and no handler
-    // thread: its copy of the region is ordinary plaintext memory.
-    CHILD.store(true, Ordering::SeqCst);
+    // The child inherits neither the userfaultfd registrations nor the
+    // handler thread nor the keys (secret memory is not inherited): the
+    // parent's shield is dead here. The parent brought every page back before
+    // the fork (`before_fork`), so the child's copy of the region is
+    // plaintext; the child protects it with a shield of its own, fresh keys
+    // and all, and evicts down to its window at once. Pages it still shares
+    // with the parent go by write-protection (the parent holds them anyway).
+    let old = SHIELD.swap(null_mut(), Ordering::AcqRel);
+    if !old.is_null() {
+        // SAFETY: a forked child, the parent's shield (leaked, never freed),
+        // never used again: SHIELD no longer points at it.
+        unsafe { (*old).abandon_in_forked_child() };
+    }
     memveil_shield::reset_after_fork();
     LOCK.unlock();
+    if let Err(e) = protect_region() {
+        eprintln!("memveil-shield: refusing to run a forked child unprotected: {e}");
+        // SAFETY: _exit ends the child at once; nothing to unwind.
+        unsafe { libc::_exit(125) };
+    }
 }
 
-fn start() -> Result<(), String> {
-    // Make sure the region exists (the allocator may not have run yet).
-    with_heap(|_| ()).ok_or("cannot reserve the protected region")?;
+/// The shield's settings, from the environment `memveil run` sets, and the
+/// KeyID of the heap.
+fn config() -> Result<(Config, u16), String> {
     let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(memveil_shield::DEFAULT_WINDOW);
     let keyid = env_usize(c"MEMVEIL_SHIELD_KEYID").unwrap_or(1);
     let keyid = u16::try_from(keyid).map_err(|_| format!("KeyID {keyid} out of range"))?;
@@ -943,6 +956,14 @@ fn start() -> Result<(), String> {
         },
         ..Config::default()
     };
+    Ok((cfg, keyid))
+}
+
+/// Creates this process's shield (fresh keys, its own handler and counters
+/// file `PID.stats`) and hands it the whole region: pages beyond the window
+/// are evicted at once. At start-up, and in a child after `fork`.
+fn protect_region() -> Result<(), String> {
+    let (cfg, keyid) = config()?;
     let stats = match std::env::var_os("MEMVEIL_SHIELD_STATS_DIR") {
         Some(d) => {
             let path = std::path::Path::new(&d).join(format!("{}.stats", std::process::id()));
@@ -962,6 +983,13 @@ fn start() -> Result<(), String> {
     // reached through the interposed calls above, which go through the shield.
     unsafe { s.encrypt_mprotect(base as *mut u8, len, RW, keyid) }.map_err(|e| e.to_string())?;
     SHIELD.store(Box::into_raw(Box::new(s)), Ordering::Release);
+    Ok(())
+}
+
+fn start() -> Result<(), String> {
+    // Make sure the region exists (the allocator may not have run yet).
+    with_heap(|_| ()).ok_or("cannot reserve the protected region")?;
+    protect_region()?;
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: creating a key with a plain extern "C" destructor.
     if unsafe { libc::pthread_key_create(&mut key, Some(thread_exits)) } == 0 {

@@ -470,6 +470,21 @@ impl Shield {
         Ok(())
     }
 
+    /// In a child after `fork`, on the shield the parent made: closes its
+    /// userfaultfd, which the child inherited (its registrations, handler
+    /// thread and secret-memory keys were not), so the child holds nothing of
+    /// the parent's fault handling. The shield is dead from then on.
+    ///
+    /// # Safety
+    /// Only in a forked child, on a shield made before the fork, and the
+    /// shield must never be used or dropped afterwards (its descriptor number
+    /// may be reused).
+    pub unsafe fn abandon_in_forked_child(&self) {
+        // SAFETY: the caller promises this shield is never used or dropped
+        // again, so nothing reads or closes the descriptor after this.
+        let _ = unsafe { libc::close(self.inner.uffd.raw_fd()) };
+    }
+
     /// Resumes eviction after [`Shield::freeze`], and evicts at once down to
     /// the window: the handler evicts only when a page faults, so without
     /// this the whole heap [`Shield::freeze`] brought back would stay
