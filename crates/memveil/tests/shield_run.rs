@@ -1413,6 +1413,96 @@ fn forked_children_each_run_with_a_shield_of_their_own() {
     );
 }
 
+/// What a scan of a program's page image found: the program reads
+/// "SECRET MARKER" from stdin, spreads the secret, pushes it out of a
+/// 64-page window, writes the marker last and prints "ready PID" (PID: the
+/// process to scan).
+struct SecretScan {
+    kept: u64,
+    unreadable: u64,
+    secret_hits: usize,
+    marker_hits: usize,
+    /// The `--stats-json` of a protected run.
+    stats: Option<serde_json::Value>,
+}
+
+fn scan_for_secret(dir: &TempDir, exe: &Path, args: &[&str], protected: bool) -> SecretScan {
+    let secret = random_secret();
+    let marker = format!("marker-{}", random_secret());
+    let tag = if protected { "protected" } else { "plain" };
+    let stats = dir.path(&format!("{tag}-stats.json"));
+    let mut cmd = if protected {
+        let mut c = Command::new(MEMVEIL);
+        c.args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+            .arg("--stats-json")
+            .arg(&stats)
+            .arg("--")
+            .arg(exe);
+        c
+    } else {
+        Command::new(exe)
+    };
+    let mut top = spawn_group(
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit()),
+    );
+    {
+        let mut stdin = top.stdin.take().expect("stdin");
+        stdin
+            .write_all(format!("{secret} {marker}\n").as_bytes())
+            .expect("write secret");
+    }
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(top.stdout.take().expect("stdout"));
+    let ready = std::io::BufRead::read_line(&mut out, &mut line);
+    let pid: Option<u32> = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok());
+    let Some(pid) = pid.filter(|_| ready.is_ok()) else {
+        send_group_signal(top.id(), libc::SIGKILL);
+        let _ = top.wait();
+        panic!("{tag}: the program did not get ready: {line:?}");
+    };
+    let image = dir.path(&format!("{tag}.img"));
+    let (kept, unreadable) = page_image(pid, &image);
+    let img = image.to_str().expect("utf-8");
+    let (_, secret_hits, _) = keyfind(&[img], &hex(secret.as_bytes()));
+    let (_, marker_hits, _) = keyfind(&[img], &hex(marker.as_bytes()));
+    send_group_signal(top.id(), libc::SIGTERM);
+    let st = wait_for(&mut top, Duration::from_secs(30));
+    assert!(st.is_some(), "{tag}: did not exit on SIGTERM");
+    let stats = protected.then(|| {
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON")
+    });
+    SecretScan {
+        kept,
+        unreadable,
+        secret_hits,
+        marker_hits,
+        stats,
+    }
+}
+
+/// The protected half of a secret test: the marker (written last) is in the
+/// image, so the image shows the plaintext window; the secret is not.
+fn assert_secret_left_the_window(what: &str, s: &SecretScan) {
+    let (kept, unreadable) = (s.kept, s.unreadable);
+    assert!(
+        s.marker_hits > 0,
+        "{what}: the page image ({kept} pages readable, {unreadable} not) lacks the marker written last: \
+         the image does not show the plaintext window, so it would prove nothing"
+    );
+    assert_eq!(
+        s.secret_hits, 0,
+        "{what}: the secret is readable after 8 MiB went through a 64-page window \
+         ({kept} pages readable, {unreadable} evicted)"
+    );
+    eprintln!("{what}: {kept} pages readable, {unreadable} evicted; marker found, secret not");
+}
+
 #[test]
 fn a_forked_childs_secret_leaves_its_window() {
     if !have("fork_secret", &["cc"]) || !root("fork_secret") {
@@ -1421,77 +1511,75 @@ fn a_forked_childs_secret_leaves_its_window() {
     preload_built();
     let dir = TempDir::new("forksecret");
     let exe = compile_c(&dir, "fork_secret", &[]);
-    let secret = random_secret();
-    let marker = format!("marker-{}", random_secret());
-    for protected in [false, true] {
-        let tag = if protected { "protected" } else { "plain" };
-        let stats = dir.path("fork-secret.json");
-        let mut cmd = if protected {
-            let mut c = Command::new(MEMVEIL);
-            c.args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
-                .arg("--stats-json")
-                .arg(&stats)
-                .arg("--")
-                .arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        let mut top = spawn_group(
-            cmd.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit()),
+    let plain = scan_for_secret(&dir, &exe, &[], false);
+    assert!(
+        plain.secret_hits > 0,
+        "positive control failed: the secret is not in the page image of the plain child ({} pages)",
+        plain.kept
+    );
+    let prot = scan_for_secret(&dir, &exe, &[], true);
+    assert_secret_left_the_window("forked child under memveil run", &prot);
+    let j = prot.stats.expect("stats");
+    assert_eq!(j["processes"].as_u64(), Some(2), "{j}");
+}
+
+// ------------------------------------------------ k: thread stacks --
+
+#[test]
+fn a_secret_on_a_threads_stack_leaves_the_window() {
+    if !have("thread_stacks", &["cc"]) || !root("thread_stacks") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("threadsecret");
+    let exe = compile_c(&dir, "thread_stacks", &["-pthread"]);
+    let plain = scan_for_secret(&dir, &exe, &["secret"], false);
+    assert!(
+        plain.secret_hits > 0,
+        "positive control failed: the secret is not in the page image of the plain program ({} pages)",
+        plain.kept
+    );
+    let prot = scan_for_secret(&dir, &exe, &["secret"], true);
+    assert_secret_left_the_window("a worker thread's stack under memveil run", &prot);
+}
+
+#[test]
+fn threads_created_joined_detached_cancelled_keep_their_stacks() {
+    if !have("thread_churn", &["cc"]) || !root("thread_churn") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("threadchurn");
+    let exe = compile_c(&dir, "thread_stacks", &["-pthread"]);
+    for (mode, want) in [("churn", "churn ok"), ("signal", "signal ok")] {
+        let plain = Command::new(&exe).arg(mode).output().expect("run plain");
+        assert_eq!(text(&plain.stdout).trim(), want, "plain {mode}: {plain:?}");
+        let stats = dir.path(&format!("{mode}.json"));
+        let prot = Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+            .arg("--stats-json")
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .arg(mode)
+            .output()
+            .expect("run protected");
+        assert_eq!(
+            text(&prot.stdout).trim(),
+            want,
+            "{mode} under memveil run: {}",
+            text(&prot.stderr)
         );
-        {
-            let mut stdin = top.stdin.take().expect("stdin");
-            stdin
-                .write_all(format!("{secret} {marker}\n").as_bytes())
-                .expect("write secret");
-        }
-        let mut line = String::new();
-        let mut out = std::io::BufReader::new(top.stdout.take().expect("stdout"));
-        let ready = std::io::BufRead::read_line(&mut out, &mut line);
-        let pid: Option<u32> = line
-            .trim()
-            .strip_prefix("ready ")
-            .and_then(|p| p.parse().ok());
-        let Some(pid) = pid.filter(|_| ready.is_ok()) else {
-            send_group_signal(top.id(), libc::SIGKILL);
-            let _ = top.wait();
-            panic!("{tag}: the forked child did not get ready: {line:?}");
-        };
-        let image = dir.path(&format!("{tag}.img"));
-        let (kept, unreadable) = page_image(pid, &image);
-        let img = image.to_str().expect("utf-8");
-        let (_, secret_hits, _) = keyfind(&[img], &hex(secret.as_bytes()));
-        let (_, marker_hits, _) = keyfind(&[img], &hex(marker.as_bytes()));
-        send_group_signal(top.id(), libc::SIGTERM);
-        let st = wait_for(&mut top, Duration::from_secs(30));
-        assert!(st.is_some(), "{tag}: did not exit on SIGTERM");
-        if protected {
-            assert!(
-                marker_hits > 0,
-                "the child's page image ({kept} pages readable, {unreadable} not) lacks the marker it wrote last: \
-                 the image does not show the child's plaintext window, so it would prove nothing"
-            );
-            assert_eq!(
-                secret_hits, 0,
-                "the secret is readable in the protected child's memory after 8 MiB went through its 64-page window \
-                 ({kept} pages readable, {unreadable} evicted)"
-            );
-            let j: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats"))
-                    .expect("JSON");
-            assert_eq!(j["processes"].as_u64(), Some(2), "{j}");
-            eprintln!(
-                "forked child under memveil run: {kept} pages readable, {unreadable} evicted; marker found, secret not"
-            );
-        } else {
-            assert!(
-                secret_hits > 0,
-                "positive control failed: the secret is not in the page image of the plain child ({kept} pages)"
-            );
-        }
+        assert!(prot.status.success(), "{mode}: {prot:?}");
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+        // The threads' stacks went through the window: pages came back
+        // decrypted, and the plaintext stayed within it.
+        assert!(j["faults_in"].as_u64().unwrap_or(0) > 0, "{mode}: {j}");
+        assert!(
+            j["max_resident"].as_u64().unwrap_or(u64::MAX) <= 64,
+            "{mode}: {j}"
+        );
     }
 }
 

@@ -52,6 +52,8 @@ use memveil_shield::{Config, HandlerCpu, Shield, StatsFile, PAGE};
 use memveil_sys::uffd;
 use talc::{OomHandler, Span, Talc};
 
+mod stacks;
+
 // ---------------------------------------------------------------------------
 // The preload's own Rust allocations go to the C library's allocator proper,
 // which lives outside the protected region (glibc exports it as __libc_*).
@@ -883,9 +885,139 @@ pub unsafe extern "C" fn sbrk(incr: libc::intptr_t) -> *mut c_void {
 }
 
 // ---------------------------------------------------------------------------
+// Threads: their stacks in the region (see `stacks`).
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: stacks::StartFn,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's pthread_create(3) contract, passed on.
+    unsafe { stacks::create(thread, attr, start, arg) }
+}
+
+static REAL_JOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_TRYJOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_TIMEDJOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_CLOCKJOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_DETACH: AtomicUsize = AtomicUsize::new(0);
+
+/// The next definition of `name` (`dlsym(RTLD_NEXT)`), cached; for the
+/// pthread calls this library wraps.
+fn next_definition(name: &CStr, cache: &AtomicUsize) -> usize {
+    let mut f = cache.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; nothing of ours is
+        // handed over.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        cache.store(f, Ordering::Relaxed);
+    }
+    f
+}
+
+/// Calls the C library's `name` with `args` through the cached pointer, and
+/// books `thread` as joined when it returns 0.
+macro_rules! join_like {
+    ($name:literal, $cache:ident, $ty:ty, $thread:expr, $($arg:expr),*) => {{
+        let f = next_definition($name, &$cache);
+        if f == 0 {
+            return libc::ENOSYS;
+        }
+        // SAFETY: glibc's function of this name has this type; the
+        // arguments are the caller's, passed on unchanged.
+        let r = unsafe { std::mem::transmute::<usize, $ty>(f)($thread, $($arg),*) };
+        if r == 0 {
+            stacks::joined($thread);
+        }
+        r
+    }};
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_join(t: libc::pthread_t, ret: *mut *mut c_void) -> c_int {
+    join_like!(
+        c"pthread_join",
+        REAL_JOIN,
+        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int,
+        t,
+        ret
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_tryjoin_np(t: libc::pthread_t, ret: *mut *mut c_void) -> c_int {
+    join_like!(
+        c"pthread_tryjoin_np",
+        REAL_TRYJOIN,
+        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int,
+        t,
+        ret
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_timedjoin_np(
+    t: libc::pthread_t,
+    ret: *mut *mut c_void,
+    abstime: *const libc::timespec,
+) -> c_int {
+    join_like!(
+        c"pthread_timedjoin_np",
+        REAL_TIMEDJOIN,
+        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void, *const libc::timespec) -> c_int,
+        t,
+        ret,
+        abstime
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_clockjoin_np(
+    t: libc::pthread_t,
+    ret: *mut *mut c_void,
+    clock: libc::clockid_t,
+    abstime: *const libc::timespec,
+) -> c_int {
+    join_like!(
+        c"pthread_clockjoin_np",
+        REAL_CLOCKJOIN,
+        unsafe extern "C" fn(
+            libc::pthread_t,
+            *mut *mut c_void,
+            libc::clockid_t,
+            *const libc::timespec,
+        ) -> c_int,
+        t,
+        ret,
+        clock,
+        abstime
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_detach(t: libc::pthread_t) -> c_int {
+    let f = next_definition(c"pthread_detach", &REAL_DETACH);
+    if f == 0 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: glibc's pthread_detach has this type; the argument is the
+    // caller's.
+    let r = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(libc::pthread_t) -> c_int>(f)(t)
+    };
+    if r == 0 {
+        stacks::detached(t);
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------
 // Start-up and fork.
 
 extern "C" fn before_fork() {
+    stacks::fork_prepare();
     LOCK.lock();
     if let Some(s) = shield() {
         if let Err(e) = s.freeze() {
@@ -895,6 +1027,7 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn after_fork_parent() {
+    stacks::fork_parent();
     if let Some(s) = shield() {
         s.thaw();
     }
@@ -917,6 +1050,7 @@ extern "C" fn after_fork_child() {
     }
     memveil_shield::reset_after_fork();
     LOCK.unlock();
+    stacks::fork_child();
     if let Err(e) = protect_region() {
         eprintln!("memveil-shield: refusing to run a forked child unprotected: {e}");
         // SAFETY: _exit ends the child at once; nothing to unwind.

@@ -62,7 +62,7 @@ use memveil_secmem::{Level, Policy};
 use memveil_sys::uffd::{self, Uffd};
 
 use handler::{Inner, Threads};
-use state::{Range, PINNED, RESIDENT};
+use state::{Range, KEEP, PINNED, RESIDENT};
 
 /// Page size the shield works in (x86-64 base pages).
 pub const PAGE: usize = 4096;
@@ -452,6 +452,17 @@ impl Shield {
     pub fn set_unreadable(&self, addr: usize, len: usize, unreadable: bool) {
         let mut st = self.inner.lock();
         st.set_flags(addr, len, PINNED, unreadable);
+    }
+
+    /// Keeps the pages of `[addr, addr+len)` resident (`keep`) or lets them
+    /// be evicted again: for a thread's control block, which the kernel
+    /// writes as the thread exits (its id, cleared for `pthread_join`; its
+    /// robust futex list), when a fault can no longer be waited for. Kept
+    /// pages still count as plaintext, and are wiped when discarded; an
+    /// evicted page comes back on its next touch and then stays.
+    pub fn keep_resident(&self, addr: usize, len: usize, keep: bool) {
+        let mut st = self.inner.lock();
+        st.set_flags(addr, len, KEEP, keep);
     }
 
     /// Brings every evicted page back as plaintext and suspends eviction

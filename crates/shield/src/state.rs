@@ -22,6 +22,9 @@ pub(crate) const PINNED: u8 = 0x80;
 /// Page was evicted recently (it is in the ghost queue): if it faults back
 /// soon, it is hot and joins the main queue.
 pub(crate) const GHOST: u8 = 0x40;
+/// Page must stay resident (a thread's control block, which the kernel
+/// writes as the thread exits): never evicted, but wiped when discarded.
+pub(crate) const KEEP: u8 = 0x20;
 
 /// A protected range and its ciphertext store.
 pub(crate) struct Range {
@@ -213,7 +216,7 @@ impl State {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
         let s = r.state(i);
-        r.set_state(i, EVICTED | GHOST | (s & PINNED));
+        r.set_state(i, EVICTED | GHOST | (s & (PINNED | KEEP)));
         r.set_stamp(i, stamp);
         self.resident -= 1;
         self.evicted += 1;
@@ -235,7 +238,7 @@ impl State {
     pub(crate) fn mark_resident(&mut self, pos: usize, i: usize, s: u8) {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
-        r.set_state(i, RESIDENT | (s & PINNED));
+        r.set_state(i, RESIDENT | (s & (PINNED | KEEP)));
         if s & GHOST != 0 {
             self.queues.main.push_back(addr);
         } else {
@@ -300,13 +303,13 @@ impl State {
             if s & STATE_MASK != RESIDENT || victims.contains(&(pos, i)) {
                 continue;
             }
-            if s & PINNED != 0 {
+            if s & (PINNED | KEEP) != 0 {
                 pinned.push(a);
                 continue;
             }
             victims.push((pos, i));
         }
-        // Unreadable pages stay resident; they go back to the main queue.
+        // Unreadable and kept pages stay resident; back to the main queue.
         self.queues.main.extend(pinned);
         victims.sort_unstable();
         victims
