@@ -1629,3 +1629,60 @@ fn fork_without_exec_keeps_both_heaps_intact() {
         "no page shared with the child was evicted; the test proves nothing: {j}"
     );
 }
+
+// ------------------------------------------------ l: shared memory --
+
+#[test]
+fn shared_memory_is_refused_or_reported_unprotected() {
+    if !have("shared_mem", &["cc"]) || !root("shared_mem") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("sharedmem");
+    let exe = compile_c(&dir, "shared_mem", &[]);
+    for mode in ["anon", "memfd", "sysv"] {
+        let want = format!("shared {mode} ok");
+        let plain = Command::new(&exe).arg(mode).output().expect("run plain");
+        assert_eq!(text(&plain.stdout).trim(), want, "plain {mode}: {plain:?}");
+        // The default refuses, naming the flag that lets it through.
+        let refused = Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--"])
+            .arg(&exe)
+            .arg(mode)
+            .output()
+            .expect("run protected");
+        assert_eq!(refused.status.code(), Some(2), "{mode}: {refused:?}");
+        let err = text(&refused.stderr);
+        assert!(
+            err.contains("--shared-memory unprotected") && err.contains("refused"),
+            "{mode}: {err}"
+        );
+        // Accepted: the same output, and the summary counts it.
+        let stats = dir.path(&format!("{mode}.json"));
+        let let_through = Command::new(MEMVEIL)
+            .args(["run", "--shared-memory", "unprotected", "--stats-json"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .arg(mode)
+            .output()
+            .expect("run protected");
+        assert_eq!(
+            text(&let_through.stdout).trim(),
+            want,
+            "{mode}: {let_through:?}"
+        );
+        assert!(
+            text(&let_through.stderr).contains("shared memory NOT protected: 1024 KiB"),
+            "{mode}: {}",
+            text(&let_through.stderr)
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+        assert_eq!(
+            j["shared_unprotected_bytes"].as_u64(),
+            Some(1 << 20),
+            "{mode}: {j}"
+        );
+    }
+}

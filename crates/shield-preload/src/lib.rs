@@ -52,6 +52,7 @@ use memveil_shield::{Config, HandlerCpu, Shield, StatsFile, PAGE};
 use memveil_sys::uffd;
 use talc::{OomHandler, Span, Talc};
 
+mod shared;
 mod stacks;
 
 // ---------------------------------------------------------------------------
@@ -680,6 +681,12 @@ pub unsafe extern "C" fn mmap(
             None => {}
         }
     }
+    if let Some(kind) = shared::of_mmap(flags, fd) {
+        if !shared::admit(kind, len as u64) {
+            set_errno(libc::ENOMEM);
+            return libc::MAP_FAILED;
+        }
+    }
     if flags & libc::MAP_FIXED != 0 && in_region(addr as usize) {
         let a = addr as usize;
         if anonymous_private(flags, fd)
@@ -882,6 +889,28 @@ pub unsafe extern "C" fn sbrk(incr: libc::intptr_t) -> *mut c_void {
             usize::MAX as *mut c_void
         }
     }
+}
+
+static REAL_SHMAT: AtomicUsize = AtomicUsize::new(0);
+
+/// System V shared memory: refused unless accepted as plaintext (see
+/// `shared`).
+#[no_mangle]
+pub unsafe extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    let failed = usize::MAX as *mut c_void;
+    if !shared::admit(shared::Kind::SysV, shared::sysv_size(id)) {
+        set_errno(libc::ENOMEM);
+        return failed;
+    }
+    let f = next_definition(c"shmat", &REAL_SHMAT);
+    if f == 0 {
+        set_errno(libc::ENOSYS);
+        return failed;
+    }
+    type Shmat = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
+    // SAFETY: the C library's shmat has this type; the arguments are the
+    // caller's, passed on unchanged.
+    unsafe { std::mem::transmute::<usize, Shmat>(f)(id, addr, flags) }
 }
 
 // ---------------------------------------------------------------------------

@@ -454,6 +454,16 @@ impl Shield {
         st.set_flags(addr, len, PINNED, unreadable);
     }
 
+    /// Books `bytes` of shared memory the program mapped outside the shield,
+    /// as the user accepted (reported in the statistics).
+    pub fn note_shared_unprotected(&self, bytes: u64) {
+        self.inner
+            .stats
+            .counters()
+            .shared_unprotected
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Keeps the pages of `[addr, addr+len)` resident (`keep`) or lets them
     /// be evicted again: for a thread's control block, which the kernel
     /// writes as the thread exits (its id, cleared for `pthread_join`; its

@@ -70,6 +70,13 @@ pub struct Args {
     /// (frames go back to the kernel unwiped; boot with init_on_free=1).
     #[arg(long)]
     accept_unwiped_free: bool,
+    /// Shared memory (MAP_SHARED|MAP_ANONYMOUS, memfd_create mappings,
+    /// System V shmat) cannot be kept encrypted by a per-process shield:
+    /// "refuse" fails those mappings with ENOMEM and a message;
+    /// "unprotected" lets them through as plaintext and the summary reports
+    /// how much (nginx's and PostgreSQL's shared zones need this).
+    #[arg(long, value_name = "POLICY", value_parser = ["refuse", "unprotected"], default_value = "refuse")]
+    shared_memory: String,
     /// The preload library (default: next to this executable).
     #[arg(long)]
     preload: Option<PathBuf>,
@@ -268,7 +275,7 @@ fn summary(s: &Snapshot) -> String {
     format!(
         "{} process(es), {window}, keys {}, eviction {}; protected {} pages; plaintext {} pages \
          ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill (+{} pages read ahead, {} \
-         filled ahead), evictions {} ({} by write-protect), handler {:.1} ms{}",
+         filled ahead), evictions {} ({} by write-protect), handler {:.1} ms{}{}",
         s.processes,
         s.level_name(),
         s.mechanism_name(),
@@ -288,6 +295,14 @@ fn summary(s: &Snapshot) -> String {
             format!(
                 "; handler starved behind other threads {} time(s), made normal again",
                 s.idle_rescues
+            )
+        } else {
+            String::new()
+        },
+        if s.shared_unprotected_bytes > 0 {
+            format!(
+                "; shared memory NOT protected: {} KiB (--shared-memory unprotected)",
+                s.shared_unprotected_bytes.div_ceil(1024)
             )
         } else {
             String::new()
@@ -414,7 +429,8 @@ fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> 
             "MEMVEIL_SHIELD_ALLOW_LOCKED",
             flag(a.allow_level.as_deref() == Some("locked")),
         )
-        .env("MEMVEIL_SHIELD_ACCEPT_UNWIPED", flag(a.accept_unwiped_free));
+        .env("MEMVEIL_SHIELD_ACCEPT_UNWIPED", flag(a.accept_unwiped_free))
+        .env("MEMVEIL_SHIELD_SHARED", &a.shared_memory);
     match a.window {
         Some(_) => cmd.env_remove("MEMVEIL_SHIELD_MAX_PLAINTEXT"),
         None => cmd.env("MEMVEIL_SHIELD_MAX_PLAINTEXT", a.max_plaintext.to_arg()),
