@@ -1686,3 +1686,115 @@ fn shared_memory_is_refused_or_reported_unprotected() {
         );
     }
 }
+
+// ------------------------------------------------ m: nginx workers --
+
+/// Fetches `path` over plain HTTP/1.0 from `port` (the whole response).
+fn http_get(port: u16, path: &str) -> usize {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+    let mut body = Vec::new();
+    s.read_to_end(&mut body).expect("response");
+    body.len()
+}
+
+#[test]
+fn nginx_workers_are_protected_and_the_tls_key_leaves_their_window() {
+    if !have("nginx", &["nginx", "openssl", "gcore"]) || !root("nginx") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("nginx");
+    let site = memveil_bench::nginx::Site::prepare(&dir.path("site"), 2).expect("site");
+    for protected in [false, true] {
+        let tag = if protected { "protected" } else { "plain" };
+        let stats = dir.path("nginx-stats.json");
+        let mut cmd = if protected {
+            let mut c = Command::new(MEMVEIL);
+            c.args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+                .args(["--shared-memory", "unprotected", "--stats-json"])
+                .arg(&stats)
+                .args(["--", "nginx"]);
+            c
+        } else {
+            Command::new("nginx")
+        };
+        let mut server = spawn_group(
+            cmd.args(site.nginx_args())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit()),
+        );
+        site.wait_ready(&mut server, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        // TLS handshakes (the workers use the key), then requests that
+        // read a 1 MiB file through each worker's heap.
+        let rate = memveil_bench::nginx::s_time(site.tls_port, false, 1)
+            .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        for _ in 0..24 {
+            assert!(
+                http_get(site.http_port, "/big.bin") > 1 << 20,
+                "{tag}: short response"
+            );
+        }
+        let workers = site.worker_pids();
+        assert_eq!(workers.len(), 2, "{tag}: workers {workers:?}");
+        let (mut prime_hits, mut aes_keys) = (Vec::new(), Vec::new());
+        for &w in &workers {
+            if protected {
+                let smaps = std::fs::read_to_string(format!("/proc/{w}/smaps")).expect("smaps");
+                let um = smaps
+                    .lines()
+                    .filter(|l| l.starts_with("VmFlags:") && l.contains(" um"))
+                    .count();
+                assert!(
+                    um > 0,
+                    "worker {w} has no userfaultfd-registered mapping: its heap is not protected"
+                );
+            }
+            let (core, _) = gcore(&dir, tag, w);
+            let c = core.to_str().expect("utf-8");
+            let (_, hits, keys) = keyfind(&[c], &site.prime_pattern);
+            prime_hits.push(hits);
+            aes_keys.push(keys);
+            let _ = std::fs::remove_file(&core);
+        }
+        site.stop(&mut server);
+        eprintln!(
+            "nginx {tag}: {rate:.0} TLS handshakes/s; workers {workers:?}: RSA prime found {prime_hits:?} times, \
+             AES key schedules (session-ticket keys) {aes_keys:?}"
+        );
+        if protected {
+            assert!(
+                prime_hits.iter().all(|&h| h == 0),
+                "the server key's prime is readable in a protected worker's core: {prime_hits:?}"
+            );
+            assert!(
+                aes_keys.iter().all(|&k| k == 0),
+                "an AES key schedule is readable in a protected worker's core: {aes_keys:?}"
+            );
+            let j: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats"))
+                    .expect("JSON");
+            assert_eq!(
+                j["processes"].as_u64(),
+                Some(3),
+                "master and two workers report: {j}"
+            );
+            assert!(
+                j["shared_unprotected_bytes"].as_u64().unwrap_or(0) > 0,
+                "{j}"
+            );
+        } else {
+            assert!(
+                prime_hits.iter().all(|&h| h > 0),
+                "positive control failed: the key's prime is not in every plain worker's core: {prime_hits:?}"
+            );
+            assert!(
+                aes_keys.iter().all(|&k| k > 0),
+                "positive control failed: no AES key schedule in a plain worker's core: {aes_keys:?}"
+            );
+        }
+    }
+}

@@ -504,6 +504,17 @@ impl Shield {
         // SAFETY: the caller promises this shield is never used or dropped
         // again, so nothing reads or closes the descriptor after this.
         let _ = unsafe { libc::close(self.inner.uffd.raw_fd()) };
+        // The parent's ciphertext store is no use to the child (the fork
+        // came after `freeze`, so the child's copy of every range is
+        // plaintext in place): drop the child's copy of it, which would
+        // otherwise double the address space it holds and put the
+        // parent's ciphertext in the child's core dumps. Skipped if the
+        // lock was held by a thread that did not survive the fork.
+        if let Some(mut st) = self.inner.try_lock() {
+            for r in &mut st.ranges {
+                r.drop_store();
+            }
+        }
     }
 
     /// Resumes eviction after [`Shield::freeze`], and evicts at once down to

@@ -68,6 +68,18 @@ impl Range {
         r.states = uffd::map_anonymous_direct(sl)?;
         r.stamps = uffd::map_anonymous_direct(tl)?.cast();
         r.store = uffd::map_anonymous_direct(pages * PAGE)?;
+        // Ciphertext and bookkeeping: nothing a core dump needs (a dump
+        // would otherwise hold a copy the size of the range, all but the
+        // evicted pages zeros). Best effort: a dump with them is no less safe.
+        for (p, len) in [
+            (r.store, pages * PAGE),
+            (r.states, sl),
+            (r.stamps.cast(), tl),
+        ] {
+            // SAFETY: advice on mappings just made for this range; it does
+            // not change their contents.
+            let _ = unsafe { uffd::madvise_direct(p, len, libc::MADV_DONTDUMP) };
+        }
         Ok(r)
     }
 
@@ -128,6 +140,19 @@ impl Range {
     }
 }
 
+impl Range {
+    /// Unmaps the ciphertext store (in a forked child abandoning its
+    /// parent's shield: see `Shield::abandon_in_forked_child`).
+    pub(crate) fn drop_store(&mut self) {
+        if !self.store.is_null() {
+            // SAFETY: the store was mapped by `Range::map` for this range
+            // alone; it is nulled so nothing uses or unmaps it again.
+            let _ = unsafe { uffd::unmap_direct(self.store, self.pages * PAGE) };
+            self.store = std::ptr::null_mut();
+        }
+    }
+}
+
 impl Drop for Range {
     fn drop(&mut self) {
         let (sl, tl) = side_lens(self.pages);
@@ -141,10 +166,8 @@ impl Drop for Range {
             if !self.stamps.is_null() {
                 let _ = uffd::unmap_direct(self.stamps.cast(), tl);
             }
-            if !self.store.is_null() {
-                let _ = uffd::unmap_direct(self.store, self.pages * PAGE);
-            }
         }
+        self.drop_store();
     }
 }
 
