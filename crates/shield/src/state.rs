@@ -25,6 +25,9 @@ pub(crate) const GHOST: u8 = 0x40;
 /// Page must stay resident (a thread's control block, which the kernel
 /// writes as the thread exits): never evicted, but wiped when discarded.
 pub(crate) const KEEP: u8 = 0x20;
+/// Page was taken as a victim by the [`State::victims`] call under way
+/// (a page may sit in the queues twice); cleared before it returns.
+const CHOSEN: u8 = 0x10;
 
 /// A protected range and its ciphertext store.
 pub(crate) struct Range {
@@ -323,14 +326,21 @@ impl State {
                 continue;
             };
             let s = self.ranges[pos].state(i);
-            if s & STATE_MASK != RESIDENT || victims.contains(&(pos, i)) {
+            if s & STATE_MASK != RESIDENT || s & CHOSEN != 0 {
                 continue;
             }
             if s & (PINNED | KEEP) != 0 {
                 pinned.push(a);
                 continue;
             }
+            // A flag, not a search of `victims`: a shrink after a fork asks
+            // for tens of thousands of pages at once.
+            self.ranges[pos].set_state(i, s | CHOSEN);
             victims.push((pos, i));
+        }
+        for &(pos, i) in &victims {
+            let s = self.ranges[pos].state(i);
+            self.ranges[pos].set_state(i, s & !CHOSEN);
         }
         // Unreadable and kept pages stay resident; back to the main queue.
         self.queues.main.extend(pinned);
