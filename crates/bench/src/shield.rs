@@ -1479,24 +1479,25 @@ fn suite_part(
     let result = std::fs::create_dir_all(&dir)
         .map_err(|e| err(format!("{}: {e}", dir.display())))
         .and_then(|()| crate::shield_suite::run(opts, &memveil, &dir));
-    match crate::nginx::figures(opts, &memveil, &dir.join("nginx")) {
-        Ok(f) => figs.extend(f),
-        Err(e) => {
-            opts.say(&format!("shield: nginx figures FAILED: {e}"));
-            let _ = writeln!(
-                md,
-                "\n**nginx figures failed**: {e}. shield.nginx_tls_* are missing.\n"
-            );
-        }
-    }
-    match crate::shield_suite::fork_figure(opts, &memveil, &dir) {
-        Ok(f) => figs.push(f),
-        Err(e) => {
-            opts.say(&format!("shield: fork figure FAILED: {e}"));
-            let _ = writeln!(
-                md,
-                "\n**fork figure failed**: {e}. shield.fork_ms_per_gib is missing.\n"
-            );
+    let extra = [
+        (
+            "nginx figures",
+            "shield.nginx_tls_*",
+            crate::nginx::figures(opts, &memveil, &dir.join("nginx")),
+        ),
+        (
+            "fork figure",
+            "shield.fork_ms_per_gib",
+            crate::shield_suite::fork_figure(opts, &memveil, &dir).map(|f| vec![f]),
+        ),
+    ];
+    for (what, ids, got) in extra {
+        match got {
+            Ok(f) => figs.extend(f),
+            Err(e) => {
+                opts.say(&format!("shield: {what} FAILED: {e}"));
+                let _ = writeln!(md, "\n**{what} failed**: {e}. {ids} missing.\n");
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

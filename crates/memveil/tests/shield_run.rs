@@ -281,6 +281,19 @@ fn random_secret() -> String {
 
 /// Compiles `tests/data/NAME.c` (with `extra` arguments after the source)
 /// into `dir`; the executable's path.
+/// The prologue of a test that runs a C program of `tests/data` under
+/// `memveil run`: the compiler and root present (else it prints why it
+/// skips), the preload built, the program compiled into a fresh directory.
+fn c_test(test: &str, name: &str, extra: &[&str]) -> Option<(TempDir, PathBuf)> {
+    if !have(test, &["cc"]) || !root(test) {
+        return None;
+    }
+    preload_built();
+    let dir = TempDir::new(test);
+    let exe = compile_c(&dir, name, extra);
+    Some((dir, exe))
+}
+
 fn compile_c(dir: &TempDir, name: &str, extra: &[&str]) -> PathBuf {
     let exe = dir.path(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{name}.c"));
@@ -1292,12 +1305,9 @@ fn own_allocator_is_kept_and_protected() {
 
 #[test]
 fn map_fixed_over_the_region_stays_protected() {
-    if !have("map_fixed", &["cc"]) || !root("map_fixed") {
+    let Some((_dir, exe)) = c_test("map_fixed", "map_fixed", &[]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("fixed");
-    let exe = compile_c(&dir, "map_fixed", &[]);
+    };
     // Control: plainly, the new pages are an ordinary mapping (no "um").
     let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
     assert_eq!(
@@ -1325,12 +1335,9 @@ fn map_fixed_over_the_region_stays_protected() {
 
 #[test]
 fn region_full_refuses_rather_than_maps_unprotected() {
-    if !have("region_full", &["cc"]) || !root("region_full") {
+    let Some((_dir, exe)) = c_test("region_full", "region_full", &[]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("full");
-    let exe = compile_c(&dir, "region_full", &[]);
+    };
     // Control: plainly, the kernel maps the 3 GiB (MAP_NORESERVE).
     let plain = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
     assert_eq!(text(&plain.stdout), "small ok big mapped\n");
@@ -1386,12 +1393,9 @@ fn plain_then_protected(
 
 #[test]
 fn forked_children_each_run_with_a_shield_of_their_own() {
-    if !have("fork_children", &["cc"]) || !root("fork_children") {
+    let Some((dir, exe)) = c_test("fork_children", "fork_children", &[]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("forks");
-    let exe = compile_c(&dir, "fork_children", &[]);
+    };
     let j = plain_then_protected(
         &dir,
         &exe,
@@ -1505,12 +1509,9 @@ fn assert_secret_left_the_window(what: &str, s: &SecretScan) {
 
 #[test]
 fn a_forked_childs_secret_leaves_its_window() {
-    if !have("fork_secret", &["cc"]) || !root("fork_secret") {
+    let Some((dir, exe)) = c_test("fork_secret", "fork_secret", &[]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("forksecret");
-    let exe = compile_c(&dir, "fork_secret", &[]);
+    };
     let plain = scan_for_secret(&dir, &exe, &[], false);
     assert!(
         plain.secret_hits > 0,
@@ -1523,16 +1524,39 @@ fn a_forked_childs_secret_leaves_its_window() {
     assert_eq!(j["processes"].as_u64(), Some(2), "{j}");
 }
 
+/// Runs `exe arg` under `memveil run FLAGS --stats-json F`: its output and
+/// the statistics it wrote.
+fn run_with_stats(
+    dir: &TempDir,
+    flags: &[&str],
+    exe: &Path,
+    arg: &str,
+) -> (Output, serde_json::Value) {
+    let stats = dir.path(&format!("{arg}-stats.json"));
+    let out = Command::new(MEMVEIL)
+        .arg("run")
+        .args(flags)
+        .arg("--stats-json")
+        .arg(&stats)
+        .arg("--")
+        .arg(exe)
+        .arg(arg)
+        .output()
+        .expect("run protected");
+    let j = std::fs::read_to_string(&stats)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (out, j)
+}
+
 // ------------------------------------------------ k: thread stacks --
 
 #[test]
 fn a_secret_on_a_threads_stack_leaves_the_window() {
-    if !have("thread_stacks", &["cc"]) || !root("thread_stacks") {
+    let Some((dir, exe)) = c_test("thread_stacks", "thread_stacks", &["-pthread"]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("threadsecret");
-    let exe = compile_c(&dir, "thread_stacks", &["-pthread"]);
+    };
     let plain = scan_for_secret(&dir, &exe, &["secret"], false);
     assert!(
         plain.secret_hits > 0,
@@ -1545,25 +1569,18 @@ fn a_secret_on_a_threads_stack_leaves_the_window() {
 
 #[test]
 fn threads_created_joined_detached_cancelled_keep_their_stacks() {
-    if !have("thread_churn", &["cc"]) || !root("thread_churn") {
+    let Some((dir, exe)) = c_test("thread_churn", "thread_stacks", &["-pthread"]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("threadchurn");
-    let exe = compile_c(&dir, "thread_stacks", &["-pthread"]);
+    };
     for (mode, want) in [("churn", "churn ok"), ("signal", "signal ok")] {
         let plain = Command::new(&exe).arg(mode).output().expect("run plain");
         assert_eq!(text(&plain.stdout).trim(), want, "plain {mode}: {plain:?}");
-        let stats = dir.path(&format!("{mode}.json"));
-        let prot = Command::new(MEMVEIL)
-            .args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
-            .arg("--stats-json")
-            .arg(&stats)
-            .arg("--")
-            .arg(&exe)
-            .arg(mode)
-            .output()
-            .expect("run protected");
+        let (prot, j) = run_with_stats(
+            &dir,
+            &["--quiet", "--window", "64", "--region-gib", "1"],
+            &exe,
+            mode,
+        );
         assert_eq!(
             text(&prot.stdout).trim(),
             want,
@@ -1571,8 +1588,6 @@ fn threads_created_joined_detached_cancelled_keep_their_stacks() {
             text(&prot.stderr)
         );
         assert!(prot.status.success(), "{mode}: {prot:?}");
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
         // The threads' stacks went through the window: pages came back
         // decrypted, and the plaintext stayed within it.
         assert!(j["faults_in"].as_u64().unwrap_or(0) > 0, "{mode}: {j}");
@@ -1587,12 +1602,9 @@ fn threads_created_joined_detached_cancelled_keep_their_stacks() {
 
 #[test]
 fn process_signals_reach_the_program_not_the_fault_handler() {
-    if !have("signals", &["cc"]) || !root("signals") {
+    let Some((dir, exe)) = c_test("signals", "sigwait_blocked", &["-pthread"]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("signals");
-    let exe = compile_c(&dir, "sigwait_blocked", &["-pthread"]);
+    };
     // The program collects its 50 signals plainly; protected, with its heap
     // evicted, a handler thread that left the signals unblocked would take
     // them and die of SIGUSR1 (exit 138) instead.
@@ -1609,12 +1621,9 @@ fn process_signals_reach_the_program_not_the_fault_handler() {
 
 #[test]
 fn fork_without_exec_keeps_both_heaps_intact() {
-    if !have("fork", &["cc"]) || !root("fork") {
+    let Some((dir, exe)) = c_test("fork", "fork_heap", &[]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("fork");
-    let exe = compile_c(&dir, "fork_heap", &[]);
+    };
     let j = plain_then_protected(
         &dir,
         &exe,
@@ -1634,12 +1643,9 @@ fn fork_without_exec_keeps_both_heaps_intact() {
 
 #[test]
 fn shared_memory_is_refused_or_reported_unprotected() {
-    if !have("shared_mem", &["cc"]) || !root("shared_mem") {
+    let Some((dir, exe)) = c_test("shared_mem", "shared_mem", &[]) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("sharedmem");
-    let exe = compile_c(&dir, "shared_mem", &[]);
+    };
     for mode in ["anon", "memfd", "sysv"] {
         let want = format!("shared {mode} ok");
         let plain = Command::new(&exe).arg(mode).output().expect("run plain");
@@ -1658,15 +1664,8 @@ fn shared_memory_is_refused_or_reported_unprotected() {
             "{mode}: {err}"
         );
         // Accepted: the same output, and the summary counts it.
-        let stats = dir.path(&format!("{mode}.json"));
-        let let_through = Command::new(MEMVEIL)
-            .args(["run", "--shared-memory", "unprotected", "--stats-json"])
-            .arg(&stats)
-            .arg("--")
-            .arg(&exe)
-            .arg(mode)
-            .output()
-            .expect("run protected");
+        let (let_through, j) =
+            run_with_stats(&dir, &["--shared-memory", "unprotected"], &exe, mode);
         assert_eq!(
             text(&let_through.stdout).trim(),
             want,
@@ -1677,8 +1676,6 @@ fn shared_memory_is_refused_or_reported_unprotected() {
             "{mode}: {}",
             text(&let_through.stderr)
         );
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
         assert_eq!(
             j["shared_unprotected_bytes"].as_u64(),
             Some(1 << 20),
