@@ -134,5 +134,4 @@ fn mkfs_mount_write_tree_remount_compare_and_sigterm_cleans_up() {
         String::from_utf8_lossy(&o.stderr)
     );
     srv.term(Duration::from_secs(30));
-    common::cleanup(&dir);
 }

@@ -157,13 +157,11 @@ fn sectors_written_through_the_disk_decrypt_with_openssl_and_back() {
         return;
     }
     let dir = common::scratch("format");
-    let v = common::vault(&dir);
+    let _v = common::vault(&dir);
     let sock = dir.join("vault.sock");
     one_geometry(&dir, &sock, KeyKind::Xts128, 512, false, 1);
     one_geometry(&dir, &sock, KeyKind::Xts256, 4096, false, 2);
     one_geometry(&dir, &sock, KeyKind::Xts128, 4096, true, 3);
-    drop(v);
-    common::cleanup(&dir);
 }
 
 #[test]
@@ -201,5 +199,4 @@ fn a_recreated_key_of_the_same_name_is_refused() {
         .expect("a server with the wrong key started");
     assert!(e.contains("check value differs"), "{e}");
     assert!(!common::mounted(&mount));
-    common::cleanup(&dir);
 }

@@ -67,6 +67,9 @@ fn disk_child(a: &[String]) -> i32 {
     o.attach_loop = a[3] == "loop";
     o.grace = Duration::from_secs(5);
     let r = memveil_disk::serve(&o, stop, |r| {
+        for line in &r.recovered {
+            eprintln!("recovered: {line}");
+        }
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
@@ -92,8 +95,26 @@ fn disk_child(a: &[String]) -> i32 {
     }
 }
 
+/// A test's directory: removed, after unmounting and detaching whatever is
+/// left in it, when dropped (also when the test fails). Declare it before
+/// the servers, so it is dropped after them.
+pub struct Scratch(pub PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        cleanup(&self.0);
+    }
+}
+
 /// A fresh directory for one test.
-pub fn scratch(tag: &str) -> PathBuf {
+pub fn scratch(tag: &str) -> Scratch {
     static N: AtomicU32 = AtomicU32::new(0);
     let d = std::env::temp_dir().join(format!(
         "memveil-disk-test-{}-{}-{tag}",
@@ -102,7 +123,7 @@ pub fn scratch(tag: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+    Scratch(d)
 }
 
 /// Whether we are root; says why the test skips when not.
@@ -287,7 +308,9 @@ pub fn try_disk(
     vault: Option<&Path>,
     attach_loop: bool,
 ) -> Result<Proc, String> {
-    std::fs::create_dir_all(mount).expect("mount dir");
+    // A dead server's mount point cannot be created (ENOTCONN): the server
+    // cleans it up.
+    let _ = std::fs::create_dir_all(mount);
     static N: AtomicU32 = AtomicU32::new(0);
     let errlog = image.with_extension(format!("disk-err.{}", N.fetch_add(1, Ordering::SeqCst)));
     Proc::start(
@@ -327,7 +350,7 @@ pub fn loops_under(dir: &Path) -> usize {
 }
 
 /// Removes a test directory after unmounting whatever is left in it.
-pub fn cleanup(dir: &Path) {
+fn cleanup(dir: &Path) {
     if let Ok(ms) = memveil_disk::host::mounts() {
         let mut left: Vec<PathBuf> = ms
             .into_iter()
