@@ -256,9 +256,7 @@ impl Proc {
     /// SIGTERM, then the exit status (SIGKILL after `limit`).
     pub fn term(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
-        let pid = libc::pid_t::try_from(c.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid touches no memory.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let _ = memveil_sys::process::send_signal(c.id(), libc::SIGTERM);
         let t0 = Instant::now();
         while t0.elapsed() < limit {
             if let Ok(Some(st)) = c.try_wait() {
