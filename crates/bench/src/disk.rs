@@ -138,6 +138,7 @@ fn fuse_stack(
     work: &Path,
     vault: Option<&Path>,
     size: u64,
+    sector_size: u32,
 ) -> Result<Stack, BenchError> {
     let image = work.join(format!("{name}.img"));
     memveil_disk::create(&CreateOpts {
@@ -150,14 +151,14 @@ fn fuse_stack(
         },
         vault: vault.map(Path::to_owned),
         key: if vault.is_some() {
-            format!("bench-disk-{}", std::process::id())
+            format!("bench-disk-{name}-{}", std::process::id())
         } else {
             String::new()
         },
         source: KeySource::New,
         key_kind: KeyKind::Xts128,
         persistent: false,
-        sector_size: 512,
+        sector_size,
         iv_large_sectors: false,
     })
     .map_err(|e| fail(e.to_string()))?;
@@ -351,10 +352,11 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
             "disk: setting up the stacks (ext4 on memveil disk, plain, tmpfs loop; gocryptfs)",
         );
         let stacks = vec![
-            fuse_stack("vault", &work, Some(&daemon.socket), size)?,
-            fuse_stack("plain_fuse", &work, None, size)?,
+            fuse_stack("vault", &work, Some(&daemon.socket), size, 512)?,
+            fuse_stack("plain_fuse", &work, None, size, 512)?,
             gocryptfs_stack(&work)?,
             tmpfs_stack(&work, size)?,
+            fuse_stack("vault_4096", &work, Some(&daemon.socket), size, 4096)?,
         ];
         // best[stack][job], all[stack][job] = every round.
         let mut all = vec![vec![Vec::new(); JOBS.len()]; stacks.len()];
@@ -399,9 +401,10 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
          rounds interleaved across stacks) on ext4 over: `memveil disk` with every sector \
          through the vault (`vault`), the same server with encryption off (`plain_fuse`), a \
          loop device over a file on tmpfs (`loop_tmpfs`); and on a gocryptfs mount \
-         (`gocryptfs`, the same jobs on its files). Sequential jobs: 1 MiB blocks, depth 4; \
-         random: 4 KiB reads, depth 16.\n\n\
-         | job | unit | vault | plain_fuse | gocryptfs | loop_tmpfs |\n|---|---|---|---|---|---|\n"
+         (`gocryptfs`, the same jobs on its files); and `vault_4096`, `memveil disk` with \
+         4096-byte sectors (`--sector-size 4096`: one vault ring entry per 4 KiB instead of \
+         per 512 bytes). Sequential jobs: 1 MiB blocks, depth 4; random: 4 KiB reads, depth 16.\n\n\
+         | job | unit | vault | plain_fuse | gocryptfs | loop_tmpfs | vault_4096 |\n|---|---|---|---|---|---|---|\n"
     );
     for (j, job) in JOBS.iter().enumerate() {
         let cell = |s: usize| {
@@ -412,13 +415,14 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
             }
         };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             job.id,
             if job.iops { "IOPS" } else { "MB/s" },
             cell(0),
             cell(1),
             cell(2),
-            cell(3)
+            cell(3),
+            cell(4)
         ));
         let unit = if job.iops { "IOPS" } else { "MB/s" };
         figs.push(
@@ -447,6 +451,16 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
             )
             .target(">= 1.0"),
         );
+        figs.push(Figure::vs(
+            &format!("disk.sector4096.{}_vs_plain_fuse", job.id),
+            best(4, j),
+            best(1, j),
+            unit,
+            &format!(
+                "fio {} on ext4 over memveil disk with 4096-byte sectors vs the same server with encryption off (reported)",
+                job.id
+            ),
+        ));
     }
     let j = 2;
     figs.push(Figure::vs(
