@@ -16,9 +16,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use memveil_disk::{Cipher, CreateOpts, KeySource};
-use memveil_vault::proto::KeyKind;
-
 #[test]
 fn child() {
     common::child_main();
@@ -57,19 +54,7 @@ fn sigkill_of_the_server_under_fio_loses_no_acknowledged_write() {
     let _v = common::vault(&dir);
     let sock = dir.join("vault.sock");
     let image = dir.join("disk.img");
-    memveil_disk::create(&CreateOpts {
-        image: image.clone(),
-        size: Some(128 << 20),
-        cipher: Cipher::AesXtsPlain64,
-        vault: Some(sock.clone()),
-        key: "crash".into(),
-        source: KeySource::New,
-        key_kind: KeyKind::Xts128,
-        persistent: false,
-        sector_size: 512,
-        iv_large_sectors: false,
-    })
-    .expect("create");
+    memveil_disk::create(&common::image_opts(&image, &sock, "crash", 128 << 20)).expect("create");
     let fuse = dir.join("fuse");
     let mnt = dir.join("ext4");
     let aux = dir.join("aux");

@@ -11,8 +11,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::Rng;
-use memveil_disk::{Cipher, CreateOpts, KeySource};
-use memveil_vault::proto::KeyKind;
 
 #[test]
 fn child() {
@@ -61,19 +59,7 @@ fn mkfs_mount_write_tree_remount_compare_and_sigterm_cleans_up() {
     let _v = common::vault(&dir);
     let sock = dir.join("vault.sock");
     let image = dir.join("disk.img");
-    memveil_disk::create(&CreateOpts {
-        image: image.clone(),
-        size: Some(64 << 20),
-        cipher: Cipher::AesXtsPlain64,
-        vault: Some(sock.clone()),
-        key: "fs".into(),
-        source: KeySource::New,
-        key_kind: KeyKind::Xts128,
-        persistent: false,
-        sector_size: 512,
-        iv_large_sectors: false,
-    })
-    .expect("create");
+    memveil_disk::create(&common::image_opts(&image, &sock, "fs", 64 << 20)).expect("create");
     let fuse = dir.join("fuse");
     let mnt = dir.join("ext4");
     std::fs::create_dir_all(&mnt).expect("mkdir");

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::Rng;
-use memveil_disk::{Cipher, CreateOpts, KeySource};
+use memveil_disk::{CreateOpts, KeySource};
 use memveil_vault::proto::KeyKind;
 use openssl::symm::{Cipher as Ossl, Crypter, Mode as OsslMode};
 
@@ -79,16 +79,11 @@ fn one_geometry(dir: &Path, sock: &Path, kind: KeyKind, ss: u32, large: bool, se
     let image = dir.join(format!("{tag}.img"));
     let size = 1u64 << 20;
     let b = memveil_disk::create(&CreateOpts {
-        image: image.clone(),
-        size: Some(size),
-        cipher: Cipher::AesXtsPlain64,
-        vault: Some(sock.to_owned()),
-        key: format!("k{seed}"),
         source: KeySource::Import(keyfile.clone()),
         key_kind: kind,
-        persistent: false,
         sector_size: ss,
         iv_large_sectors: large,
+        ..common::image_opts(&image, sock, &format!("k{seed}"), size)
     })
     .expect("create");
     std::fs::remove_file(&keyfile).expect("rm key file");
@@ -173,19 +168,7 @@ fn a_recreated_key_of_the_same_name_is_refused() {
     let _v = common::vault(&dir);
     let sock = dir.join("vault.sock");
     let image = dir.join("d.img");
-    memveil_disk::create(&CreateOpts {
-        image: image.clone(),
-        size: Some(1 << 20),
-        cipher: Cipher::AesXtsPlain64,
-        vault: Some(sock.clone()),
-        key: "same".into(),
-        source: KeySource::New,
-        key_kind: KeyKind::Xts128,
-        persistent: false,
-        sector_size: 512,
-        iv_large_sectors: false,
-    })
-    .expect("create");
+    memveil_disk::create(&common::image_opts(&image, &sock, "same", 1 << 20)).expect("create");
     let mount = dir.join("m");
     // Positive control: the bound key serves.
     let mut srv = common::disk(&image, &mount, Some(&sock), false);

@@ -13,10 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use memveil_disk::{Cipher, CreateOpts, KeySource};
+use memveil_disk::{CreateOpts, KeySource};
 use memveil_keyfind::{contains, read_core, scan_image};
 use memveil_testkit::{skip, Need};
-use memveil_vault::proto::KeyKind;
 use openssl::hash::MessageDigest;
 use openssl::pkey::PKey;
 use openssl::sign::Signer;
@@ -174,16 +173,8 @@ fn key_is_not_in_dumps_of_the_disk_server_or_vault_but_gocryptfs_key_is_found() 
     std::fs::write(&keyfile, key).expect("key file");
     let image = dir.join("disk.img");
     memveil_disk::create(&CreateOpts {
-        image: image.clone(),
-        size: Some(128 << 20),
-        cipher: Cipher::AesXtsPlain64,
-        vault: Some(sock.clone()),
-        key: "proof".into(),
         source: KeySource::Import(keyfile.clone()),
-        key_kind: KeyKind::Xts128,
-        persistent: false,
-        sector_size: 512,
-        iv_large_sectors: false,
+        ..common::image_opts(&image, &sock, "proof", 128 << 20)
     })
     .expect("create");
     std::fs::remove_file(&keyfile).expect("rm key");

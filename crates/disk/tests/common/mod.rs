@@ -324,6 +324,23 @@ pub fn try_disk(
     )
 }
 
+/// What `memveil disk create` makes by default: a new xts128 key made in
+/// the vault, 512-byte sectors; tests change fields with `..image_opts(…)`.
+pub fn image_opts(image: &Path, sock: &Path, key: &str, size: u64) -> memveil_disk::CreateOpts {
+    memveil_disk::CreateOpts {
+        image: image.to_owned(),
+        size: Some(size),
+        cipher: memveil_disk::Cipher::AesXtsPlain64,
+        vault: Some(sock.to_owned()),
+        key: key.to_owned(),
+        source: memveil_disk::KeySource::New,
+        key_kind: memveil_vault::proto::KeyKind::Xts128,
+        persistent: false,
+        sector_size: 512,
+        iv_large_sectors: false,
+    }
+}
+
 /// Runs a command, panicking with its output when it fails.
 pub fn run(cmd: &mut Command) -> String {
     let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
