@@ -19,7 +19,19 @@ pub const FSNAME: &str = "memveil-disk";
 /// # Errors
 /// [`DiskError::Host`].
 pub fn check(want_loop: bool) -> Result<(), DiskError> {
-    if !Path::new("/dev/fuse").exists() {
+    check_in(Path::new("/dev"), memveil_sys::probe::euid(), want_loop)?;
+    if want_loop && Command::new("losetup").arg("--version").output().is_err() {
+        return Err(DiskError::Host(
+            "losetup not found: install util-linux (Debian: `apt-get install util-linux`)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// [`check`] against the device nodes under `dev` and the effective uid
+/// `euid`.
+fn check_in(dev: &Path, euid: u32, want_loop: bool) -> Result<(), DiskError> {
+    if !dev.join("fuse").exists() {
         return Err(DiskError::Host(
             "FUSE is not available: /dev/fuse is missing (load the module: `modprobe fuse`; \
              in a container, pass the device through, e.g. `--device /dev/fuse`)"
@@ -29,7 +41,7 @@ pub fn check(want_loop: bool) -> Result<(), DiskError> {
     if !want_loop {
         return Ok(());
     }
-    if !Path::new("/dev/loop-control").exists() {
+    if !dev.join("loop-control").exists() {
         return Err(DiskError::Host(
             "loop devices are not available: /dev/loop-control is missing (load the module: \
              `modprobe loop`; in a container, pass /dev/loop-control and the /dev/loopN devices \
@@ -37,16 +49,11 @@ pub fn check(want_loop: bool) -> Result<(), DiskError> {
                 .into(),
         ));
     }
-    if memveil_sys::probe::euid() != 0 {
+    if euid != 0 {
         return Err(DiskError::Host(
             "attaching a loop device needs root (CAP_SYS_ADMIN): run as root, or serve the \
              file alone with --no-loop"
                 .into(),
-        ));
-    }
-    if Command::new("losetup").arg("--version").output().is_err() {
-        return Err(DiskError::Host(
-            "losetup not found: install util-linux (Debian: `apt-get install util-linux`)".into(),
         ));
     }
     Ok(())
@@ -351,6 +358,33 @@ mod tests {
         assert_eq!(m[0].source, "/dev/loop3");
         assert_eq!(m[1].source, FSNAME);
         assert_eq!(unescape("a\\134b\\"), "a\\b\\");
+    }
+
+    #[test]
+    fn missing_fuse_or_loop_devices_are_refused_naming_the_fix() {
+        let d = std::env::temp_dir().join(format!("memveil-disk-host-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        let says = |want_loop: bool, euid: u32| match check_in(&d, euid, want_loop) {
+            Ok(()) => String::new(),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            says(false, 0).contains("modprobe fuse"),
+            "{}",
+            says(false, 0)
+        );
+        std::fs::write(d.join("fuse"), b"").expect("node");
+        assert_eq!(says(false, 1000), "");
+        let e = says(true, 0);
+        assert!(
+            e.contains("modprobe loop") && e.contains("--no-loop"),
+            "{e}"
+        );
+        std::fs::write(d.join("loop-control"), b"").expect("node");
+        assert!(says(true, 1000).contains("needs root"));
+        assert_eq!(says(true, 0), "");
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

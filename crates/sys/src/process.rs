@@ -314,6 +314,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn io_flusher_is_set_or_refused_for_a_documented_reason() {
+        // In a thread of its own: the mark stays with the thread.
+        let r = std::thread::spawn(set_io_flusher).join().expect("thread");
+        if let Err(e) = r {
+            assert!(
+                matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL)),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn allowed_cpus_counts_the_affinity_mask() {
         let n = allowed_cpus(0).expect("sched_getaffinity");
         assert!(n >= 1);
