@@ -59,6 +59,14 @@ fn dump_and_scan(pid: u32, dir: &Path, tag: &str, needles: &[&[u8]]) -> Option<S
     );
     let t0 = Instant::now();
     let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    // aeskeyfind runs beside memveil's scan (two CPUs).
+    let a = Command::new("aeskeyfind")
+        .arg("-q")
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("aeskeyfind");
     let img = read_core(&path).expect("parse core");
     let keyfind = scan_image(&img, 8)
         .iter()
@@ -66,11 +74,7 @@ fn dump_and_scan(pid: u32, dir: &Path, tag: &str, needles: &[&[u8]]) -> Option<S
         .collect();
     let raw = needles.iter().any(|n| contains(&img, n));
     drop(img);
-    let a = Command::new("aeskeyfind")
-        .arg("-q")
-        .arg(&path)
-        .output()
-        .expect("aeskeyfind");
+    let a = a.wait_with_output().expect("aeskeyfind");
     let _ = std::fs::remove_file(&path);
     eprintln!("{tag}: core of {size} bytes, scanned in {:?}", t0.elapsed());
     let aeskeyfind = String::from_utf8_lossy(&a.stdout)
