@@ -1,6 +1,6 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`cipher`, `engine`, `vault`, `rng`, `shield`) has a module with
+//! Each part (`cipher`, `engine`, `vault`, `rng`, `shield`, `disk`) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
 //! are shared and noisy; the report records value, baseline and ratio.
@@ -9,6 +9,7 @@
 //! `report.json` (one record per figure, stable ids) into a folder.
 
 pub mod cipher;
+pub mod disk;
 pub mod engine;
 pub mod nginx;
 pub mod report;
@@ -92,7 +93,7 @@ pub enum BenchError {
 }
 
 /// The parts `--only` accepts, in run order.
-pub const PARTS: &[&str] = &["cipher", "engine", "vault", "rng", "shield"];
+pub const PARTS: &[&str] = &["cipher", "engine", "vault", "rng", "shield", "disk"];
 
 /// Runs one part by name.
 ///
@@ -105,6 +106,7 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
         "vault" => vault::run(opts),
         "rng" => rng::run(opts),
         "shield" => shield::run(opts),
+        "disk" => disk::run(opts),
         other => Err(BenchError::Part {
             part: "bench",
             msg: format!("unknown part {other:?}; parts are: {}", PARTS.join(", ")),

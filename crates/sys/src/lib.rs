@@ -1,5 +1,5 @@
 //! The one crate of memveil that holds general-purpose `unsafe`: system calls
-//! (`memfd_secret`, `mmap`, `mprotect`, `mlock`, `madvise`, `prctl`), CPUID,
+//! (`memfd_secret`, `mmap`, `mprotect`, `mlock`, `madvise`, `prctl`, `umount2`), CPUID,
 //! model-specific registers and the RDRAND/RDSEED instructions.
 //!
 //! Each unsafe operation is fenced in a small function or a safe type whose
@@ -13,6 +13,7 @@
 pub mod cpu;
 pub mod ipc;
 pub mod mem;
+pub mod mount;
 pub mod probe;
 pub mod process;
 pub mod rnd;

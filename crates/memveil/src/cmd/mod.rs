@@ -2,6 +2,7 @@
 //! returning the process exit code.
 
 pub mod bench;
+pub mod disk;
 pub mod keyfind;
 pub mod probe;
 pub mod rng;

@@ -85,7 +85,7 @@ fn parse_source(s: &str) -> Result<SourceKind, String> {
     s.parse()
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.chars().last() {
         Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
