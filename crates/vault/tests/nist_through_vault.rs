@@ -215,3 +215,96 @@ fn every_mode_matches_the_vectors_through_the_vault() {
     // Nothing left behind.
     assert!(c.list_keys().expect("list").is_empty());
 }
+
+/// AES-CMAC through a lane: the NIST SP 800-38B appendix D examples (AES-128
+/// and AES-256, messages of 0, 16, 40 and 64 bytes); encrypt returns the tag
+/// and leaves the data as it was, decrypt verifies a tag and refuses a wrong
+/// one with `AUTH_FAILED`.
+#[test]
+fn cmac_matches_sp800_38b_through_the_vault() {
+    let v = common::Vault::start();
+    let mut c = v.client();
+    let h = |s: &str| hex::decode(s).expect("hex");
+    let m = h("6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e5130c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710");
+    let k128 = h("2b7e151628aed2a6abf7158809cf4f3c");
+    let k256 = h("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4");
+    let cases: [(&[u8], usize, &str); 8] = [
+        (&k128, 0, "bb1d6929e95937287fa37d129b756746"),
+        (&k128, 16, "070a16b46b4d4144f79bdd9dd04a287c"),
+        (&k128, 40, "dfa66747de9ae63030ca32611497c827"),
+        (&k128, 64, "51f0bebf7e3b9d92fc49741779363cfe"),
+        (&k256, 0, "028962f61b7bf89efc6b551f4667d983"),
+        (&k256, 16, "28a7023f452e8f82bd4bf28d8c37c35c"),
+        (&k256, 40, "aaf3d8f1de5640c232f5b169b9c911e6"),
+        (&k256, 64, "e1992190549f6ed5696a2c056c315410"),
+    ];
+    for (key, len, want) in cases {
+        with_key(&mut c, aes_kind(key), key, |c, id| {
+            let mut d = m[..len].to_vec();
+            let tag = c
+                .encrypt(&Crypt::new(id, Mode::Cmac), &mut d)
+                .expect("cmac");
+            assert_eq!(
+                hex::encode(tag),
+                want,
+                "{} bytes of key, {len} of message",
+                key.len()
+            );
+            assert_eq!(d, &m[..len], "CMAC changed the data");
+            c.decrypt(&Crypt::new(id, Mode::Cmac).tag(&tag), &mut d)
+                .expect("the right tag verifies");
+            let mut bad = tag;
+            bad[0] ^= 0x80;
+            let r = c.decrypt(&Crypt::new(id, Mode::Cmac).tag(&bad), &mut d);
+            assert!(
+                matches!(
+                    r,
+                    Err(ClientError::Request {
+                        code: status::AUTH_FAILED,
+                        ..
+                    })
+                ),
+                "a wrong CMAC tag verified: {r:?}"
+            );
+        });
+    }
+    // An XTS key does not serve CMAC.
+    let xts = c
+        .import_key(
+            "xts",
+            KeyKind::Xts128,
+            false,
+            &[7u8; 32]
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ i as u8)
+                .collect::<Vec<_>>(),
+        )
+        .expect("xts");
+    let r = c.encrypt(&Crypt::new(xts.id, Mode::Cmac), &mut [0u8; 16]);
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::Request {
+                code: status::WRONG_MODE,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+/// Regression: the client library's first request on a connection, when it
+/// carried no bytes (GCM over an empty message), failed with "no session"
+/// because a scratch area of 0 bytes looked big enough.
+#[test]
+fn an_empty_first_request_opens_the_scratch_session() {
+    let v = common::Vault::start();
+    let mut c = v.client();
+    let k = c.create_key("empty", KeyKind::Aes128, false).expect("key");
+    let tag = c
+        .encrypt(&Crypt::new(k.id, Mode::Gcm).iv(&[1; 12]), &mut [])
+        .expect("GCM of the empty message as the first request");
+    c.decrypt(&Crypt::new(k.id, Mode::Gcm).iv(&[1; 12]).tag(&tag), &mut [])
+        .expect("and its tag verifies");
+}
