@@ -104,7 +104,7 @@ impl Obj {
             CKA_LABEL => self.label.clone(),
             CKA_ID => self.id.clone(),
             CKA_TOKEN => ck_bool(self.token),
-            CKA_PRIVATE => ck_bool(true),
+            CKA_PRIVATE => ck_bool(false),
             CKA_MODIFIABLE
             | CKA_COPYABLE
             | CKA_EXTRACTABLE
