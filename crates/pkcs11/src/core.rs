@@ -574,10 +574,19 @@ impl Module {
                 self.next.fetch_add(1, Ordering::Relaxed)
             )
         };
+        // Token objects are sealed to disk when the vault has a keystore
+        // (`--state`), and live as long as the vault otherwise.
         let info = self.with_vault(|c| {
-            match value {
-                None => c.create_key(&name, kind, false),
-                Some(v) => c.import_key(&name, kind, false, v),
+            let make = |c: &mut Client, persistent: bool| match value {
+                None => c.create_key(&name, kind, persistent),
+                Some(v) => c.import_key(&name, kind, persistent, v),
+            };
+            match make(c, t.token) {
+                Err(ClientError::Refused {
+                    code: ErrorCode::NotDurable,
+                    ..
+                }) => make(c, false),
+                r => r,
             }
             .map_err(|e| client_rv(&e))
         })?;
