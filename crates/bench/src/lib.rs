@@ -1,6 +1,6 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`cipher`, `engine`, `vault`, `rng`, `shield`) has a module with
+//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
 //! are shared and noisy; the report records value, baseline and ratio.
@@ -10,6 +10,7 @@
 
 pub mod cipher;
 pub mod engine;
+pub mod pkcs11;
 pub mod report;
 pub mod rng;
 pub mod rng_share;
@@ -91,7 +92,7 @@ pub enum BenchError {
 }
 
 /// The parts `--only` accepts, in run order.
-pub const PARTS: &[&str] = &["cipher", "engine", "vault", "rng", "shield"];
+pub const PARTS: &[&str] = &["cipher", "engine", "vault", "pkcs11", "rng", "shield"];
 
 /// Runs one part by name.
 ///
@@ -102,6 +103,7 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
         "cipher" => cipher::run(opts),
         "engine" => engine::run(opts),
         "vault" => vault::run(opts),
+        "pkcs11" => pkcs11::run(opts),
         "rng" => rng::run(opts),
         "shield" => shield::run(opts),
         other => Err(BenchError::Part {

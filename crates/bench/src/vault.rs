@@ -33,10 +33,10 @@ fn fail(msg: impl Into<String>) -> BenchError {
     }
 }
 
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) socket: PathBuf,
 }
 
 impl Drop for Daemon {
@@ -47,7 +47,7 @@ impl Drop for Daemon {
     }
 }
 
-fn start_daemon() -> Result<Daemon, BenchError> {
+pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
     let exe = std::env::current_exe().map_err(|e| fail(format!("current_exe: {e}")))?;
     if exe.file_name().is_none_or(|n| n != "memveil") {
         return Err(fail(

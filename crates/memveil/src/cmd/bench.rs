@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// Flags of `memveil bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run only this part (repeatable). Parts: cipher, engine, vault, rng, shield.
+    /// Run only this part (repeatable). Parts: cipher, engine, vault, pkcs11, rng, shield.
     #[arg(long)]
     only: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run.
