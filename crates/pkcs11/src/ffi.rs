@@ -1,4 +1,4 @@
-//! The C entry points. Each one runs inside [`guard`] (a panic becomes
+//! The C entry points. Each one runs inside `guard` (a panic becomes
 //! `CKR_GENERAL_ERROR`, never an unwind into C), checks that the module is
 //! initialised, the session and object handles, and every pointer and
 //! length before reading or writing through it, and answers with the
