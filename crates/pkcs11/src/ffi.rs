@@ -732,14 +732,30 @@ pub unsafe extern "C" fn C_CreateObject(
 ) -> CK_RV {
     guard(|| {
         let (m, _) = session(h)?;
-        // SAFETY: the caller's template of `n` attributes.
-        let attrs = unsafe { template(t.cast_const(), n) }?;
-        // SAFETY: checked by `out`.
-        let p = unsafe { out(ph) }?;
-        let (tpl, value) = check_template(&attrs, true)?;
-        *p = m.create(h, &tpl, value)?;
-        Ok(())
+        // SAFETY: passed on from the caller's contract.
+        unsafe { create(&m, h, t, n, ph, true) }
     })
+}
+
+/// The shared body of `C_CreateObject` (`import`) and `C_GenerateKey`.
+///
+/// # Safety
+/// `t` holds `n` attributes; `ph` is NULL or a writable handle.
+unsafe fn create(
+    m: &Module,
+    h: CK_SESSION_HANDLE,
+    t: *const CK_ATTRIBUTE,
+    n: CK_ULONG,
+    ph: *mut CK_OBJECT_HANDLE,
+    import: bool,
+) -> Result<(), Rv> {
+    // SAFETY: the caller's template of `n` attributes (contract).
+    let attrs = unsafe { template(t, n) }?;
+    // SAFETY: checked by `out`.
+    let p = unsafe { out(ph) }?;
+    let (tpl, value) = check_template(&attrs, import)?;
+    *p = m.create(h, &tpl, value)?;
+    Ok(())
 }
 
 /// `C_CopyObject`: not supported (keys are not copyable).
@@ -1492,13 +1508,8 @@ pub unsafe extern "C" fn C_GenerateKey(
         if mm.ulParameterLen != 0 {
             return Err(CKR_MECHANISM_PARAM_INVALID);
         }
-        // SAFETY: the caller's template.
-        let attrs = unsafe { template(t.cast_const(), n) }?;
-        // SAFETY: checked by `out`.
-        let p = unsafe { out(ph) }?;
-        let (tpl, _) = check_template(&attrs, false)?;
-        *p = m.create(h, &tpl, None)?;
-        Ok(())
+        // SAFETY: passed on from the caller's contract.
+        unsafe { create(&m, h, t, n, ph, false) }
     })
 }
 

@@ -422,6 +422,16 @@ impl MacOp {
         self.pending.extend_from_slice(part);
     }
 
+    /// One request over the parts so far followed by `last`.
+    fn run(&self, be: &dyn Backend, r: &Req<'_>, last: &[u8]) -> Result<[u8; 16], Failure> {
+        if self.pending.is_empty() {
+            return be.run(r, last, &mut []);
+        }
+        let mut all = Zeroizing::new(self.pending.to_vec());
+        all.extend_from_slice(last);
+        be.run(r, &all, &mut [])
+    }
+
     fn req(&self, op: Op, tag: [u8; 16]) -> Req<'static> {
         Req {
             op,
@@ -438,15 +448,8 @@ impl MacOp {
     /// # Errors
     /// A PKCS#11 code.
     pub fn sign(&self, be: &dyn Backend, last: &[u8]) -> Result<[u8; 16], Rv> {
-        let r = self.req(Op::Encrypt, [0; 16]);
-        let res = if self.pending.is_empty() {
-            be.run(&r, last, &mut [])
-        } else {
-            let mut all = Zeroizing::new(self.pending.to_vec());
-            all.extend_from_slice(last);
-            be.run(&r, &all, &mut [])
-        };
-        res.map_err(|f| map(f, CKR_DATA_LEN_RANGE, CKR_DEVICE_ERROR))
+        self.run(be, &self.req(Op::Encrypt, [0; 16]), last)
+            .map_err(|f| map(f, CKR_DATA_LEN_RANGE, CKR_DEVICE_ERROR))
     }
 
     /// Verifies `sig` over the parts so far followed by `last`.
@@ -455,15 +458,8 @@ impl MacOp {
     /// `CKR_SIGNATURE_LEN_RANGE`, `CKR_SIGNATURE_INVALID` or another code.
     pub fn verify(&self, be: &dyn Backend, last: &[u8], sig: &[u8]) -> Result<(), Rv> {
         let tag: [u8; 16] = sig.try_into().map_err(|_| CKR_SIGNATURE_LEN_RANGE)?;
-        let r = self.req(Op::Decrypt, tag);
-        let res = if self.pending.is_empty() {
-            be.run(&r, last, &mut [])
-        } else {
-            let mut all = Zeroizing::new(self.pending.to_vec());
-            all.extend_from_slice(last);
-            be.run(&r, &all, &mut [])
-        };
-        res.map(|_| ())
+        self.run(be, &self.req(Op::Decrypt, tag), last)
+            .map(|_| ())
             .map_err(|f| map(f, CKR_DATA_LEN_RANGE, CKR_SIGNATURE_INVALID))
     }
 }

@@ -31,7 +31,7 @@ fn python_pkcs11_matches_nist_vectors_from_eight_threads() {
         .arg(here.join("python/nist_threads.py"))
         .arg(common::module_path())
         .arg(root.join("crates/cipher/tests/vectors"))
-        .arg(here.join("vectors/cmac-sp800-38b.txt"))
+        .arg(root.join("crates/vault/tests/vectors/cmac-sp800-38b.txt"))
         .env("MEMVEIL_VAULT_SOCKET", &common::vault().socket)
         .output()
         .expect("run python");
