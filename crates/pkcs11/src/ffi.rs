@@ -91,13 +91,14 @@ unsafe fn read<T: Copy>(p: *const T) -> Result<T, Rv> {
     Ok(unsafe { p.read_unaligned() })
 }
 
-/// Copies `data` to the caller's buffer `p` of `*len` bytes with the
-/// PKCS#11 length convention: NULL `p` asks for the length.
+/// Copies `data` to the caller's array `p` of `*len` elements with the
+/// PKCS#11 length convention: NULL `p` asks for the length, a short array
+/// gets `CKR_BUFFER_TOO_SMALL` and the length.
 ///
 /// # Safety
 /// `len` as for [`out`]; when `p` is not NULL it must point to `*len`
-/// writable bytes.
-unsafe fn give(p: *mut u8, len: *mut CK_ULONG, data: &[u8]) -> Result<(), Rv> {
+/// writable elements.
+unsafe fn give<T: Copy>(p: *mut T, len: *mut CK_ULONG, data: &[T]) -> Result<(), Rv> {
     // SAFETY: passed on from this function's contract.
     let len = unsafe { out(len) }?;
     let need = data.len() as CK_ULONG;
@@ -109,7 +110,11 @@ unsafe fn give(p: *mut u8, len: *mut CK_ULONG, data: &[u8]) -> Result<(), Rv> {
         *len = need;
         return Err(CKR_BUFFER_TOO_SMALL);
     }
-    // SAFETY: `p` holds at least `*len >= data.len()` writable bytes (contract).
+    if !p.is_aligned() {
+        return Err(CKR_ARGUMENTS_BAD);
+    }
+    // SAFETY: `p` is aligned and holds at least `*len >= data.len()`
+    // writable elements (contract).
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
     *len = need;
     Ok(())
@@ -350,27 +355,13 @@ pub unsafe extern "C" fn C_GetSlotList(
 ) -> CK_RV {
     guard(|| {
         let m = module()?;
-        // SAFETY: checked by `out`.
-        let c = unsafe { out(count) }?;
-        let n: CK_ULONG = if token_present != 0 && !m.present() {
-            0
+        let slots: &[CK_SLOT_ID] = if token_present != 0 && !m.present() {
+            &[]
         } else {
-            1
+            &[SLOT]
         };
-        if list.is_null() {
-            *c = n;
-            return Ok(());
-        }
-        if *c < n {
-            *c = n;
-            return Err(CKR_BUFFER_TOO_SMALL);
-        }
-        if n == 1 {
-            // SAFETY: `list` holds at least `*c >= 1` slot ids (contract).
-            unsafe { *out(list)? = SLOT };
-        }
-        *c = n;
-        Ok(())
+        // SAFETY: `list` holds `*count` slot ids (contract).
+        unsafe { give(list, count, slots) }
     })
 }
 
@@ -468,24 +459,8 @@ pub unsafe extern "C" fn C_GetMechanismList(
 ) -> CK_RV {
     guard(|| {
         check_slot(slot)?;
-        // SAFETY: checked by `out`.
-        let c = unsafe { out(count) }?;
-        let n = MECHS.len() as CK_ULONG;
-        if list.is_null() {
-            *c = n;
-            return Ok(());
-        }
-        if *c < n {
-            *c = n;
-            return Err(CKR_BUFFER_TOO_SMALL);
-        }
-        if !list.is_aligned() {
-            return Err(CKR_ARGUMENTS_BAD);
-        }
-        // SAFETY: `list` holds at least `*c >= MECHS.len()` aligned entries.
-        unsafe { std::ptr::copy_nonoverlapping(MECHS.as_ptr(), list, MECHS.len()) };
-        *c = n;
-        Ok(())
+        // SAFETY: `list` holds `*count` entries (contract).
+        unsafe { give(list, count, &MECHS) }
     })
 }
 

@@ -93,9 +93,29 @@ pub fn module_path() -> PathBuf {
     let p = dir.join("libmemveil_pkcs11.so");
     assert!(
         p.exists(),
-        "{} missing: build it with `cargo build --release -p memveil-pkcs11`",
+        "{} missing: build it with `cargo build --release -p memveil-pkcs11` (cargo test does not build a cdylib; scripts/test.sh builds the workspace first)",
         p.display()
     );
+    // `cargo test` builds the rlib, not the cdylib: a library older than the
+    // sources would test old code.
+    let built = std::fs::metadata(&p)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in ["pkcs11/src", "vault/src"] {
+        for e in std::fs::read_dir(root.join(dir))
+            .expect("sources")
+            .flatten()
+        {
+            let changed = e.metadata().and_then(|m| m.modified()).expect("mtime");
+            assert!(
+                changed <= built,
+                "{} is older than {}: run `cargo build --release -p memveil-pkcs11` first",
+                p.display(),
+                e.path().display()
+            );
+        }
+    }
     p
 }
 
