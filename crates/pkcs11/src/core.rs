@@ -215,6 +215,7 @@ pub struct Module {
     logged_in: AtomicBool,
     rng: Mutex<Option<memveil_drng::Stream>>,
     uid: AtomicU64,
+    pid: u32,
 }
 
 impl Module {
@@ -239,9 +240,16 @@ impl Module {
             logged_in: AtomicBool::new(false),
             rng: Mutex::new(None),
             uid: AtomicU64::new(u64::MAX),
+            pid: std::process::id(),
         };
         let _ = m.with_vault(|_| Ok(()));
         m
+    }
+
+    /// The process that initialised the module.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// The socket this module uses.

@@ -27,11 +27,15 @@ fn guard(f: impl FnOnce() -> Result<(), Rv>) -> CK_RV {
     }
 }
 
+/// The module, if `C_Initialize` was called in this process: a child
+/// forked after it must call `C_Initialize` itself (PKCS#11 section 6.7.7),
+/// so it never shares the parent's vault connection and lanes.
 fn module() -> Result<Arc<Module>, Rv> {
     MODULE
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .clone()
+        .filter(|m| m.pid() == std::process::id())
         .ok_or(CKR_CRYPTOKI_NOT_INITIALIZED)
 }
 
@@ -199,8 +203,16 @@ pub unsafe extern "C" fn C_Initialize(args: *mut c_void) -> CK_RV {
             }
         }
         let mut g = MODULE.write().unwrap_or_else(PoisonError::into_inner);
-        if g.is_some() {
-            return Err(CKR_CRYPTOKI_ALREADY_INITIALIZED);
+        match g.take() {
+            Some(m) if m.pid() == std::process::id() => {
+                *g = Some(m);
+                return Err(CKR_CRYPTOKI_ALREADY_INITIALIZED);
+            }
+            // The parent's state, inherited through fork: never dropped
+            // here, since dropping would close the parent's sessions and
+            // destroy its session keys in the vault.
+            Some(parent) => std::mem::forget(parent),
+            None => {}
         }
         *g = Some(Arc::new(Module::new()));
         Ok(())
@@ -217,11 +229,11 @@ pub unsafe extern "C" fn C_Finalize(reserved: *mut c_void) -> CK_RV {
         if !reserved.is_null() {
             return Err(CKR_ARGUMENTS_BAD);
         }
-        let m = MODULE
+        let m = module()?;
+        MODULE
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or(CKR_CRYPTOKI_NOT_INITIALIZED)?;
+            .take();
         m.close_all();
         Ok(())
     })

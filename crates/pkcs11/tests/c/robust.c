@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 typedef unsigned long UL;
 typedef UL (*fn_t)();
@@ -274,6 +276,32 @@ int main(int argc, char **argv) {
     CHECK(CKR_FUNCTION_NOT_SUPPORTED, C_DigestInit, h, &sha);
     CHECK(CKR_FUNCTION_NOT_SUPPORTED, C_WrapKey, h, &ecb, key, key, out, &n);
     CHECK(CKR_FUNCTION_NOT_SUPPORTED, C_GenerateKeyPair, h, &gen, NULL, 0UL, NULL, 0UL, NULL, NULL);
+
+    /* fork: the child is not initialised until it calls C_Initialize, and
+     * whatever it does leaves the parent's session and keys alone. */
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        failures = 0;
+        UL ch = 0;
+        CHECK(CKR_CRYPTOKI_NOT_INITIALIZED, C_GetInfo, buf);
+        CHECK(CKR_CRYPTOKI_NOT_INITIALIZED, C_GenerateRandom, h, out, 16UL);
+        CHECK(CKR_CRYPTOKI_NOT_INITIALIZED, C_Finalize, NULL);
+        CHECK(CKR_OK, C_Initialize, NULL);
+        CHECK(CKR_SESSION_HANDLE_INVALID, C_GetSessionInfo, h, buf);
+        CHECK(CKR_OK, C_OpenSession, 0UL, CKF_SERIAL_SESSION, NULL, NULL, &ch);
+        CHECK(CKR_OK, C_GenerateRandom, ch, out, 16UL);
+        CHECK(CKR_OK, C_Finalize, NULL);
+        fflush(stdout);
+        _exit(failures ? 1 : 0);
+    }
+    int st = 0;
+    waitpid(child, &st, 0);
+    expect("forked child's checks (exit status)", (UL)st, 0);
+    CHECK(CKR_OK, C_GetAttributeValue, h, key, &lab_len, 1UL);
+    CHECK(CKR_OK, C_SignInit, h, &cmac, key);
+    n = 16;
+    CHECK(CKR_OK, C_Sign, h, buf, 16UL, out, &n);
 
     /* A closed session: every session entry point, with NULL everywhere. */
     CHECK(CKR_OK, C_CloseSession, h);
