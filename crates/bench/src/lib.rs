@@ -10,6 +10,7 @@
 
 pub mod cipher;
 pub mod engine;
+pub mod nginx;
 pub mod pkcs11;
 pub mod report;
 pub mod rng;

@@ -1479,6 +1479,26 @@ fn suite_part(
     let result = std::fs::create_dir_all(&dir)
         .map_err(|e| err(format!("{}: {e}", dir.display())))
         .and_then(|()| crate::shield_suite::run(opts, &memveil, &dir));
+    match crate::nginx::figures(opts, &memveil, &dir.join("nginx")) {
+        Ok(f) => figs.extend(f),
+        Err(e) => {
+            opts.say(&format!("shield: nginx figures FAILED: {e}"));
+            let _ = writeln!(
+                md,
+                "\n**nginx figures failed**: {e}. shield.nginx_tls_* are missing.\n"
+            );
+        }
+    }
+    match crate::shield_suite::fork_figure(opts, &memveil, &dir) {
+        Ok(f) => figs.push(f),
+        Err(e) => {
+            opts.say(&format!("shield: fork figure FAILED: {e}"));
+            let _ = writeln!(
+                md,
+                "\n**fork figure failed**: {e}. shield.fork_ms_per_gib is missing.\n"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
     match result {
         Ok((rows, missing)) => crate::shield_suite::report(&rows, &missing, redis, figs, md),

@@ -6,7 +6,8 @@
 //! The test protects 4 MiB behind an 8-page window and has a thread write
 //! through it, page after page, so the handler evicts (encrypts) and brings
 //! back (decrypts) pages continuously; meanwhile it finds the handler thread
-//! (the thread `Shield::new` adds), its stack pointer (`/proc/self/task/TID/
+//! (the thread `Shield::new` names memveil-fault; its watchdog, memveil-guard,
+//! is scanned the same way), its stack pointer (`/proc/self/task/TID/
 //! syscall` while it sleeps in `read(2)`) and the stack mapping around it
 //! (`/proc/self/maps`), reads the whole mapping through `/proc/self/mem`
 //! again and again and runs the key finder over it. Positive control, same
@@ -35,6 +36,13 @@ use memveil_cipher::Path;
 use memveil_shield::{Config, Shield, StatsFile, PAGE};
 
 const CHILD: &str = "MEMVEIL_HANDLER_STACK_CHILD";
+
+/// The name of thread `tid` of this process.
+fn comm(tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
 
 fn tasks() -> BTreeSet<u32> {
     std::fs::read_dir("/proc/self/task")
@@ -114,9 +122,26 @@ fn handler_stack_child() {
             return;
         }
     };
-    let new: Vec<u32> = tasks().difference(&before).copied().collect();
-    assert_eq!(new.len(), 1, "Shield::new adds one thread: {new:?}");
-    let handler = new[0];
+    // The shield's threads, by name: the fault handler and its watchdog
+    // (which encrypts too, when it ages an adaptive window).
+    // (Each names itself as it starts: wait for the names.)
+    let named = |new: &[(u32, String)]| new.iter().any(|(_, n)| n == "memveil-fault");
+    let t0 = Instant::now();
+    let mut new: Vec<(u32, String)> = Vec::new();
+    while !named(&new) && t0.elapsed() < Duration::from_secs(2) {
+        new = tasks().difference(&before).map(|&t| (t, comm(t))).collect();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let threads: Vec<u32> = new
+        .iter()
+        .filter(|(_, n)| n.starts_with("memveil-"))
+        .map(|(t, _)| *t)
+        .collect();
+    let handler = new
+        .iter()
+        .find(|(_, n)| n == "memveil-fault")
+        .map(|(t, _)| *t)
+        .unwrap_or_else(|| panic!("no memveil-fault thread among the new ones: {new:?}"));
 
     let pages = 1024;
     let p = memveil_sys::uffd::map_anonymous_direct(pages * PAGE).expect("mmap");
@@ -156,20 +181,29 @@ fn handler_stack_child() {
         })
     };
 
-    let (mut scans, mut range) = (0u32, None);
+    let mut ranges: Vec<Option<(u64, u64)>> = vec![None; threads.len()];
+    let mut scans = 0u32;
     let deadline = Instant::now() + Duration::from_secs(4);
     let mut found = Vec::new();
     while Instant::now() < deadline {
-        if range.is_none() {
-            range = sleeping_sp(handler).and_then(mapping_of);
-        }
-        if let Some((lo, hi)) = range {
-            let img = read_mem(lo, hi);
-            found.extend(memveil_keyfind::scan(&img, lo, "handler stack", 8));
-            scans += 1;
+        for (t, r) in threads.iter().zip(ranges.iter_mut()) {
+            if r.is_none() {
+                *r = sleeping_sp(*t).and_then(mapping_of);
+            }
+            if let Some((lo, hi)) = *r {
+                let img = read_mem(lo, hi);
+                found.extend(memveil_keyfind::scan(&img, lo, "shield thread stack", 8));
+                if *t == handler {
+                    scans += 1;
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let range = threads
+        .iter()
+        .position(|t| *t == handler)
+        .and_then(|i| ranges[i]);
     stop.store(true, Ordering::Relaxed);
     worker.join().expect("worker");
     let st = shield.stats();

@@ -1384,6 +1384,205 @@ fn plain_then_protected(
     assert_protected(&stats, what)
 }
 
+#[test]
+fn forked_children_each_run_with_a_shield_of_their_own() {
+    if !have("fork_children", &["cc"]) || !root("fork_children") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("forks");
+    let exe = compile_c(&dir, "fork_children", &[]);
+    let j = plain_then_protected(
+        &dir,
+        &exe,
+        "children 0 0 0 0 parent-bad 0\n",
+        "fork_children",
+        "a heap changed across four forks",
+    );
+    // Every child reported counters: each protected its copy of the heap.
+    assert_eq!(
+        j["processes"].as_u64(),
+        Some(5),
+        "the forked children did not run protected: {j}"
+    );
+    // Each child's own 4 MiB, checked three times, went through its 64-page
+    // window (1024 pages each at least).
+    assert!(
+        j["evictions"].as_u64().unwrap_or(0) > 5 * 1024,
+        "too few evictions for five processes sweeping 4 MiB each: {j}"
+    );
+}
+
+/// What a scan of a program's page image found: the program reads
+/// "SECRET MARKER" from stdin, spreads the secret, pushes it out of a
+/// 64-page window, writes the marker last and prints "ready PID" (PID: the
+/// process to scan).
+struct SecretScan {
+    kept: u64,
+    unreadable: u64,
+    secret_hits: usize,
+    marker_hits: usize,
+    /// The `--stats-json` of a protected run.
+    stats: Option<serde_json::Value>,
+}
+
+fn scan_for_secret(dir: &TempDir, exe: &Path, args: &[&str], protected: bool) -> SecretScan {
+    let secret = random_secret();
+    let marker = format!("marker-{}", random_secret());
+    let tag = if protected { "protected" } else { "plain" };
+    let stats = dir.path(&format!("{tag}-stats.json"));
+    let mut cmd = if protected {
+        let mut c = Command::new(MEMVEIL);
+        c.args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+            .arg("--stats-json")
+            .arg(&stats)
+            .arg("--")
+            .arg(exe);
+        c
+    } else {
+        Command::new(exe)
+    };
+    let mut top = spawn_group(
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit()),
+    );
+    {
+        let mut stdin = top.stdin.take().expect("stdin");
+        stdin
+            .write_all(format!("{secret} {marker}\n").as_bytes())
+            .expect("write secret");
+    }
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(top.stdout.take().expect("stdout"));
+    let ready = std::io::BufRead::read_line(&mut out, &mut line);
+    let pid: Option<u32> = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok());
+    let Some(pid) = pid.filter(|_| ready.is_ok()) else {
+        send_group_signal(top.id(), libc::SIGKILL);
+        let _ = top.wait();
+        panic!("{tag}: the program did not get ready: {line:?}");
+    };
+    let image = dir.path(&format!("{tag}.img"));
+    let (kept, unreadable) = page_image(pid, &image);
+    let img = image.to_str().expect("utf-8");
+    let (_, secret_hits, _) = keyfind(&[img], &hex(secret.as_bytes()));
+    let (_, marker_hits, _) = keyfind(&[img], &hex(marker.as_bytes()));
+    send_group_signal(top.id(), libc::SIGTERM);
+    let st = wait_for(&mut top, Duration::from_secs(30));
+    assert!(st.is_some(), "{tag}: did not exit on SIGTERM");
+    let stats = protected.then(|| {
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON")
+    });
+    SecretScan {
+        kept,
+        unreadable,
+        secret_hits,
+        marker_hits,
+        stats,
+    }
+}
+
+/// The protected half of a secret test: the marker (written last) is in the
+/// image, so the image shows the plaintext window; the secret is not.
+fn assert_secret_left_the_window(what: &str, s: &SecretScan) {
+    let (kept, unreadable) = (s.kept, s.unreadable);
+    assert!(
+        s.marker_hits > 0,
+        "{what}: the page image ({kept} pages readable, {unreadable} not) lacks the marker written last: \
+         the image does not show the plaintext window, so it would prove nothing"
+    );
+    assert_eq!(
+        s.secret_hits, 0,
+        "{what}: the secret is readable after 8 MiB went through a 64-page window \
+         ({kept} pages readable, {unreadable} evicted)"
+    );
+    eprintln!("{what}: {kept} pages readable, {unreadable} evicted; marker found, secret not");
+}
+
+#[test]
+fn a_forked_childs_secret_leaves_its_window() {
+    if !have("fork_secret", &["cc"]) || !root("fork_secret") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("forksecret");
+    let exe = compile_c(&dir, "fork_secret", &[]);
+    let plain = scan_for_secret(&dir, &exe, &[], false);
+    assert!(
+        plain.secret_hits > 0,
+        "positive control failed: the secret is not in the page image of the plain child ({} pages)",
+        plain.kept
+    );
+    let prot = scan_for_secret(&dir, &exe, &[], true);
+    assert_secret_left_the_window("forked child under memveil run", &prot);
+    let j = prot.stats.expect("stats");
+    assert_eq!(j["processes"].as_u64(), Some(2), "{j}");
+}
+
+// ------------------------------------------------ k: thread stacks --
+
+#[test]
+fn a_secret_on_a_threads_stack_leaves_the_window() {
+    if !have("thread_stacks", &["cc"]) || !root("thread_stacks") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("threadsecret");
+    let exe = compile_c(&dir, "thread_stacks", &["-pthread"]);
+    let plain = scan_for_secret(&dir, &exe, &["secret"], false);
+    assert!(
+        plain.secret_hits > 0,
+        "positive control failed: the secret is not in the page image of the plain program ({} pages)",
+        plain.kept
+    );
+    let prot = scan_for_secret(&dir, &exe, &["secret"], true);
+    assert_secret_left_the_window("a worker thread's stack under memveil run", &prot);
+}
+
+#[test]
+fn threads_created_joined_detached_cancelled_keep_their_stacks() {
+    if !have("thread_churn", &["cc"]) || !root("thread_churn") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("threadchurn");
+    let exe = compile_c(&dir, "thread_stacks", &["-pthread"]);
+    for (mode, want) in [("churn", "churn ok"), ("signal", "signal ok")] {
+        let plain = Command::new(&exe).arg(mode).output().expect("run plain");
+        assert_eq!(text(&plain.stdout).trim(), want, "plain {mode}: {plain:?}");
+        let stats = dir.path(&format!("{mode}.json"));
+        let prot = Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+            .arg("--stats-json")
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .arg(mode)
+            .output()
+            .expect("run protected");
+        assert_eq!(
+            text(&prot.stdout).trim(),
+            want,
+            "{mode} under memveil run: {}",
+            text(&prot.stderr)
+        );
+        assert!(prot.status.success(), "{mode}: {prot:?}");
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+        // The threads' stacks went through the window: pages came back
+        // decrypted, and the plaintext stayed within it.
+        assert!(j["faults_in"].as_u64().unwrap_or(0) > 0, "{mode}: {j}");
+        assert!(
+            j["max_resident"].as_u64().unwrap_or(u64::MAX) <= 64,
+            "{mode}: {j}"
+        );
+    }
+}
+
 // --------------------------------- j: signals reach the program's threads --
 
 #[test]
@@ -1429,4 +1628,173 @@ fn fork_without_exec_keeps_both_heaps_intact() {
         j["wp_evictions"].as_u64().unwrap_or(0) > 0,
         "no page shared with the child was evicted; the test proves nothing: {j}"
     );
+}
+
+// ------------------------------------------------ l: shared memory --
+
+#[test]
+fn shared_memory_is_refused_or_reported_unprotected() {
+    if !have("shared_mem", &["cc"]) || !root("shared_mem") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("sharedmem");
+    let exe = compile_c(&dir, "shared_mem", &[]);
+    for mode in ["anon", "memfd", "sysv"] {
+        let want = format!("shared {mode} ok");
+        let plain = Command::new(&exe).arg(mode).output().expect("run plain");
+        assert_eq!(text(&plain.stdout).trim(), want, "plain {mode}: {plain:?}");
+        // The default refuses, naming the flag that lets it through.
+        let refused = Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--"])
+            .arg(&exe)
+            .arg(mode)
+            .output()
+            .expect("run protected");
+        assert_eq!(refused.status.code(), Some(2), "{mode}: {refused:?}");
+        let err = text(&refused.stderr);
+        assert!(
+            err.contains("--shared-memory unprotected") && err.contains("refused"),
+            "{mode}: {err}"
+        );
+        // Accepted: the same output, and the summary counts it.
+        let stats = dir.path(&format!("{mode}.json"));
+        let let_through = Command::new(MEMVEIL)
+            .args(["run", "--shared-memory", "unprotected", "--stats-json"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .arg(mode)
+            .output()
+            .expect("run protected");
+        assert_eq!(
+            text(&let_through.stdout).trim(),
+            want,
+            "{mode}: {let_through:?}"
+        );
+        assert!(
+            text(&let_through.stderr).contains("shared memory NOT protected: 1024 KiB"),
+            "{mode}: {}",
+            text(&let_through.stderr)
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+        assert_eq!(
+            j["shared_unprotected_bytes"].as_u64(),
+            Some(1 << 20),
+            "{mode}: {j}"
+        );
+    }
+}
+
+// ------------------------------------------------ m: nginx workers --
+
+/// Fetches `path` over plain HTTP/1.0 from `port` (the whole response).
+fn http_get(port: u16, path: &str) -> usize {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+    let mut body = Vec::new();
+    s.read_to_end(&mut body).expect("response");
+    body.len()
+}
+
+#[test]
+fn nginx_workers_are_protected_and_the_tls_key_leaves_their_window() {
+    if !have("nginx", &["nginx", "openssl", "gcore"]) || !root("nginx") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("nginx");
+    let site = memveil_bench::nginx::Site::prepare(&dir.path("site"), 2).expect("site");
+    for protected in [false, true] {
+        let tag = if protected { "protected" } else { "plain" };
+        let stats = dir.path("nginx-stats.json");
+        let mut cmd = if protected {
+            let mut c = Command::new(MEMVEIL);
+            c.args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+                .args(["--shared-memory", "unprotected", "--stats-json"])
+                .arg(&stats)
+                .args(["--", "nginx"]);
+            c
+        } else {
+            Command::new("nginx")
+        };
+        let mut server = spawn_group(
+            cmd.args(site.nginx_args())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit()),
+        );
+        site.wait_ready(&mut server, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        // TLS handshakes (the workers use the key), then requests that
+        // read a 1 MiB file through each worker's heap.
+        let rate = memveil_bench::nginx::s_time(site.tls_port, false, 1)
+            .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        for _ in 0..24 {
+            assert!(
+                http_get(site.http_port, "/big.bin") > 1 << 20,
+                "{tag}: short response"
+            );
+        }
+        let workers = site.worker_pids();
+        assert_eq!(workers.len(), 2, "{tag}: workers {workers:?}");
+        let (mut prime_hits, mut aes_keys) = (Vec::new(), Vec::new());
+        for &w in &workers {
+            if protected {
+                let smaps = std::fs::read_to_string(format!("/proc/{w}/smaps")).expect("smaps");
+                let um = smaps
+                    .lines()
+                    .filter(|l| l.starts_with("VmFlags:") && l.contains(" um"))
+                    .count();
+                assert!(
+                    um > 0,
+                    "worker {w} has no userfaultfd-registered mapping: its heap is not protected"
+                );
+            }
+            let (core, _) = gcore(&dir, tag, w);
+            let c = core.to_str().expect("utf-8");
+            let (_, hits, keys) = keyfind(&[c], &site.prime_pattern);
+            prime_hits.push(hits);
+            aes_keys.push(keys);
+            let _ = std::fs::remove_file(&core);
+        }
+        site.stop(&mut server);
+        eprintln!(
+            "nginx {tag}: {rate:.0} TLS handshakes/s; workers {workers:?}: RSA prime found {prime_hits:?} times, \
+             AES key schedules (session-ticket keys) {aes_keys:?}"
+        );
+        if protected {
+            assert!(
+                prime_hits.iter().all(|&h| h == 0),
+                "the server key's prime is readable in a protected worker's core: {prime_hits:?}"
+            );
+            assert!(
+                aes_keys.iter().all(|&k| k == 0),
+                "an AES key schedule is readable in a protected worker's core: {aes_keys:?}"
+            );
+            let j: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats"))
+                    .expect("JSON");
+            assert_eq!(
+                j["processes"].as_u64(),
+                Some(3),
+                "master and two workers report: {j}"
+            );
+            assert!(
+                j["shared_unprotected_bytes"].as_u64().unwrap_or(0) > 0,
+                "{j}"
+            );
+        } else {
+            assert!(
+                prime_hits.iter().all(|&h| h > 0),
+                "positive control failed: the key's prime is not in every plain worker's core: {prime_hits:?}"
+            );
+            assert!(
+                aes_keys.iter().all(|&k| k > 0),
+                "positive control failed: no AES key schedule in a plain worker's core: {aes_keys:?}"
+            );
+        }
+    }
 }

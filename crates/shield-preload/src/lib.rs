@@ -12,8 +12,11 @@
 //! `munmap`, `madvise` (DONTNEED/FREE/REMOVE), `mremap` and `mprotect` on the
 //! region are interposed so the shield's bookkeeping stays true (freed
 //! plaintext pages are wiped before their frames go back to the kernel).
-//! Before `fork` every evicted page is brought back (the child does not
-//! inherit the userfaultfd); the child runs unprotected.
+//! Before `fork` every evicted page is brought back (the child inherits
+//! neither the userfaultfd nor the keys); after it, the parent evicts down
+//! to its window again and the child protects its copy with a shield of its
+//! own (fresh keys, its own handler and counters), or exits with 125 when it
+//! cannot.
 //!
 //! Settings come from the environment (set by `memveil run`):
 //! `MEMVEIL_SHIELD_WINDOW` (pages: fixed, or the least an adaptive window
@@ -48,6 +51,9 @@ use memveil_secmem::{Level, Policy};
 use memveil_shield::{Config, HandlerCpu, Shield, StatsFile, PAGE};
 use memveil_sys::uffd;
 use talc::{OomHandler, Span, Talc};
+
+mod shared;
+mod stacks;
 
 // ---------------------------------------------------------------------------
 // The preload's own Rust allocations go to the C library's allocator proper,
@@ -101,8 +107,6 @@ static BASE: AtomicUsize = AtomicUsize::new(0);
 static LEN: AtomicUsize = AtomicUsize::new(0);
 static HEAP_LEN: AtomicUsize = AtomicUsize::new(0);
 static SHIELD: AtomicPtr<Shield> = AtomicPtr::new(null_mut());
-/// Set in a forked child: the region is ordinary memory there.
-static CHILD: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Set on the shield's handler thread: whatever the C library allocates
@@ -351,9 +355,6 @@ fn create_region() -> Option<Heap> {
 }
 
 fn shield() -> Option<&'static Shield> {
-    if CHILD.load(Ordering::Relaxed) {
-        return None;
-    }
     let p = SHIELD.load(Ordering::Acquire);
     // SAFETY: SHIELD is set once to a leaked Box and never freed.
     (!p.is_null()).then(|| unsafe { &*p })
@@ -680,6 +681,12 @@ pub unsafe extern "C" fn mmap(
             None => {}
         }
     }
+    if let Some(kind) = shared::of_mmap(flags, fd) {
+        if !shared::admit(kind, len as u64) {
+            set_errno(libc::ENOMEM);
+            return libc::MAP_FAILED;
+        }
+    }
     if flags & libc::MAP_FIXED != 0 && in_region(addr as usize) {
         let a = addr as usize;
         if anonymous_private(flags, fd)
@@ -884,10 +891,162 @@ pub unsafe extern "C" fn sbrk(incr: libc::intptr_t) -> *mut c_void {
     }
 }
 
+static REAL_SHMAT: AtomicUsize = AtomicUsize::new(0);
+
+/// System V shared memory: refused unless accepted as plaintext (see
+/// `shared`).
+#[no_mangle]
+pub unsafe extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    let failed = usize::MAX as *mut c_void;
+    if !shared::admit(shared::Kind::SysV, shared::sysv_size(id)) {
+        set_errno(libc::ENOMEM);
+        return failed;
+    }
+    let f = next_definition(c"shmat", &REAL_SHMAT);
+    if f == 0 {
+        set_errno(libc::ENOSYS);
+        return failed;
+    }
+    type Shmat = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
+    // SAFETY: the C library's shmat has this type; the arguments are the
+    // caller's, passed on unchanged.
+    unsafe { std::mem::transmute::<usize, Shmat>(f)(id, addr, flags) }
+}
+
+// ---------------------------------------------------------------------------
+// Threads: their stacks in the region (see `stacks`).
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: stacks::StartFn,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's pthread_create(3) contract, passed on.
+    unsafe { stacks::create(thread, attr, start, arg) }
+}
+
+static REAL_JOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_TRYJOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_TIMEDJOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_CLOCKJOIN: AtomicUsize = AtomicUsize::new(0);
+static REAL_DETACH: AtomicUsize = AtomicUsize::new(0);
+
+/// The next definition of `name` (`dlsym(RTLD_NEXT)`), cached; for the
+/// pthread calls this library wraps.
+fn next_definition(name: &CStr, cache: &AtomicUsize) -> usize {
+    let mut f = cache.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; nothing of ours is
+        // handed over.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        cache.store(f, Ordering::Relaxed);
+    }
+    f
+}
+
+/// Calls the C library's `name` with `args` through the cached pointer, and
+/// books `thread` as joined when it returns 0.
+macro_rules! join_like {
+    ($name:literal, $cache:ident, $ty:ty, $thread:expr, $($arg:expr),*) => {{
+        let f = next_definition($name, &$cache);
+        if f == 0 {
+            return libc::ENOSYS;
+        }
+        // SAFETY: glibc's function of this name has this type; the
+        // arguments are the caller's, passed on unchanged.
+        let r = unsafe { std::mem::transmute::<usize, $ty>(f)($thread, $($arg),*) };
+        if r == 0 {
+            stacks::joined($thread);
+        }
+        r
+    }};
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_join(t: libc::pthread_t, ret: *mut *mut c_void) -> c_int {
+    join_like!(
+        c"pthread_join",
+        REAL_JOIN,
+        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int,
+        t,
+        ret
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_tryjoin_np(t: libc::pthread_t, ret: *mut *mut c_void) -> c_int {
+    join_like!(
+        c"pthread_tryjoin_np",
+        REAL_TRYJOIN,
+        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int,
+        t,
+        ret
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_timedjoin_np(
+    t: libc::pthread_t,
+    ret: *mut *mut c_void,
+    abstime: *const libc::timespec,
+) -> c_int {
+    join_like!(
+        c"pthread_timedjoin_np",
+        REAL_TIMEDJOIN,
+        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void, *const libc::timespec) -> c_int,
+        t,
+        ret,
+        abstime
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_clockjoin_np(
+    t: libc::pthread_t,
+    ret: *mut *mut c_void,
+    clock: libc::clockid_t,
+    abstime: *const libc::timespec,
+) -> c_int {
+    join_like!(
+        c"pthread_clockjoin_np",
+        REAL_CLOCKJOIN,
+        unsafe extern "C" fn(
+            libc::pthread_t,
+            *mut *mut c_void,
+            libc::clockid_t,
+            *const libc::timespec,
+        ) -> c_int,
+        t,
+        ret,
+        clock,
+        abstime
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_detach(t: libc::pthread_t) -> c_int {
+    let f = next_definition(c"pthread_detach", &REAL_DETACH);
+    if f == 0 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: glibc's pthread_detach has this type; the argument is the
+    // caller's.
+    let r = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(libc::pthread_t) -> c_int>(f)(t)
+    };
+    if r == 0 {
+        stacks::detached(t);
+    }
+    r
+}
+
 // ---------------------------------------------------------------------------
 // Start-up and fork.
 
 extern "C" fn before_fork() {
+    stacks::fork_prepare();
     LOCK.lock();
     if let Some(s) = shield() {
         if let Err(e) = s.freeze() {
@@ -897,6 +1056,7 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn after_fork_parent() {
+    stacks::fork_parent();
     if let Some(s) = shield() {
         s.thaw();
     }
@@ -904,16 +1064,32 @@ extern "C" fn after_fork_parent() {
 }
 
 extern "C" fn after_fork_child() {
-    // The child has no userfaultfd (it is not inherited) and no handler
-    // thread: its copy of the region is ordinary plaintext memory.
-    CHILD.store(true, Ordering::SeqCst);
+    // The child inherits neither the userfaultfd registrations nor the
+    // handler thread nor the keys (secret memory is not inherited): the
+    // parent's shield is dead here. The parent brought every page back before
+    // the fork (`before_fork`), so the child's copy of the region is
+    // plaintext; the child protects it with a shield of its own, fresh keys
+    // and all, and evicts down to its window at once. Pages it still shares
+    // with the parent go by write-protection (the parent holds them anyway).
+    let old = SHIELD.swap(null_mut(), Ordering::AcqRel);
+    if !old.is_null() {
+        // SAFETY: a forked child, the parent's shield (leaked, never freed),
+        // never used again: SHIELD no longer points at it.
+        unsafe { (*old).abandon_in_forked_child() };
+    }
     memveil_shield::reset_after_fork();
     LOCK.unlock();
+    stacks::fork_child();
+    if let Err(e) = protect_region() {
+        eprintln!("memveil-shield: refusing to run a forked child unprotected: {e}");
+        // SAFETY: _exit ends the child at once; nothing to unwind.
+        unsafe { libc::_exit(125) };
+    }
 }
 
-fn start() -> Result<(), String> {
-    // Make sure the region exists (the allocator may not have run yet).
-    with_heap(|_| ()).ok_or("cannot reserve the protected region")?;
+/// The shield's settings, from the environment `memveil run` sets, and the
+/// KeyID of the heap.
+fn config() -> Result<(Config, u16), String> {
     let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(memveil_shield::DEFAULT_WINDOW);
     let keyid = env_usize(c"MEMVEIL_SHIELD_KEYID").unwrap_or(1);
     let keyid = u16::try_from(keyid).map_err(|_| format!("KeyID {keyid} out of range"))?;
@@ -943,6 +1119,14 @@ fn start() -> Result<(), String> {
         },
         ..Config::default()
     };
+    Ok((cfg, keyid))
+}
+
+/// Creates this process's shield (fresh keys, its own handler and counters
+/// file `PID.stats`) and hands it the whole region: pages beyond the window
+/// are evicted at once. At start-up, and in a child after `fork`.
+fn protect_region() -> Result<(), String> {
+    let (cfg, keyid) = config()?;
     let stats = match std::env::var_os("MEMVEIL_SHIELD_STATS_DIR") {
         Some(d) => {
             let path = std::path::Path::new(&d).join(format!("{}.stats", std::process::id()));
@@ -962,6 +1146,13 @@ fn start() -> Result<(), String> {
     // reached through the interposed calls above, which go through the shield.
     unsafe { s.encrypt_mprotect(base as *mut u8, len, RW, keyid) }.map_err(|e| e.to_string())?;
     SHIELD.store(Box::into_raw(Box::new(s)), Ordering::Release);
+    Ok(())
+}
+
+fn start() -> Result<(), String> {
+    // Make sure the region exists (the allocator may not have run yet).
+    with_heap(|_| ()).ok_or("cannot reserve the protected region")?;
+    protect_region()?;
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: creating a key with a plain extern "C" destructor.
     if unsafe { libc::pthread_key_create(&mut key, Some(thread_exits)) } == 0 {

@@ -62,7 +62,7 @@ use memveil_secmem::{Level, Policy};
 use memveil_sys::uffd::{self, Uffd};
 
 use handler::{Inner, Threads};
-use state::{Range, PINNED, RESIDENT};
+use state::{Range, KEEP, PINNED, RESIDENT};
 
 /// Page size the shield works in (x86-64 base pages).
 pub const PAGE: usize = 4096;
@@ -454,6 +454,27 @@ impl Shield {
         st.set_flags(addr, len, PINNED, unreadable);
     }
 
+    /// Books `bytes` of shared memory the program mapped outside the shield,
+    /// as the user accepted (reported in the statistics).
+    pub fn note_shared_unprotected(&self, bytes: u64) {
+        self.inner
+            .stats
+            .counters()
+            .shared_unprotected
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keeps the pages of `[addr, addr+len)` resident (`keep`) or lets them
+    /// be evicted again: for a thread's control block, which the kernel
+    /// writes as the thread exits (its id, cleared for `pthread_join`; its
+    /// robust futex list), when a fault can no longer be waited for. Kept
+    /// pages still count as plaintext, and are wiped when discarded; an
+    /// evicted page comes back on its next touch and then stays.
+    pub fn keep_resident(&self, addr: usize, len: usize, keep: bool) {
+        let mut st = self.inner.lock();
+        st.set_flags(addr, len, KEEP, keep);
+    }
+
     /// Brings every evicted page back as plaintext and suspends eviction
     /// until [`Shield::thaw`]: called before `fork(2)`, since a child does
     /// not inherit the userfaultfd and would read zeros where pages were
@@ -468,6 +489,32 @@ impl Shield {
             self.inner.restore_range(&mut st, pos)?;
         }
         Ok(())
+    }
+
+    /// In a child after `fork`, on the shield the parent made: closes its
+    /// userfaultfd, which the child inherited (its registrations, handler
+    /// thread and secret-memory keys were not), so the child holds nothing of
+    /// the parent's fault handling. The shield is dead from then on.
+    ///
+    /// # Safety
+    /// Only in a forked child, on a shield made before the fork, and the
+    /// shield must never be used or dropped afterwards (its descriptor number
+    /// may be reused).
+    pub unsafe fn abandon_in_forked_child(&self) {
+        // SAFETY: the caller promises this shield is never used or dropped
+        // again, so nothing reads or closes the descriptor after this.
+        let _ = unsafe { libc::close(self.inner.uffd.raw_fd()) };
+        // The parent's ciphertext store is no use to the child (the fork
+        // came after `freeze`, so the child's copy of every range is
+        // plaintext in place): drop the child's copy of it, which would
+        // otherwise double the address space it holds and put the
+        // parent's ciphertext in the child's core dumps. Skipped if the
+        // lock was held by a thread that did not survive the fork.
+        if let Some(mut st) = self.inner.try_lock() {
+            for r in &mut st.ranges {
+                r.drop_store();
+            }
+        }
     }
 
     /// Resumes eviction after [`Shield::freeze`], and evicts at once down to

@@ -22,6 +22,12 @@ pub(crate) const PINNED: u8 = 0x80;
 /// Page was evicted recently (it is in the ghost queue): if it faults back
 /// soon, it is hot and joins the main queue.
 pub(crate) const GHOST: u8 = 0x40;
+/// Page must stay resident (a thread's control block, which the kernel
+/// writes as the thread exits): never evicted, but wiped when discarded.
+pub(crate) const KEEP: u8 = 0x20;
+/// Page was taken as a victim by the [`State::victims`] call under way
+/// (a page may sit in the queues twice); cleared before it returns.
+const CHOSEN: u8 = 0x10;
 
 /// A protected range and its ciphertext store.
 pub(crate) struct Range {
@@ -65,6 +71,18 @@ impl Range {
         r.states = uffd::map_anonymous_direct(sl)?;
         r.stamps = uffd::map_anonymous_direct(tl)?.cast();
         r.store = uffd::map_anonymous_direct(pages * PAGE)?;
+        // Ciphertext and bookkeeping: nothing a core dump needs (a dump
+        // would otherwise hold a copy the size of the range, all but the
+        // evicted pages zeros). Best effort: a dump with them is no less safe.
+        for (p, len) in [
+            (r.store, pages * PAGE),
+            (r.states, sl),
+            (r.stamps.cast(), tl),
+        ] {
+            // SAFETY: advice on mappings just made for this range; it does
+            // not change their contents.
+            let _ = unsafe { uffd::madvise_direct(p, len, libc::MADV_DONTDUMP) };
+        }
         Ok(r)
     }
 
@@ -125,6 +143,19 @@ impl Range {
     }
 }
 
+impl Range {
+    /// Unmaps the ciphertext store (in a forked child abandoning its
+    /// parent's shield: see `Shield::abandon_in_forked_child`).
+    pub(crate) fn drop_store(&mut self) {
+        if !self.store.is_null() {
+            // SAFETY: the store was mapped by `Range::map` for this range
+            // alone; it is nulled so nothing uses or unmaps it again.
+            let _ = unsafe { uffd::unmap_direct(self.store, self.pages * PAGE) };
+            self.store = std::ptr::null_mut();
+        }
+    }
+}
+
 impl Drop for Range {
     fn drop(&mut self) {
         let (sl, tl) = side_lens(self.pages);
@@ -138,10 +169,8 @@ impl Drop for Range {
             if !self.stamps.is_null() {
                 let _ = uffd::unmap_direct(self.stamps.cast(), tl);
             }
-            if !self.store.is_null() {
-                let _ = uffd::unmap_direct(self.store, self.pages * PAGE);
-            }
         }
+        self.drop_store();
     }
 }
 
@@ -213,7 +242,7 @@ impl State {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
         let s = r.state(i);
-        r.set_state(i, EVICTED | GHOST | (s & PINNED));
+        r.set_state(i, EVICTED | GHOST | (s & (PINNED | KEEP)));
         r.set_stamp(i, stamp);
         self.resident -= 1;
         self.evicted += 1;
@@ -235,7 +264,7 @@ impl State {
     pub(crate) fn mark_resident(&mut self, pos: usize, i: usize, s: u8) {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
-        r.set_state(i, RESIDENT | (s & PINNED));
+        r.set_state(i, RESIDENT | (s & (PINNED | KEEP)));
         if s & GHOST != 0 {
             self.queues.main.push_back(addr);
         } else {
@@ -297,16 +326,23 @@ impl State {
                 continue;
             };
             let s = self.ranges[pos].state(i);
-            if s & STATE_MASK != RESIDENT || victims.contains(&(pos, i)) {
+            if s & STATE_MASK != RESIDENT || s & CHOSEN != 0 {
                 continue;
             }
-            if s & PINNED != 0 {
+            if s & (PINNED | KEEP) != 0 {
                 pinned.push(a);
                 continue;
             }
+            // A flag, not a search of `victims`: a shrink after a fork asks
+            // for tens of thousands of pages at once.
+            self.ranges[pos].set_state(i, s | CHOSEN);
             victims.push((pos, i));
         }
-        // Unreadable pages stay resident; they go back to the main queue.
+        for &(pos, i) in &victims {
+            let s = self.ranges[pos].state(i);
+            self.ranges[pos].set_state(i, s & !CHOSEN);
+        }
+        // Unreadable and kept pages stay resident; back to the main queue.
         self.queues.main.extend(pinned);
         victims.sort_unstable();
         victims

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memveil_sys::uffd;
 
-const MAGIC: u64 = 0x6d76_7368_6c64_0002; // "mvshld" v2
+const MAGIC: u64 = 0x6d76_7368_6c64_0003; // "mvshld" v3
 
 /// The counters, as laid out in the shared file (all little-endian u64).
 #[repr(C)]
@@ -46,7 +46,8 @@ pub struct Counters {
     pub spurious: AtomicU64,
     /// Pages discarded by the program (munmap, MADV_DONTNEED).
     pub discards: AtomicU64,
-    /// Time the handler spent resolving faults (ns, includes evictions).
+    /// Time the handler spent resolving faults (ns, includes evictions;
+    /// from reading a batch of faults to just before waking their threads).
     pub handler_ns: AtomicU64,
     /// Time spent evicting (ns).
     pub evict_ns: AtomicU64,
@@ -75,6 +76,10 @@ pub struct Counters {
     pub handler_idle: AtomicU64,
     /// `UFFDIO_MOVE` calls that evicted pages (a run of neighbours takes one).
     pub evict_moves: AtomicU64,
+    /// Bytes of shared memory (`MAP_SHARED|MAP_ANONYMOUS`, memfd, System V)
+    /// the program mapped and was let through unprotected, as the user
+    /// accepted (`memveil run --shared-memory unprotected`).
+    pub shared_unprotected: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -136,6 +141,8 @@ pub struct Snapshot {
     pub handler_idle: u64,
     /// `UFFDIO_MOVE` calls that evicted pages.
     pub evict_moves: u64,
+    /// Bytes of shared memory mapped unprotected, as the user accepted.
+    pub shared_unprotected_bytes: u64,
 }
 
 impl Snapshot {
@@ -204,6 +211,7 @@ impl Snapshot {
         self.idle_rescues += o.idle_rescues;
         self.handler_idle += o.handler_idle;
         self.evict_moves += o.evict_moves;
+        self.shared_unprotected_bytes += o.shared_unprotected_bytes;
     }
 }
 
@@ -238,6 +246,7 @@ impl Counters {
             idle_rescues: g(&self.idle_rescues),
             handler_idle: g(&self.handler_idle),
             evict_moves: g(&self.evict_moves),
+            shared_unprotected_bytes: g(&self.shared_unprotected),
         }
     }
 }

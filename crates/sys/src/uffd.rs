@@ -426,6 +426,13 @@ impl Uffd {
         Ok(k)
     }
 
+    /// The descriptor number (for a child that must close an inherited
+    /// descriptor it can never drop).
+    #[must_use]
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Whether a fault message is waiting to be read (`poll(2)` with no
     /// wait): a watchdog's view of a handler that has fallen behind.
     #[must_use]

@@ -1,5 +1,5 @@
-/* Allocation churn as a server does it: a long-lived cache of 16384 entries
- * (1-4 KiB each, about 40 MiB) touched with a skew (90% of lookups go to the
+/* Allocation churn as a server does it: a long-lived cache of 32768 entries
+ * (1-4 KiB each, about 80 MiB) touched with a skew (90% of lookups go to the
  * first tenth), and for every request eight short-lived buffers of 64 B to
  * 16 KiB allocated, written, summed and freed. Every 64th request replaces
  * a cache entry (free + malloc of a new size). Prints a checksum, so a run
@@ -18,7 +18,7 @@ static uint64_t rnd(void) {
     return s;
 }
 
-#define ENTRIES 16384
+#define ENTRIES 32768
 
 int main(int argc, char **argv) {
     long requests = argc > 1 ? atol(argv[1]) : 300000;
