@@ -38,4 +38,9 @@ fi
 if [ "${1:-}" != "--deps" ]; then
     cargo build --release --locked --workspace
     echo "install.sh: built target/release/memveil" >&2
+    if [ "$(id -u)" -eq 0 ]; then
+        # The PKCS#11 module, where scripts/install.d/pkcs11.sh told p11-kit to look.
+        rm -f /usr/local/lib/memveil/libmemveil_pkcs11.so
+        install -D -m 0755 target/release/libmemveil_pkcs11.so /usr/local/lib/memveil/libmemveil_pkcs11.so
+    fi
 fi

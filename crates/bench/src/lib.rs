@@ -1,6 +1,6 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`cipher`, `engine`, `vault`, `rng`, `shield`, `disk`) has a module with
+//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`, `disk`) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
 //! are shared and noisy; the report records value, baseline and ratio.
@@ -12,6 +12,7 @@ pub mod cipher;
 pub mod disk;
 pub mod engine;
 pub mod nginx;
+pub mod pkcs11;
 pub mod report;
 pub mod rng;
 pub mod rng_share;
@@ -93,7 +94,9 @@ pub enum BenchError {
 }
 
 /// The parts `--only` accepts, in run order.
-pub const PARTS: &[&str] = &["cipher", "engine", "vault", "rng", "shield", "disk"];
+pub const PARTS: &[&str] = &[
+    "cipher", "engine", "vault", "pkcs11", "rng", "shield", "disk",
+];
 
 /// Runs one part by name.
 ///
@@ -104,6 +107,7 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
         "cipher" => cipher::run(opts),
         "engine" => engine::run(opts),
         "vault" => vault::run(opts),
+        "pkcs11" => pkcs11::run(opts),
         "rng" => rng::run(opts),
         "shield" => shield::run(opts),
         "disk" => disk::run(opts),

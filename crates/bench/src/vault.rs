@@ -35,7 +35,7 @@ fn fail(msg: impl Into<String>) -> BenchError {
 
 pub(crate) struct Daemon {
     child: Child,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     pub(crate) socket: PathBuf,
 }
 

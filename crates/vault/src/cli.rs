@@ -309,6 +309,9 @@ fn write_output(p: Option<&PathBuf>, parts: &[&[u8]]) -> Result<(), CliError> {
 }
 
 fn encrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
+    if a.mode == Mode::Cmac {
+        return Err("cmac computes a tag, it does not encrypt a file: use ecb, cbc, ctr, xts or gcm (CMAC is served through the ring and the PKCS#11 module)".into());
+    }
     let k = c.key_info(&a.key)?;
     if !k.kind.serves(a.mode) {
         return Err(format!(
@@ -323,7 +326,7 @@ fn encrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
     let pad = match a.mode {
         Mode::Ecb | Mode::Cbc => true,
         Mode::Xts => data.len() < 16,
-        Mode::Ctr | Mode::Gcm => false,
+        Mode::Ctr | Mode::Gcm | Mode::Cmac => false,
     };
     if pad {
         let n = 16 - data.len() % 16;

@@ -449,8 +449,10 @@ impl Client {
     }
 
     fn scratch(&mut self, need: usize) -> Result<&mut (Session, LaneClient), ClientError> {
-        let have = self.scratch.as_ref().map_or(0, |(s, _)| s.data_len);
-        if have < need {
+        // `None` before the first request: an empty first request (GCM of
+        // no bytes, CMAC of the empty message) still needs a session.
+        let have = self.scratch.as_ref().map(|(s, _)| s.data_len);
+        if have.is_none_or(|h| h < need) {
             let size = need.max(1 << 20).next_power_of_two();
             let (s, mut l) = self.session(size, 1)?;
             let lane = l.remove(0);

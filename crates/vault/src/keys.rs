@@ -172,6 +172,17 @@ impl Version {
                         .map_err(|_| status::AUTH_FAILED),
                 }
             }
+            (Material::Aes(g), Mode::Cmac) => {
+                let aes = g.as_ref().ok_or(gone)?.aes();
+                match e.op {
+                    Op::Encrypt => {
+                        *tag_out = crate::cmac::cmac(aes, data);
+                        Ok(())
+                    }
+                    Op::Decrypt if crate::cmac::verify(aes, data, &e.tag) => Ok(()),
+                    Op::Decrypt => Err(status::AUTH_FAILED),
+                }
+            }
             (Material::Xts(x), Mode::Xts) => match (x.as_ref().ok_or(gone)?, e.op) {
                 (x, Op::Encrypt) => x.encrypt(&e.iv, data).map_err(bad),
                 (x, Op::Decrypt) => x.decrypt(&e.iv, data).map_err(bad),

@@ -26,6 +26,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod cmac;
 pub mod gcm;
 mod keys;
 pub mod keystore;

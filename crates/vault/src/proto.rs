@@ -67,9 +67,9 @@ pub enum DecodeError {
 /// Kinds of keys the vault holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyKind {
-    /// AES-128 (ECB, CBC, CTR, GCM).
+    /// AES-128 (ECB, CBC, CTR, GCM, CMAC).
     Aes128,
-    /// AES-256 (ECB, CBC, CTR, GCM).
+    /// AES-256 (ECB, CBC, CTR, GCM, CMAC).
     Aes256,
     /// XTS-AES-128: two 128-bit keys.
     Xts128,
@@ -115,7 +115,7 @@ impl KeyKind {
             (self, mode),
             (
                 KeyKind::Aes128 | KeyKind::Aes256,
-                Mode::Ecb | Mode::Cbc | Mode::Ctr | Mode::Gcm
+                Mode::Ecb | Mode::Cbc | Mode::Ctr | Mode::Gcm | Mode::Cmac
             ) | (KeyKind::Xts128 | KeyKind::Xts256, Mode::Xts)
         )
     }
@@ -167,6 +167,9 @@ pub enum Mode {
     Xts,
     /// GCM, 96-bit nonce, 128-bit tag.
     Gcm,
+    /// AES-CMAC (SP 800-38B): encrypt computes the 16-byte tag of the data
+    /// (left unchanged), decrypt verifies the entry's tag against it.
+    Cmac,
 }
 
 impl Mode {
@@ -179,6 +182,7 @@ impl Mode {
             Mode::Ctr => 3,
             Mode::Xts => 4,
             Mode::Gcm => 5,
+            Mode::Cmac => 6,
         }
     }
     /// From a wire value.
@@ -190,6 +194,7 @@ impl Mode {
             3 => Mode::Ctr,
             4 => Mode::Xts,
             5 => Mode::Gcm,
+            6 => Mode::Cmac,
             _ => return None,
         })
     }
@@ -202,6 +207,7 @@ impl Mode {
             Mode::Ctr => "ctr",
             Mode::Xts => "xts",
             Mode::Gcm => "gcm",
+            Mode::Cmac => "cmac",
         }
     }
 }
@@ -215,7 +221,12 @@ impl std::str::FromStr for Mode {
             "ctr" => Mode::Ctr,
             "xts" => Mode::Xts,
             "gcm" => Mode::Gcm,
-            _ => return Err(format!("unknown mode {s:?}: ecb, cbc, ctr, xts or gcm")),
+            "cmac" => Mode::Cmac,
+            _ => {
+                return Err(format!(
+                    "unknown mode {s:?}: ecb, cbc, ctr, xts, gcm or cmac"
+                ))
+            }
         })
     }
 }

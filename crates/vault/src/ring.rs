@@ -15,7 +15,7 @@
 //! An entry (128 bytes): `op` u8 at 0 (1 encrypt, 2 decrypt), `mode` u8 at 1,
 //! `key` u32 at 4, `buffer` u32 at 8, `version` u32 at 12 (0 = newest),
 //! `offset` u64 at 16, `len` u64 at 24, IV / counter / tweak / nonce at 32
-//! (16 bytes), GCM tag at 48 (16 bytes; written by the vault on encrypt,
+//! (16 bytes), GCM or CMAC tag at 48 (16 bytes; written by the vault on encrypt,
 //! read on decrypt), `aad_offset` u64 at 64, `aad_len` u64 at 72 (same
 //! buffer), and `status` u32 at 80 (written by the vault; 0 = ok).
 //!
@@ -75,7 +75,7 @@ pub mod status {
     pub const WRONG_MODE: u32 = 5;
     /// A length the mode cannot process.
     pub const BAD_LENGTH: u32 = 6;
-    /// GCM tag mismatch.
+    /// GCM or CMAC tag mismatch.
     pub const AUTH_FAILED: u32 = 7;
     /// The batch count was 0 or larger than the lane holds.
     pub const BAD_COUNT: u32 = 8;
@@ -101,7 +101,7 @@ pub mod status {
             DENIED => "permission denied by the key's ACL",
             WRONG_MODE => "the key's kind does not serve this mode",
             BAD_LENGTH => "data length not acceptable for this mode",
-            AUTH_FAILED => "GCM authentication failed",
+            AUTH_FAILED => "GCM authentication failed (or CMAC tag mismatch)",
             BAD_COUNT => "batch count out of range",
             BUSY => "range in use by another request of this client (overlapping concurrent requests are refused; retry, or use disjoint ranges)",
             TOO_LONG => "GCM message longer than the vault accepts (the vault's --max-gcm-mib)",
@@ -211,7 +211,7 @@ impl Entry {
         let ok = match self.mode {
             Mode::Ecb | Mode::Cbc => self.len.is_multiple_of(16),
             Mode::Xts => self.len >= 16,
-            Mode::Ctr | Mode::Gcm => true,
+            Mode::Ctr | Mode::Gcm | Mode::Cmac => true,
         };
         if ok && (self.mode == Mode::Gcm || self.aad_len == 0) {
             Ok(())

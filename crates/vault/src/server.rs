@@ -1131,7 +1131,7 @@ impl Worker {
         }
     }
 
-    /// Processes one entry; `Ok(true)` when a GCM tag was produced.
+    /// Processes one entry; `Ok(true)` when a GCM or CMAC tag was produced.
     ///
     /// Every shared byte is fetched once: the entry was copied out by the
     /// caller, the AAD is copied out here, and the data range is claimed for
@@ -1197,7 +1197,7 @@ impl Worker {
             return Ok(false);
         }
         version.apply(&e, claim.bytes(), &aad, tag)?;
-        Ok(e.mode == proto::Mode::Gcm && e.op == ring::Op::Encrypt)
+        Ok(matches!(e.mode, proto::Mode::Gcm | proto::Mode::Cmac) && e.op == ring::Op::Encrypt)
     }
 }
 

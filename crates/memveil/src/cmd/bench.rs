@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// Flags of `memveil bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run only this part (repeatable). Parts: cipher, engine, vault, rng, shield, disk.
+    /// Run only this part (repeatable). Parts: cipher, engine, vault, pkcs11, rng, shield, disk.
     #[arg(long)]
     only: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run.

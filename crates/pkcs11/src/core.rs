@@ -1,0 +1,904 @@
+//! The token: one slot over the vault this process can reach, its
+//! sessions, its objects (vault keys) and the operations in progress.
+//! Safe Rust only; the C entry points (`ffi`) copy or borrow what the
+//! caller passed and call in here.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use cryptoki_sys::*;
+use memveil_vault::client::{ClientError, LaneClient, Session as Shared};
+use memveil_vault::proto::{perm, ErrorCode, KeyInfo, KeyKind};
+use memveil_vault::ring::{status, Entry};
+use memveil_vault::Client;
+
+use crate::mech::{Backend, CryptOp, Failure, MacOp, Req, Rv};
+
+/// The one slot's id.
+pub const SLOT: CK_SLOT_ID = 0;
+/// Prefix of the vault names of session objects: `p11s.<pid>.<n>`.
+const SESSION_PREFIX: &str = "p11s.";
+/// Lanes (vault worker threads) one process uses at most, by default.
+const DEFAULT_LANES: usize = 8;
+/// Bytes of a lane's shared data buffer at first (grown on demand).
+const LANE_BYTES: usize = 1 << 20;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Where the vault listens: `$MEMVEIL_VAULT_SOCKET`, else the default.
+#[must_use]
+pub fn socket_path() -> PathBuf {
+    std::env::var_os("MEMVEIL_VAULT_SOCKET")
+        .map_or_else(|| PathBuf::from("/run/memveil/vault.sock"), PathBuf::from)
+}
+
+fn client_rv(e: &ClientError) -> Rv {
+    match e {
+        ClientError::Refused { code, .. } => match code {
+            ErrorCode::NotFound => CKR_OBJECT_HANDLE_INVALID,
+            ErrorCode::Denied => CKR_ACTION_PROHIBITED,
+            ErrorCode::Quota => CKR_DEVICE_MEMORY,
+            ErrorCode::Exists => CKR_ATTRIBUTE_VALUE_INVALID,
+            _ => CKR_DEVICE_ERROR,
+        },
+        ClientError::Usage(_) => CKR_ARGUMENTS_BAD,
+        _ => CKR_DEVICE_ERROR,
+    }
+}
+
+/// A key as a PKCS#11 object.
+#[derive(Debug, Clone)]
+pub struct Obj {
+    /// Vault key id.
+    pub vault_id: u32,
+    /// Vault key name.
+    pub name: String,
+    /// AES-128 or AES-256.
+    pub kind: KeyKind,
+    /// `CKA_LABEL`.
+    pub label: Vec<u8>,
+    /// `CKA_ID`.
+    pub id: Vec<u8>,
+    /// `CKA_TOKEN`.
+    pub token: bool,
+    /// The session that owns a session object (0 for token objects).
+    pub session: CK_SESSION_HANDLE,
+    /// Generated inside the vault by this module (`CKA_LOCAL`).
+    pub local: bool,
+    /// `CKA_ENCRYPT`, `CKA_DECRYPT`, `CKA_SIGN`, `CKA_VERIFY`.
+    pub caps: [bool; 4],
+}
+
+fn ck_bool(b: bool) -> Vec<u8> {
+    vec![if b { CK_TRUE } else { CK_FALSE }]
+}
+
+fn ck_ulong(v: CK_ULONG) -> Vec<u8> {
+    v.to_ne_bytes().to_vec()
+}
+
+/// What `C_GetAttributeValue` finds for one attribute.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Attr {
+    /// The value's bytes.
+    Value(Vec<u8>),
+    /// `CKA_VALUE`: never leaves the vault.
+    Sensitive,
+    /// Not an attribute of a secret key here.
+    Invalid,
+}
+
+impl Obj {
+    /// One attribute.
+    #[must_use]
+    pub fn attr(&self, t: CK_ATTRIBUTE_TYPE) -> Attr {
+        let v = match t {
+            CKA_CLASS => ck_ulong(CKO_SECRET_KEY),
+            CKA_KEY_TYPE => ck_ulong(CKK_AES),
+            CKA_VALUE_LEN => ck_ulong(self.kind.key_len() as CK_ULONG),
+            CKA_LABEL => self.label.clone(),
+            CKA_ID => self.id.clone(),
+            CKA_TOKEN => ck_bool(self.token),
+            CKA_PRIVATE => ck_bool(false),
+            CKA_MODIFIABLE
+            | CKA_COPYABLE
+            | CKA_EXTRACTABLE
+            | CKA_WRAP
+            | CKA_UNWRAP
+            | CKA_DERIVE
+            | CKA_TRUSTED
+            | CKA_WRAP_WITH_TRUSTED
+            | CKA_ALWAYS_AUTHENTICATE => ck_bool(false),
+            CKA_SENSITIVE | CKA_NEVER_EXTRACTABLE | CKA_DESTROYABLE => ck_bool(true),
+            CKA_ALWAYS_SENSITIVE | CKA_LOCAL => ck_bool(self.local),
+            CKA_ENCRYPT => ck_bool(self.caps[0]),
+            CKA_DECRYPT => ck_bool(self.caps[1]),
+            CKA_SIGN => ck_bool(self.caps[2]),
+            CKA_VERIFY => ck_bool(self.caps[3]),
+            CKA_KEY_GEN_MECHANISM => ck_ulong(if self.local {
+                CKM_AES_KEY_GEN
+            } else {
+                CK_UNAVAILABLE_INFORMATION
+            }),
+            CKA_START_DATE | CKA_END_DATE => Vec::new(),
+            CKA_VALUE => return Attr::Sensitive,
+            _ => return Attr::Invalid,
+        };
+        Attr::Value(v)
+    }
+}
+
+/// The vault name of a token object with `label` and `id`:
+/// `label` alone, or `label..hex(id)` (`..` cannot appear in a label).
+///
+/// # Errors
+/// `CKR_ATTRIBUTE_VALUE_INVALID` when the label has characters outside
+/// `[A-Za-z0-9._-]`, contains `..`, or the name would pass 64 characters.
+pub fn token_name(label: &[u8], id: &[u8]) -> Result<String, Rv> {
+    let label = std::str::from_utf8(label).map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
+    if label.contains("..") || label.starts_with(SESSION_PREFIX) {
+        return Err(CKR_ATTRIBUTE_VALUE_INVALID);
+    }
+    let name = if id.is_empty() {
+        label.to_owned()
+    } else {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{label}..{hex}")
+    };
+    if memveil_vault::proto::valid_name(&name) {
+        Ok(name)
+    } else {
+        Err(CKR_ATTRIBUTE_VALUE_INVALID)
+    }
+}
+
+/// Label and id back from a vault name (see [`token_name`]).
+#[must_use]
+pub fn parse_name(name: &str) -> (Vec<u8>, Vec<u8>) {
+    if let Some((label, hex)) = name.rsplit_once("..") {
+        if !hex.is_empty() && hex.len() % 2 == 0 && !label.contains("..") {
+            let id: Option<Vec<u8>> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                .collect();
+            if let Some(id) = id {
+                return (label.as_bytes().to_vec(), id);
+            }
+        }
+    }
+    (name.as_bytes().to_vec(), Vec::new())
+}
+
+/// One session's state.
+#[derive(Default)]
+pub struct Sess {
+    /// Opened with `CKF_RW_SESSION`.
+    pub rw: bool,
+    /// Encryption in progress.
+    pub enc: Option<CryptOp>,
+    /// Decryption in progress.
+    pub dec: Option<CryptOp>,
+    /// CMAC signature in progress.
+    pub sign: Option<MacOp>,
+    /// CMAC verification in progress.
+    pub verify: Option<MacOp>,
+    /// Handles a search has still to return.
+    pub find: Option<Vec<CK_OBJECT_HANDLE>>,
+}
+
+struct Lane {
+    shared: Shared,
+    lane: LaneClient,
+}
+
+/// The vault connection: the control socket and a pool of lanes, each used
+/// by one thread at a time.
+struct Vault {
+    ctl: Client,
+}
+
+/// The module's state between `C_Initialize` and `C_Finalize`.
+pub struct Module {
+    socket: PathBuf,
+    vault: Mutex<Option<Vault>>,
+    lanes: Mutex<(Vec<Lane>, usize)>,
+    lane_free: Condvar,
+    max_lanes: usize,
+    sessions: Mutex<HashMap<CK_SESSION_HANDLE, Arc<Mutex<Sess>>>>,
+    objects: Mutex<HashMap<CK_OBJECT_HANDLE, Obj>>,
+    next: AtomicU64,
+    logged_in: AtomicBool,
+    rng: Mutex<Option<memveil_drng::Stream>>,
+    uid: AtomicU64,
+    pid: u32,
+}
+
+impl Module {
+    /// State for the vault at [`socket_path`]; connects lazily, so the
+    /// module loads (and says "token not present") while the vault is down.
+    #[must_use]
+    pub fn new() -> Self {
+        let max_lanes = std::env::var("MEMVEIL_PKCS11_LANES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=64).contains(n))
+            .unwrap_or(DEFAULT_LANES);
+        let m = Self {
+            socket: socket_path(),
+            vault: Mutex::new(None),
+            lanes: Mutex::new((Vec::new(), 0)),
+            lane_free: Condvar::new(),
+            max_lanes,
+            sessions: Mutex::new(HashMap::new()),
+            objects: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            logged_in: AtomicBool::new(false),
+            rng: Mutex::new(None),
+            uid: AtomicU64::new(u64::MAX),
+            pid: std::process::id(),
+        };
+        let _ = m.with_vault(|_| Ok(()));
+        m
+    }
+
+    /// The process that initialised the module.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The socket this module uses.
+    #[must_use]
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    fn handle(&self) -> CK_ULONG {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Runs `f` on the control connection, connecting first if needed; a
+    /// connection that failed is dropped so the next call reconnects.
+    fn with_vault<R>(&self, f: impl FnOnce(&mut Client) -> Result<R, Rv>) -> Result<R, Rv> {
+        let mut g = lock(&self.vault);
+        if g.is_none() {
+            let ctl = Client::connect(&self.socket).map_err(|_| CKR_TOKEN_NOT_PRESENT)?;
+            self.uid.store(u64::from(ctl.uid()), Ordering::Relaxed);
+            *g = Some(Vault { ctl });
+            // Lanes of an earlier connection belong to a vault that is gone.
+            lock(&self.lanes).0.clear();
+        }
+        let v = g.as_mut().ok_or(CKR_TOKEN_NOT_PRESENT)?;
+        f(&mut v.ctl)
+    }
+
+    fn forget_vault(&self) {
+        *lock(&self.vault) = None;
+        let mut l = lock(&self.lanes);
+        l.0.clear();
+        l.1 = 0;
+    }
+
+    /// Whether the vault answers (the token is present).
+    pub fn present(&self) -> bool {
+        self.with_vault(|c| c.status().map(|_| ()).map_err(|_| CKR_DEVICE_ERROR))
+            .map_err(|_| self.forget_vault())
+            .is_ok()
+    }
+
+    /// The vault's protection level, for the token's model field.
+    pub fn level(&self) -> Option<String> {
+        self.with_vault(|c| Ok(c.level().to_owned())).ok()
+    }
+
+    fn uid(&self) -> u32 {
+        u32::try_from(self.uid.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+    }
+
+    fn take_lane(&self, need: usize) -> Result<Lane, Rv> {
+        let mut g = lock(&self.lanes);
+        loop {
+            if let Some(i) = g.0.iter().position(|l| l.shared.len() >= need) {
+                return Ok(g.0.swap_remove(i));
+            }
+            if g.1 < self.max_lanes || !g.0.is_empty() {
+                // Room for one more, or a free lane too small: replace it.
+                if !g.0.is_empty() {
+                    g.0.pop();
+                } else {
+                    g.1 += 1;
+                }
+                drop(g);
+                let size = need.max(LANE_BYTES).next_power_of_two();
+                let made = self.with_vault(|c| c.session(size, 1).map_err(|e| client_rv(&e)));
+                return match made {
+                    Ok((shared, mut lanes)) => match lanes.pop() {
+                        Some(lane) => Ok(Lane { shared, lane }),
+                        None => Err(self.lane_lost()),
+                    },
+                    Err(rv) => Err(self.lane_failed(rv)),
+                };
+            }
+            g = self
+                .lane_free
+                .wait(g)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn lane_failed(&self, rv: Rv) -> Rv {
+        let mut g = lock(&self.lanes);
+        g.1 = g.1.saturating_sub(1);
+        self.lane_free.notify_one();
+        rv
+    }
+
+    fn lane_lost(&self) -> Rv {
+        self.lane_failed(CKR_DEVICE_ERROR)
+    }
+
+    fn give_lane(&self, l: Lane) {
+        lock(&self.lanes).0.push(l);
+        self.lane_free.notify_one();
+    }
+
+    // ---- sessions ----
+
+    /// Opens a session.
+    ///
+    /// # Errors
+    /// `CKR_TOKEN_NOT_PRESENT` when the vault cannot be reached.
+    pub fn open_session(&self, rw: bool) -> Result<CK_SESSION_HANDLE, Rv> {
+        self.with_vault(|_| Ok(()))?;
+        let h = self.handle();
+        let s = Sess {
+            rw,
+            ..Sess::default()
+        };
+        lock(&self.sessions).insert(h, Arc::new(Mutex::new(s)));
+        Ok(h)
+    }
+
+    /// The session `h`.
+    ///
+    /// # Errors
+    /// `CKR_SESSION_HANDLE_INVALID`.
+    pub fn session(&self, h: CK_SESSION_HANDLE) -> Result<Arc<Mutex<Sess>>, Rv> {
+        lock(&self.sessions)
+            .get(&h)
+            .cloned()
+            .ok_or(CKR_SESSION_HANDLE_INVALID)
+    }
+
+    /// Closes a session and destroys its session objects.
+    ///
+    /// # Errors
+    /// `CKR_SESSION_HANDLE_INVALID`.
+    pub fn close_session(&self, h: CK_SESSION_HANDLE) -> Result<(), Rv> {
+        lock(&self.sessions)
+            .remove(&h)
+            .ok_or(CKR_SESSION_HANDLE_INVALID)?;
+        let mine: Vec<(CK_OBJECT_HANDLE, String)> = lock(&self.objects)
+            .iter()
+            .filter(|(_, o)| !o.token && o.session == h)
+            .map(|(k, o)| (*k, o.name.clone()))
+            .collect();
+        for (k, name) in mine {
+            lock(&self.objects).remove(&k);
+            let _ = self.with_vault(|c| c.destroy_key(&name).map_err(|e| client_rv(&e)));
+        }
+        if lock(&self.sessions).is_empty() {
+            self.logged_in.store(false, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Closes every session.
+    pub fn close_all(&self) {
+        let all: Vec<CK_SESSION_HANDLE> = lock(&self.sessions).keys().copied().collect();
+        for h in all {
+            let _ = self.close_session(h);
+        }
+    }
+
+    /// Sessions open (all read/write or read-only).
+    pub fn session_count(&self) -> (usize, usize) {
+        let s = lock(&self.sessions);
+        let rw = s.values().filter(|x| lock(x).rw).count();
+        (s.len(), rw)
+    }
+
+    /// Whether `C_Login` has been called.
+    pub fn logged_in(&self) -> bool {
+        self.logged_in.load(Ordering::Relaxed)
+    }
+
+    /// `C_Login`: the PIN is optional and not checked (the vault's
+    /// `SO_PEERCRED` uid decides what this process may use).
+    ///
+    /// # Errors
+    /// `CKR_USER_ALREADY_LOGGED_IN`.
+    pub fn login(&self) -> Result<(), Rv> {
+        if self.logged_in.swap(true, Ordering::Relaxed) {
+            Err(CKR_USER_ALREADY_LOGGED_IN)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `C_Logout`.
+    ///
+    /// # Errors
+    /// `CKR_USER_NOT_LOGGED_IN`.
+    pub fn logout(&self) -> Result<(), Rv> {
+        if self.logged_in.swap(false, Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(CKR_USER_NOT_LOGGED_IN)
+        }
+    }
+
+    // ---- objects ----
+
+    fn caps_of(&self, k: &KeyInfo) -> [bool; 4] {
+        let uid = self.uid();
+        let bits = if k.owner == uid {
+            perm::ALL
+        } else {
+            k.acl.iter().find(|(u, _)| *u == uid).map_or(0, |(_, p)| *p)
+        };
+        let e = bits & perm::ENCRYPT != 0;
+        let d = bits & perm::DECRYPT != 0;
+        [e, d, e, d]
+    }
+
+    /// Re-reads the keys this uid may see from the vault: token objects
+    /// appear and disappear; session objects stay as this process made them.
+    ///
+    /// # Errors
+    /// The vault cannot be reached.
+    pub fn refresh(&self) -> Result<(), Rv> {
+        let keys = self.with_vault(|c| c.list_keys().map_err(|e| client_rv(&e)))?;
+        let mut objs = lock(&self.objects);
+        let mut seen = Vec::new();
+        for k in keys {
+            if !matches!(k.kind, KeyKind::Aes128 | KeyKind::Aes256)
+                || k.name.starts_with(SESSION_PREFIX)
+            {
+                continue;
+            }
+            seen.push(k.id);
+            if let Some(o) = objs.values_mut().find(|o| o.vault_id == k.id) {
+                o.caps = self.caps_of(&k);
+                continue;
+            }
+            let (label, id) = parse_name(&k.name);
+            let o = Obj {
+                vault_id: k.id,
+                name: k.name.clone(),
+                kind: k.kind,
+                label,
+                id,
+                token: true,
+                session: 0,
+                local: false,
+                caps: self.caps_of(&k),
+            };
+            objs.insert(self.handle(), o);
+        }
+        objs.retain(|_, o| !o.token || seen.contains(&o.vault_id));
+        Ok(())
+    }
+
+    /// The object `h`.
+    ///
+    /// # Errors
+    /// `CKR_OBJECT_HANDLE_INVALID`.
+    pub fn object(&self, h: CK_OBJECT_HANDLE) -> Result<Obj, Rv> {
+        lock(&self.objects)
+            .get(&h)
+            .cloned()
+            .ok_or(CKR_OBJECT_HANDLE_INVALID)
+    }
+
+    /// A key for an operation: `CKR_KEY_HANDLE_INVALID` instead of the
+    /// object error, and `CKR_KEY_FUNCTION_NOT_PERMITTED` without `cap`.
+    ///
+    /// # Errors
+    /// As above.
+    pub fn key(&self, h: CK_OBJECT_HANDLE, cap: usize) -> Result<Obj, Rv> {
+        let o = self.object(h).map_err(|_| CKR_KEY_HANDLE_INVALID)?;
+        if o.caps.get(cap).copied().unwrap_or(false) {
+            Ok(o)
+        } else {
+            Err(CKR_KEY_FUNCTION_NOT_PERMITTED)
+        }
+    }
+
+    /// Handles of objects matching `template` (type, value bytes).
+    ///
+    /// # Errors
+    /// The vault cannot be reached.
+    pub fn find(
+        &self,
+        template: &[(CK_ATTRIBUTE_TYPE, &[u8])],
+    ) -> Result<Vec<CK_OBJECT_HANDLE>, Rv> {
+        self.refresh()?;
+        let objs = lock(&self.objects);
+        let mut v: Vec<CK_OBJECT_HANDLE> = objs
+            .iter()
+            .filter(|(_, o)| {
+                template
+                    .iter()
+                    .all(|(t, want)| o.attr(*t) == Attr::Value(want.to_vec()))
+            })
+            .map(|(h, _)| *h)
+            .collect();
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// Creates a key in the vault: generated when `value` is `None`,
+    /// imported from the caller's bytes otherwise (passed straight to the
+    /// socket, never copied here).
+    ///
+    /// # Errors
+    /// A template the vault cannot honour, or the vault's refusal.
+    pub fn create(
+        &self,
+        session: CK_SESSION_HANDLE,
+        t: &Template<'_>,
+        value: Option<&[u8]>,
+    ) -> Result<CK_OBJECT_HANDLE, Rv> {
+        let s = self.session(session)?;
+        if t.token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        let kind = match t.key_len {
+            16 => KeyKind::Aes128,
+            32 => KeyKind::Aes256,
+            _ => return Err(CKR_ATTRIBUTE_VALUE_INVALID),
+        };
+        let name = if t.token {
+            if t.label.is_empty() && t.id.is_empty() {
+                let mut r = [0u8; 4];
+                self.random(&mut r)?;
+                format!(
+                    "p11-{}",
+                    r.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                )
+            } else {
+                token_name(t.label, t.id)?
+            }
+        } else {
+            format!(
+                "{SESSION_PREFIX}{}.{}",
+                std::process::id(),
+                self.next.fetch_add(1, Ordering::Relaxed)
+            )
+        };
+        // Token objects are sealed to disk when the vault has a keystore
+        // (`--state`), and live as long as the vault otherwise.
+        let info = self.with_vault(|c| {
+            let make = |c: &mut Client, persistent: bool| match value {
+                None => c.create_key(&name, kind, persistent),
+                Some(v) => c.import_key(&name, kind, persistent, v),
+            };
+            match make(c, t.token) {
+                Err(ClientError::Refused {
+                    code: ErrorCode::NotDurable,
+                    ..
+                }) => make(c, false),
+                r => r,
+            }
+            .map_err(|e| client_rv(&e))
+        })?;
+        let (label, id) = if t.token {
+            parse_name(&info.name)
+        } else {
+            (t.label.to_vec(), t.id.to_vec())
+        };
+        let mut caps = self.caps_of(&info);
+        for (c, want) in caps.iter_mut().zip(t.caps) {
+            *c &= want;
+        }
+        let o = Obj {
+            vault_id: info.id,
+            name: info.name,
+            kind,
+            label,
+            id,
+            token: t.token,
+            session: if t.token { 0 } else { session },
+            local: value.is_none(),
+            caps,
+        };
+        let h = self.handle();
+        lock(&self.objects).insert(h, o);
+        Ok(h)
+    }
+
+    /// Destroys a key in the vault.
+    ///
+    /// # Errors
+    /// `CKR_OBJECT_HANDLE_INVALID`, `CKR_SESSION_READ_ONLY`, the vault's refusal.
+    pub fn destroy(&self, session: CK_SESSION_HANDLE, h: CK_OBJECT_HANDLE) -> Result<(), Rv> {
+        let s = self.session(session)?;
+        let o = self.object(h)?;
+        if o.token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        self.with_vault(|c| c.destroy_key(&o.name).map_err(|e| client_rv(&e)))?;
+        lock(&self.objects).remove(&h);
+        Ok(())
+    }
+
+    /// Fills `out` from memveil's CTR_DRBG (AES-256, seeded from RDRAND
+    /// conditioned 512:1, or from `getrandom(2)` on a CPU without RDRAND).
+    ///
+    /// # Errors
+    /// `CKR_DEVICE_ERROR` when the DRBG's source fails its health tests.
+    pub fn random(&self, out: &mut [u8]) -> Result<(), Rv> {
+        use memveil_drng::{SourceKind, Stream, StreamKind, StreamOptions};
+        let mut g = lock(&self.rng);
+        if g.is_none() {
+            let rdrand = Stream::open(StreamKind::Drbg, &StreamOptions::default());
+            let s = match rdrand {
+                Ok(s) => s,
+                Err(_) => Stream::open(
+                    StreamKind::Drbg,
+                    &StreamOptions {
+                        input: SourceKind::Getrandom,
+                        ..StreamOptions::default()
+                    },
+                )
+                .map_err(|_| CKR_DEVICE_ERROR)?,
+            };
+            *g = Some(s);
+        }
+        let s = g.as_mut().ok_or(CKR_DEVICE_ERROR)?;
+        for chunk in out.chunks_mut(1 << 16) {
+            s.fill(chunk).map_err(|_| CKR_DEVICE_ERROR)?;
+        }
+        Ok(())
+    }
+}
+
+impl Default for Module {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        self.close_all();
+    }
+}
+
+/// What a creation template asked for, checked.
+#[derive(Debug, Default)]
+pub struct Template<'a> {
+    /// `CKA_VALUE_LEN` or the length of `CKA_VALUE`.
+    pub key_len: usize,
+    /// `CKA_TOKEN`.
+    pub token: bool,
+    /// `CKA_LABEL`.
+    pub label: &'a [u8],
+    /// `CKA_ID`.
+    pub id: &'a [u8],
+    /// `CKA_ENCRYPT`, `CKA_DECRYPT`, `CKA_SIGN`, `CKA_VERIFY` (default true).
+    pub caps: [bool; 4],
+}
+
+fn as_bool(v: &[u8]) -> Result<bool, Rv> {
+    match v {
+        [b] => Ok(*b != 0),
+        _ => Err(CKR_ATTRIBUTE_VALUE_INVALID),
+    }
+}
+
+fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
+    let a: [u8; std::mem::size_of::<CK_ULONG>()] =
+        v.try_into().map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
+    Ok(CK_ULONG::from_ne_bytes(a))
+}
+
+/// Checks a template for `C_GenerateKey` (`value` is `None`) or
+/// `C_CreateObject` (returns `CKA_VALUE`, borrowed).
+///
+/// Every key is sensitive: `CKA_SENSITIVE=false` (what `pkcs11-tool
+/// --keygen` asks for unless given `--sensitive`) is accepted and the key
+/// reads back `CKA_SENSITIVE=true`. Refused with
+/// `CKR_ATTRIBUTE_VALUE_INVALID`: `CKA_EXTRACTABLE=true`, `CKA_WRAP`/`CKA_UNWRAP`/`CKA_DERIVE=true`,
+/// `CKA_MODIFIABLE`/`CKA_COPYABLE=true`, a class other than secret key, a
+/// key type other than AES, lengths other than 16 and 32 bytes; for a token
+/// object, `CKA_ENCRYPT`/`CKA_DECRYPT`/`CKA_SIGN`/`CKA_VERIFY=false` (the
+/// vault's ACL decides those for every process: `memveil vault grant`).
+///
+/// # Errors
+/// As above; `CKR_TEMPLATE_INCOMPLETE` without a length (generate) or a
+/// value (import); `CKR_ATTRIBUTE_TYPE_INVALID` for an unknown attribute.
+pub fn check_template<'a>(
+    attrs: &[(CK_ATTRIBUTE_TYPE, &'a [u8])],
+    import: bool,
+) -> Result<(Template<'a>, Option<&'a [u8]>), Rv> {
+    let mut t = Template {
+        caps: [true; 4],
+        ..Template::default()
+    };
+    let (mut class, mut key_type, mut value_len, mut value) = (None, None, None, None);
+    for (ty, v) in attrs {
+        let v: &'a [u8] = v;
+        match *ty {
+            CKA_CLASS => class = Some(as_ulong(v)?),
+            CKA_KEY_TYPE => key_type = Some(as_ulong(v)?),
+            CKA_VALUE_LEN => value_len = Some(as_ulong(v)?),
+            CKA_VALUE if import => value = Some(v),
+            CKA_TOKEN => t.token = as_bool(v)?,
+            CKA_LABEL => t.label = v,
+            CKA_ID => t.id = v,
+            // `CKA_SENSITIVE=false` (pkcs11-tool's default) still gets a
+            // sensitive key: the vault has no way to give the value out.
+            CKA_SENSITIVE | CKA_DESTROYABLE | CKA_PRIVATE => {
+                as_bool(v)?;
+            }
+            CKA_EXTRACTABLE
+            | CKA_WRAP
+            | CKA_UNWRAP
+            | CKA_DERIVE
+            | CKA_MODIFIABLE
+            | CKA_COPYABLE
+            | CKA_TRUSTED
+            | CKA_WRAP_WITH_TRUSTED => {
+                if as_bool(v)? {
+                    return Err(CKR_ATTRIBUTE_VALUE_INVALID);
+                }
+            }
+            CKA_ENCRYPT => t.caps[0] = as_bool(v)?,
+            CKA_DECRYPT => t.caps[1] = as_bool(v)?,
+            CKA_SIGN => t.caps[2] = as_bool(v)?,
+            CKA_VERIFY => t.caps[3] = as_bool(v)?,
+            CKA_START_DATE | CKA_END_DATE => {}
+            CKA_VALUE
+            | CKA_LOCAL
+            | CKA_ALWAYS_SENSITIVE
+            | CKA_NEVER_EXTRACTABLE
+            | CKA_KEY_GEN_MECHANISM => return Err(CKR_ATTRIBUTE_READ_ONLY),
+            _ => return Err(CKR_ATTRIBUTE_TYPE_INVALID),
+        }
+    }
+    if class.is_some_and(|c| c != CKO_SECRET_KEY) || key_type.is_some_and(|k| k != CKK_AES) {
+        return Err(CKR_ATTRIBUTE_VALUE_INVALID);
+    }
+    if t.token && t.caps.contains(&false) {
+        return Err(CKR_ATTRIBUTE_VALUE_INVALID);
+    }
+    if import {
+        if class.is_none() || key_type.is_none() {
+            return Err(CKR_TEMPLATE_INCOMPLETE);
+        }
+        let v = value.ok_or(CKR_TEMPLATE_INCOMPLETE)?;
+        if value_len.is_some_and(|l| usize::try_from(l).ok() != Some(v.len())) {
+            return Err(CKR_TEMPLATE_INCONSISTENT);
+        }
+        t.key_len = v.len();
+    } else {
+        let l = value_len.ok_or(CKR_TEMPLATE_INCOMPLETE)?;
+        t.key_len = usize::try_from(l).map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
+    }
+    if t.key_len != 16 && t.key_len != 32 {
+        return Err(CKR_ATTRIBUTE_VALUE_INVALID);
+    }
+    Ok((t, value))
+}
+
+impl Backend for Module {
+    fn run(&self, req: &Req<'_>, input: &[u8], out: &mut [u8]) -> Result<[u8; 16], Failure> {
+        let aad_at = input.len().div_ceil(64) * 64;
+        let need = aad_at + req.aad.len();
+        let mut l = self.take_lane(need.max(1)).map_err(Failure::Rv)?;
+        let r = self.run_on(&mut l, req, input, out, aad_at);
+        match r {
+            Err(Failure::Rv(_)) => {
+                // The lane or the vault is gone: do not reuse it.
+                let _ = self.lane_lost();
+                self.forget_vault();
+            }
+            _ => self.give_lane(l),
+        }
+        r
+    }
+}
+
+impl Module {
+    fn run_on(
+        &self,
+        l: &mut Lane,
+        req: &Req<'_>,
+        input: &[u8],
+        out: &mut [u8],
+        aad_at: usize,
+    ) -> Result<[u8; 16], Failure> {
+        let dev = |_| Failure::Rv(CKR_DEVICE_ERROR);
+        if !input.is_empty() {
+            l.shared.write(0, input).map_err(dev)?;
+        }
+        if !req.aad.is_empty() {
+            l.shared.write(aad_at, req.aad).map_err(dev)?;
+        }
+        let e = Entry {
+            op: req.op,
+            mode: req.mode,
+            key: req.key,
+            version: 0,
+            buffer: l.shared.buffer(),
+            offset: 0,
+            len: input.len() as u64,
+            iv: req.iv,
+            tag: req.tag,
+            aad_offset: aad_at as u64,
+            aad_len: req.aad.len() as u64,
+        };
+        let o = l.lane.run(&[e]).map_err(dev)?;
+        let o = o.first().ok_or(Failure::Rv(CKR_DEVICE_ERROR))?;
+        if o.status != status::OK {
+            return Err(Failure::Status(o.status));
+        }
+        if !out.is_empty() {
+            l.shared.read(0, out).map_err(dev)?;
+        }
+        Ok(o.tag)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_label_and_id_both_ways() {
+        let n = token_name(b"disk0", &[0x01, 0xab]).expect("name");
+        assert_eq!(n, "disk0..01ab");
+        assert_eq!(parse_name(&n), (b"disk0".to_vec(), vec![0x01, 0xab]));
+        assert_eq!(parse_name("plain"), (b"plain".to_vec(), vec![]));
+        assert_eq!(token_name(b"a..b", &[]), Err(CKR_ATTRIBUTE_VALUE_INVALID));
+        assert_eq!(token_name(b"sp ace", &[]), Err(CKR_ATTRIBUTE_VALUE_INVALID));
+        assert_eq!(
+            token_name(&[b'x'; 60], &[1, 2, 3]),
+            Err(CKR_ATTRIBUTE_VALUE_INVALID)
+        );
+    }
+
+    #[test]
+    fn templates_that_would_let_the_key_out_are_refused() {
+        let t = CK_TRUE;
+        let f = CK_FALSE;
+        let len = (32 as CK_ULONG).to_ne_bytes();
+        let ok = [(CKA_VALUE_LEN, &len[..])];
+        assert!(check_template(&ok, false).is_ok());
+        // Asked not to be sensitive: still made (and reported) sensitive.
+        assert!(check_template(&[ok[0], (CKA_SENSITIVE, std::slice::from_ref(&f))], false).is_ok());
+        for bad in [
+            (CKA_EXTRACTABLE, std::slice::from_ref(&t)),
+            (CKA_WRAP, std::slice::from_ref(&t)),
+        ] {
+            let r = check_template(&[ok[0], bad], false);
+            assert_eq!(r.err(), Some(CKR_ATTRIBUTE_VALUE_INVALID), "{:#x}", bad.0);
+        }
+        assert_eq!(
+            check_template(&[], false).err(),
+            Some(CKR_TEMPLATE_INCOMPLETE)
+        );
+        let l24 = (24 as CK_ULONG).to_ne_bytes();
+        assert_eq!(
+            check_template(&[(CKA_VALUE_LEN, &l24[..])], false).err(),
+            Some(CKR_ATTRIBUTE_VALUE_INVALID)
+        );
+    }
+}

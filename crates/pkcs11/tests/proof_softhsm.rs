@@ -1,0 +1,202 @@
+//! Side by side with SoftHSM2: the same client workload (`tests/c/workload.c`:
+//! import a known AES-256 key, start a multi-part AES-CBC encryption, feed
+//! it 4 KiB) against Debian's SoftHSM2 and against this module; a `gcore` of
+//! the client while the operation is open; `memveil keyfind --core` over the
+//! dump. SoftHSM2 decrypts its key into the client's heap: the key's
+//! schedule is found (the positive control). With memveil's module the key
+//! lives in the vault: neither its schedule nor its raw bytes are in the
+//! client's dump.
+
+mod common;
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use memveil_testkit::{skip, Need};
+
+const KEY: &str = "603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4";
+const SOFTHSM: [&str; 2] = [
+    "/usr/lib/softhsm/libsofthsm2.so",
+    "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so",
+];
+
+struct Found {
+    schedules: usize,
+    key_schedule: bool,
+    key_bytes: bool,
+    report: String,
+}
+
+/// Runs the workload on `module`, dumps it mid-operation, scans the dump.
+fn workload(exe: &Path, memveil: &Path, module: &Path, dir: &Path, env: &[(&str, &Path)]) -> Found {
+    let mut c = Command::new(exe);
+    c.arg(module)
+        .args(["1234", KEY])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("workload");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("READY line");
+    let pid = line
+        .trim()
+        .strip_prefix("READY ")
+        .unwrap_or_default()
+        .to_owned();
+    if pid.is_empty() {
+        let out = child.wait_with_output().expect("workload");
+        panic!(
+            "workload on {} failed: {}",
+            module.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let prefix = dir.join("core");
+    let g = Command::new("gcore")
+        .arg("-o")
+        .arg(&prefix)
+        .arg(&pid)
+        .output()
+        .expect("gcore");
+    let core = PathBuf::from(format!("{}.{pid}", prefix.display()));
+    assert!(
+        core.exists(),
+        "gcore wrote no dump: {}",
+        String::from_utf8_lossy(&g.stderr)
+    );
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("resume");
+    let st = child.wait().expect("wait");
+    assert!(st.success(), "the workload failed after the dump");
+    let k = Command::new(memveil)
+        .args(["keyfind", "--show-keys", "--pattern", KEY, "--core"])
+        .arg(&core)
+        .output()
+        .expect("memveil keyfind");
+    let report = String::from_utf8_lossy(&k.stdout).into_owned();
+    let _ = std::fs::remove_file(&core);
+    let schedules = report.lines().filter(|l| l.starts_with("AES-")).count();
+    Found {
+        schedules,
+        key_schedule: report
+            .lines()
+            .any(|l| l.starts_with("AES-256") && l.ends_with(KEY)),
+        key_bytes: report.lines().any(|l| l.starts_with("pattern at")),
+        report,
+    }
+}
+
+#[test]
+fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
+    let Some(softhsm) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
+        skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
+        return;
+    };
+    for (tool, pkg) in [
+        ("gcore", "gdb"),
+        ("softhsm2-util", "softhsm2"),
+        ("cc", "build-essential"),
+    ] {
+        if Command::new(tool).arg("--help").output().is_err() {
+            skip(Need::Installed(pkg), format!("{tool} not on PATH"));
+            return;
+        }
+    }
+    let module = common::module_path();
+    let memveil = module.with_file_name("memveil");
+    if !memveil.exists() {
+        skip(
+            Need::Installed("target/release/memveil"),
+            "scripts/test.sh builds it (cargo build --release --workspace) before the tests",
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("memveil-p11-proof-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("tokens")).expect("dir");
+    let exe = dir.join("workload");
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/workload.c"))
+        .arg("-ldl")
+        .output()
+        .expect("cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+
+    // SoftHSM2 in a private token directory.
+    let conf = dir.join("softhsm2.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+            dir.join("tokens").display()
+        ),
+    )
+    .expect("conf");
+    let init = Command::new("softhsm2-util")
+        .args([
+            "--init-token",
+            "--free",
+            "--label",
+            "proof",
+            "--pin",
+            "1234",
+            "--so-pin",
+            "12345678",
+        ])
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .expect("softhsm2-util");
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let hsm = workload(&exe, &memveil, &softhsm, &dir, &[("SOFTHSM2_CONF", &conf)]);
+    let socket = common::vault().socket.clone();
+    let mv = workload(
+        &exe,
+        &memveil,
+        &module,
+        &dir,
+        &[("MEMVEIL_VAULT_SOCKET", &socket)],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "SoftHSM2 client core: {} schedules, the key's {}; memveil client core: {} schedules, the key's {}",
+        hsm.schedules,
+        if hsm.key_schedule { "found" } else { "not found" },
+        mv.schedules,
+        if mv.key_schedule { "found" } else { "not found" },
+    );
+    assert!(
+        hsm.key_schedule,
+        "positive control failed: the key's schedule is not in the SoftHSM2 client's core:\n{}",
+        hsm.report
+    );
+    assert!(
+        !mv.key_schedule && !mv.key_bytes,
+        "the key is in the memveil client's core:\n{}",
+        mv.report
+    );
+    assert_eq!(
+        mv.schedules, 0,
+        "an AES schedule in the memveil client:\n{}",
+        mv.report
+    );
+}
