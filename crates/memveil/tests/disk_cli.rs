@@ -2,7 +2,7 @@
 //! `serve` with a real vault, a loop device, and the way down on SIGTERM.
 //! The disk itself is tested in depth by `crates/disk/tests`.
 
-use std::io::{BufRead as _, BufReader, Read as _, Seek as _, SeekFrom, Write as _};
+use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -108,18 +108,7 @@ fn spawn_ready(args: &[&str], want: &str, err: &Path) -> (Killed, String) {
         .spawn()
         .expect("spawn memveil");
     let out = c.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(out);
-        let mut line = String::new();
-        let _ = r.read_line(&mut line);
-        let _ = tx.send(line);
-        let mut sink = String::new();
-        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
-    let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
+    let line = memveil_testkit::first_line(out, Duration::from_secs(60));
     let c = Killed(c);
     assert!(
         line.starts_with(want),

@@ -131,6 +131,26 @@ fn line(test: &str, need: Need, detail: &str) -> String {
     format!("SKIP {test}: {need}: {}\n", one_line(detail))
 }
 
+/// The first line a daemon under test prints on `out` (its "ready" line),
+/// or "" when none comes within `limit`. The rest of its output is read and
+/// dropped on a thread of its own, so the daemon never blocks writing it.
+#[must_use]
+pub fn first_line(out: std::process::ChildStdout, limit: std::time::Duration) -> String {
+    use std::io::BufRead as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(out);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        let mut sink = String::new();
+        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    rx.recv_timeout(limit).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

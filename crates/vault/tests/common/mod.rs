@@ -4,7 +4,6 @@
 //! integration tests and the proof-of-protection tests.
 #![allow(dead_code)]
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -103,19 +102,7 @@ impl Vault {
             .stderr(std::fs::File::create(&errlog).expect("stderr log"));
         let mut child = cmd.spawn().map_err(|e| format!("spawn: {e}"))?;
         let out = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the vault never blocks on stdout.
-            let mut sink = String::new();
-            while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
-                sink.clear();
-            }
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
+        let line = memveil_testkit::first_line(out, Duration::from_secs(60));
         if !line.starts_with("memveil-vault ready") {
             let _ = child.kill();
             let st = child.wait().ok();
