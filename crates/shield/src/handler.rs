@@ -726,39 +726,39 @@ impl Inner {
                 e += 1;
             }
             let b = a + (e - k);
-            let mut moved = 0;
-            if self.mechanism == Mechanism::Move {
-                let r = &st.ranges[pos];
-                let len = ((b - a) * PAGE) as u64;
-                let (bytes, _) =
-                    self.uffd
-                        .move_run(r.slot_ptr(a) as u64, r.addr(a) as u64, len, false);
-                moved = usize::try_from(bytes).unwrap_or(0) / PAGE;
-                self.stats
-                    .counters()
-                    .evict_moves
-                    .fetch_add(1, Ordering::Relaxed);
-                for j in a..a + moved {
-                    let State { ranges, keys, .. } = &mut *st;
-                    let r = &mut ranges[pos];
-                    let addr = r.addr(j);
-                    encrypt_page(keys, r.keyid, addr, r.store_page(j));
-                    st.mark_evicted(pos, j);
+            // The run [a, b): moved where UFFDIO_MOVE takes the pages; a
+            // page it refuses (shared with a forked child) goes by
+            // write-protection, gathered with the refused pages next to it
+            // into one write-protect run (`wp_from..p`), and the move is
+            // tried again on the rest: a page the program owns alone is
+            // moved, so its frame is never freed unwiped. Without
+            // UFFDIO_MOVE the whole run goes by write-protection.
+            let mut p = a;
+            let mut wp_from: Option<usize> = None;
+            while p < b {
+                let moved = if self.mechanism == Mechanism::Move {
+                    self.move_out(st, pos, p, b)
+                } else {
+                    0
+                };
+                if moved > 0 {
+                    if let Some(f) = wp_from.take() {
+                        done += self.evict_wp_or_requeue(st, pos, f, p);
+                    }
+                    p += moved;
+                    done += moved;
                 }
-                done += moved;
+                if p < b {
+                    wp_from.get_or_insert(p);
+                    p = if self.mechanism == Mechanism::Move {
+                        p + 1
+                    } else {
+                        b
+                    };
+                }
             }
-            if a + moved < b {
-                // No UFFDIO_MOVE, or the pages are shared with a forked
-                // child (after a fork the rest of the run is too): the rest
-                // of the run by write-protection, in one go. What could not
-                // be evicted goes back to the main queue.
-                let j = a + moved;
-                let n = self.evict_wp_run(st, pos, j, b);
-                done += n;
-                for p in j + n..b {
-                    let addr = st.ranges[pos].addr(p);
-                    st.queues.main.push_back(addr);
-                }
+            if let Some(f) = wp_from {
+                done += self.evict_wp_or_requeue(st, pos, f, b);
             }
             k = e;
         }
@@ -766,6 +766,41 @@ impl Inner {
         c.evictions.fetch_add(done as u64, Ordering::Relaxed);
         c.evict_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
         done
+    }
+
+    /// Moves the pages `[a, b)` of range `pos` (as many as `UFFDIO_MOVE`
+    /// takes, from `a`) out of the program's view into their store slots,
+    /// encrypts them there and marks them evicted; returns how many.
+    fn move_out(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
+        let r = &st.ranges[pos];
+        let len = ((b - a) * PAGE) as u64;
+        let (bytes, _) = self
+            .uffd
+            .move_run(r.slot_ptr(a) as u64, r.addr(a) as u64, len, false);
+        let moved = usize::try_from(bytes).unwrap_or(0) / PAGE;
+        self.stats
+            .counters()
+            .evict_moves
+            .fetch_add(1, Ordering::Relaxed);
+        for j in a..a + moved {
+            let State { ranges, keys, .. } = &mut *st;
+            let r = &mut ranges[pos];
+            let addr = r.addr(j);
+            encrypt_page(keys, r.keyid, addr, r.store_page(j));
+            st.mark_evicted(pos, j);
+        }
+        moved
+    }
+
+    /// [`Inner::evict_wp_run`] over `[a, b)`; what it could not evict goes
+    /// back to the main queue. Returns how many were evicted.
+    fn evict_wp_or_requeue(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
+        let n = self.evict_wp_run(st, pos, a, b);
+        for p in a + n..b {
+            let addr = st.ranges[pos].addr(p);
+            st.queues.main.push_back(addr);
+        }
+        n
     }
 
     /// Write-protect eviction of the run of pages `[a, b)` of range `pos`;
