@@ -12,6 +12,7 @@
 //! file mappings and are not covered either way: docs/shield.md lists them.
 
 use std::ffi::c_int;
+use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Kinds of shared memory, for the messages.
@@ -98,21 +99,10 @@ fn is_memfd(fd: c_int) -> bool {
     if fd < 0 {
         return false;
     }
+    // "/proc/self/fd/N" and its NUL, formatted on the stack.
     let mut path = [0u8; 32];
-    let prefix = b"/proc/self/fd/";
-    path[..prefix.len()].copy_from_slice(prefix);
-    let mut digits = [0u8; 10];
-    let (mut n, mut v) = (0, fd.unsigned_abs());
-    loop {
-        digits[n] = b'0' + (v % 10) as u8;
-        n += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for (i, d) in digits[..n].iter().rev().enumerate() {
-        path[prefix.len() + i] = *d;
+    if write!(&mut path[..31], "/proc/self/fd/{fd}").is_err() {
+        return false;
     }
     let mut link = [0u8; 7];
     // SAFETY: `path` is NUL-terminated (zero-filled beyond the digits);
