@@ -237,6 +237,8 @@ impl Sectors {
             tag: [0; 16],
             aad_offset: 0,
             aad_len: 0,
+            unit: 0,
+            step: 0,
         }; MAX_BATCH];
         while next < sectors {
             let lane = turn % nl;

@@ -191,6 +191,8 @@ fn lane_check(
         tag: [0; 16],
         aad_offset: 0,
         aad_len: 0,
+        unit: 0,
+        step: 0,
     }])?;
     if out[0].status != status::OK {
         return Err(DiskError::Usage(format!(
