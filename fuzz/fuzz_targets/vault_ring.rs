@@ -1,7 +1,8 @@
 //! Ring-descriptor parsing and the buffer bounds checks on arbitrary input:
 //! the first bytes register buffers in an area, the rest are 128-byte
 //! entries; every span the checker accepts lies inside one registered
-//! buffer, which lies inside the area.
+//! buffer, which lies inside the area; an accepted XTS data-unit size
+//! divides the length into whole units.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -43,7 +44,12 @@ fuzz_target!(|data: &[u8]| {
         let mut raw = [0u8; ENTRY_BYTES];
         raw.copy_from_slice(chunk);
         let Ok(e) = Entry::parse(&raw) else { continue };
-        let _ = e.check_length();
+        // An accepted XTS data-unit size describes whole units of 16 bytes
+        // or more, with a step (ring module doc).
+        if e.check_length().is_ok() && e.unit != 0 {
+            assert!(e.unit >= 16 && e.step >= 1 && e.len > 0);
+            assert_eq!(e.len % u64::from(e.unit), 0);
+        }
         assert_eq!(Entry::parse(&e.encode()), Ok(e));
         for (off, len) in [(e.offset, e.len), (e.aad_offset, e.aad_len)] {
             if let Ok(span) = bufs.check(e.buffer, off, len) {

@@ -190,6 +190,8 @@ impl Work {
             },
             aad_offset: 0,
             aad_len: 0,
+            unit: 0,
+            step: 0,
         }
     }
     fn inproc(self, k: &Keys, data: &mut [u8], round: usize) -> Result<(), BenchError> {

@@ -64,6 +64,19 @@ impl Geometry {
         plain64(n)
     }
 
+    /// How far the `plain64` sector number moves from one sector to the
+    /// next: a sector is `sector_size / 512` sectors of 512 bytes, or one
+    /// with `iv_large_sectors`. The XTS sequence-number step of a vault
+    /// entry that carries a run of sectors.
+    #[must_use]
+    pub fn tweak_step(&self) -> u32 {
+        if self.iv_large_sectors {
+            1
+        } else {
+            self.sector_size / 512
+        }
+    }
+
     /// The sector-aligned range `[start, end)` that covers `len` bytes at
     /// `offset`, clipped to the image; `None` when nothing of it is inside.
     #[must_use]
@@ -119,6 +132,21 @@ mod tests {
             plain64(0x0102_0304_0506_0708),
             [8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0]
         );
+    }
+
+    #[test]
+    fn the_tweak_step_is_the_distance_between_sector_tweaks() {
+        for ss in SECTOR_SIZES {
+            for large in [false, true] {
+                let g = Geometry::new(ss, large, 1 << 20).expect("ok");
+                for sector in [0u64, 1, 77, 255] {
+                    let at = sector * u64::from(ss);
+                    let a = u128::from_le_bytes(g.tweak_at(at));
+                    let b = u128::from_le_bytes(g.tweak_at(at + u64::from(ss)));
+                    assert_eq!(b - a, u128::from(g.tweak_step()), "{ss} {large}");
+                }
+            }
+        }
     }
 
     #[test]

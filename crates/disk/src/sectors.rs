@@ -6,10 +6,12 @@
 //! straight in the slot (`pread` into the shared area), the vault decrypts it
 //! there in place, and the FUSE reply is written from there: no copy beyond
 //! what plain FUSE does. A write is copied once into the slot, encrypted in
-//! place and written to the file from there. Sectors go to the vault as one
-//! ring entry each (an XTS data unit, tweak = dm-crypt's `plain64`), up to
-//! 31 per round trip; with two lanes per slot, one batch is computed while
-//! the next is submitted.
+//! place and written to the file from there. A run of sectors goes to the
+//! vault as one ring entry per lane: the entry's XTS data-unit size is the
+//! sector size and its tweak step the `plain64` distance between sectors,
+//! so each sector is still its own data unit under dm-crypt's tweak (ring
+//! format: `memveil_vault::ring`). With two lanes per slot a run of at
+//! least two [`MIN_PIECE`]s is split in halves computed in parallel.
 //!
 //! In [`Cipher::Plain`](crate::binding::Cipher::Plain) mode the same code
 //! path runs with a private buffer per slot and no cipher: the baseline of
@@ -22,13 +24,18 @@ use std::sync::{Condvar, Mutex, PoisonError};
 
 use memveil_vault::client::{ClientError, LaneClient, Session};
 use memveil_vault::proto::Mode;
-use memveil_vault::ring::{status, Entry, Op, MAX_BATCH};
+use memveil_vault::ring::{status, Entry, Op};
 
 use crate::geometry::Geometry;
 
 /// Largest FUSE read or write the server asks for (the kernel's default
 /// ceiling of 256 pages).
 pub const MAX_IO: usize = 1 << 20;
+
+/// Smallest piece of a request given to a lane of its own (with
+/// `--lanes-per-thread` above 1): below it the hand-off to one more vault
+/// lane costs more than the AES it moves there.
+pub const MIN_PIECE: usize = 64 << 10;
 
 /// What a slot's bytes live in.
 enum Buf {
@@ -212,8 +219,12 @@ impl Sectors {
     }
 
     /// Encrypts or decrypts the slot's first `len` bytes in place as the
-    /// sectors starting at image byte `start`: one ring entry per sector,
-    /// batches spread over the slot's lanes.
+    /// sectors starting at image byte `start`. The run goes to the vault as
+    /// one ring entry per lane of the slot: the entry carries whole sectors,
+    /// each its own XTS data unit (`unit` = the sector size, `step` =
+    /// [`Geometry::tweak_step`]), so the vault computes the same bytes as
+    /// one entry per sector. A run is cut into at most one piece per lane,
+    /// each at least [`MIN_PIECE`] bytes, so the lanes work in parallel.
     fn cipher(&self, slot: &mut Slot, op: Op, start: u64, len: usize) -> Result<(), IoError> {
         let (Some(k), Buf::Shared(off)) = (&self.vault, &slot.buf) else {
             return Ok(());
@@ -221,43 +232,38 @@ impl Sectors {
         let off = *off;
         let ss = self.geom.ss();
         let sectors = len / ss;
-        let nl = slot.lanes.len();
-        let mut next = 0usize;
-        let mut turn = 0usize;
+        if sectors == 0 {
+            return Ok(());
+        }
+        let pieces = slot.lanes.len().min(len / MIN_PIECE).max(1);
+        let per = sectors.div_ceil(pieces);
         let mut first_err: Option<IoError> = None;
-        let mut batch = [Entry {
-            op,
-            mode: Mode::Xts,
-            key: k.key,
-            version: k.version,
-            buffer: 0,
-            offset: 0,
-            len: ss as u64,
-            iv: [0; 16],
-            tag: [0; 16],
-            aad_offset: 0,
-            aad_len: 0,
-        }; MAX_BATCH];
-        while next < sectors {
-            let lane = turn % nl;
-            turn += 1;
+        for (lane, s0) in (0..sectors).step_by(per).enumerate() {
             if slot.pending[lane] > 0 {
                 let n = std::mem::take(&mut slot.pending[lane]);
                 check(slot.lanes[lane].wait(n), &mut first_err);
             }
-            let n = (sectors - next).min(MAX_BATCH);
-            let buffer = slot.lanes[lane].buffer();
-            for (i, e) in batch[..n].iter_mut().enumerate() {
-                let at = (next + i) * ss;
-                e.buffer = buffer;
-                e.offset = (off + at) as u64;
-                e.iv = self.geom.tweak_at(start + at as u64);
-            }
-            slot.lanes[lane].submit(&batch[..n])?;
-            slot.pending[lane] = n;
-            next += n;
+            let at = s0 * ss;
+            let bytes = per.min(sectors - s0) * ss;
+            let e = Entry {
+                op,
+                mode: Mode::Xts,
+                key: k.key,
+                version: k.version,
+                buffer: slot.lanes[lane].buffer(),
+                offset: (off + at) as u64,
+                len: bytes as u64,
+                iv: self.geom.tweak_at(start + at as u64),
+                tag: [0; 16],
+                aad_offset: 0,
+                aad_len: 0,
+                unit: self.geom.sector_size,
+                step: self.geom.tweak_step(),
+            };
+            slot.lanes[lane].submit(&[e])?;
+            slot.pending[lane] = 1;
         }
-        for lane in 0..nl {
+        for lane in 0..slot.lanes.len() {
             let n = std::mem::take(&mut slot.pending[lane]);
             if n > 0 {
                 check(slot.lanes[lane].wait(n), &mut first_err);

@@ -154,6 +154,7 @@ fn vault_engine(
         l.set_spin(Duration::from_micros(20));
     }
     let check = lane_check(&session, &mut lanes[0], info.id, b.key_version)?;
+    units_check(&session, &mut lanes[0], info.id, b.key_version)?;
     if check != b.check {
         return Err(DiskError::WrongKey {
             key: b.key.clone(),
@@ -171,6 +172,41 @@ fn vault_engine(
     Ok((Sectors::vault(b.geometry, key, lanes, per), level))
 }
 
+/// An XTS encrypt entry of `key` over `[offset, +len)` of the lane's buffer.
+fn xts_entry(key: u32, version: u32, buffer: u32, offset: u64, len: u64, seq: u128) -> Entry {
+    Entry {
+        op: Op::Encrypt,
+        mode: memveil_vault::proto::Mode::Xts,
+        key,
+        version,
+        buffer,
+        offset,
+        len,
+        iv: seq.to_le_bytes(),
+        tag: [0; 16],
+        aad_offset: 0,
+        aad_len: 0,
+        unit: 0,
+        step: 0,
+    }
+}
+
+/// Runs `entries` on `lane`; the first refusal as an error about `what`.
+fn run_checked(
+    lane: &mut memveil_vault::client::LaneClient,
+    entries: &[Entry],
+    what: &str,
+) -> Result<(), DiskError> {
+    let out = lane.run(entries)?;
+    match out.iter().find(|o| o.status != status::OK) {
+        Some(o) => Err(DiskError::Usage(format!(
+            "the vault refused {what}: {}",
+            status::describe(o.status)
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The key check value through a lane of the session.
 fn lane_check(
     s: &Session,
@@ -179,28 +215,59 @@ fn lane_check(
     version: u32,
 ) -> Result<[u8; 8], DiskError> {
     s.write(0, &[0u8; crate::geometry::CHECK_BYTES])?;
-    let out = lane.run(&[Entry {
-        op: Op::Encrypt,
-        mode: memveil_vault::proto::Mode::Xts,
+    let seq = u128::from_le_bytes(crate::geometry::CHECK_TWEAK);
+    let e = xts_entry(
         key,
         version,
-        buffer: lane.buffer(),
-        offset: 0,
-        len: crate::geometry::CHECK_BYTES as u64,
-        iv: crate::geometry::CHECK_TWEAK,
-        tag: [0; 16],
-        aad_offset: 0,
-        aad_len: 0,
-    }])?;
-    if out[0].status != status::OK {
-        return Err(DiskError::Usage(format!(
-            "the vault refused the key check: {}",
-            status::describe(out[0].status)
-        )));
-    }
+        lane.buffer(),
+        0,
+        crate::geometry::CHECK_BYTES as u64,
+        seq,
+    );
+    run_checked(lane, &[e], "the key check")?;
     let mut c = [0u8; 8];
     s.read(0, &mut c)?;
     Ok(c)
+}
+
+/// Checks that the vault computes an entry of several XTS data units as
+/// those units, as [`Sectors`] sends runs of sectors. A vault built before
+/// the entry's `unit` field would ignore it and encrypt the whole run as
+/// one data unit: an image no dm-crypt could read, and garbage on reading
+/// back. Two 16-byte units of zeros, once as one entry and once as two,
+/// under sequence numbers whose upper half is not zero (no `plain64`
+/// tweak of any sector, like the key check's).
+fn units_check(
+    s: &Session,
+    lane: &mut memveil_vault::client::LaneClient,
+    key: u32,
+    version: u32,
+) -> Result<(), DiskError> {
+    s.write(0, &[0u8; 64])?;
+    let first = u128::MAX - 1;
+    let b = lane.buffer();
+    let run = Entry {
+        unit: 16,
+        step: 1,
+        ..xts_entry(key, version, b, 0, 32, first)
+    };
+    let units = [
+        run,
+        xts_entry(key, version, b, 32, 16, first),
+        xts_entry(key, version, b, 48, 16, first.wrapping_add(1)),
+    ];
+    run_checked(lane, &units, "a multi-sector entry")?;
+    let mut got = [0u8; 64];
+    s.read(0, &mut got)?;
+    if got[..32] != got[32..] {
+        return Err(DiskError::Usage(
+            "the vault computes a multi-sector ring entry as one XTS data unit: it is older \
+             than this disk server (no data-unit size in its ring entries); restart the vault \
+             with this build"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Serves until `stop` is raised (or the FUSE mount goes away), then takes

@@ -844,6 +844,8 @@ impl Module {
             tag: req.tag,
             aad_offset: aad_at as u64,
             aad_len: req.aad.len() as u64,
+            unit: 0,
+            step: 0,
         };
         let o = l.lane.run(&[e]).map_err(dev)?;
         let o = o.first().ok_or(Failure::Rv(CKR_DEVICE_ERROR))?;

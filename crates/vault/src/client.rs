@@ -98,6 +98,10 @@ pub struct Crypt<'a> {
     pub aad: &'a [u8],
     /// GCM tag (decrypt).
     pub tag: [u8; 16],
+    /// XTS data-unit size (0 = the data is one unit).
+    pub unit: u32,
+    /// XTS sequence-number step per unit.
+    pub step: u32,
 }
 
 impl<'a> Crypt<'a> {
@@ -111,6 +115,8 @@ impl<'a> Crypt<'a> {
             iv: [0; 16],
             aad: &[],
             tag: [0; 16],
+            unit: 0,
+            step: 0,
         }
     }
     /// Sets the IV (up to 16 bytes, zero-padded; GCM takes 12).
@@ -139,6 +145,14 @@ impl<'a> Crypt<'a> {
     #[must_use]
     pub fn version(mut self, v: u32) -> Self {
         self.version = v;
+        self
+    }
+    /// XTS only: the data is units of `unit` bytes, unit i under sequence
+    /// number IV + i·`step` (`memveil_vault::ring`, module doc).
+    #[must_use]
+    pub fn units(mut self, unit: u32, step: u32) -> Self {
+        self.unit = unit;
+        self.step = step;
         self
     }
 }
@@ -480,6 +494,8 @@ impl Client {
             tag: p.tag,
             aad_offset: aad_at as u64,
             aad_len: p.aad.len() as u64,
+            unit: p.unit,
+            step: p.step,
         };
         let out = lane.run(&[e])?;
         let o = out[0];

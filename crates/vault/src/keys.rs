@@ -183,10 +183,20 @@ impl Version {
                     Op::Decrypt => Err(status::AUTH_FAILED),
                 }
             }
-            (Material::Xts(x), Mode::Xts) => match (x.as_ref().ok_or(gone)?, e.op) {
-                (x, Op::Encrypt) => x.encrypt(&e.iv, data).map_err(bad),
-                (x, Op::Decrypt) => x.decrypt(&e.iv, data).map_err(bad),
-            },
+            (Material::Xts(x), Mode::Xts) => {
+                // Unit 0: the whole entry is one data unit under the IV.
+                // Otherwise units of `unit` bytes from sequence number IV
+                // on, `step` apart (ring module doc). One path for both.
+                let unit = match e.unit {
+                    0 => data.len(),
+                    u => usize::try_from(u).map_err(|_| status::BAD_LENGTH)?,
+                };
+                let (first, step) = (e.unit_seq(0), u128::from(e.step));
+                match (x.as_ref().ok_or(gone)?, e.op) {
+                    (x, Op::Encrypt) => x.encrypt_units(first, step, unit, data).map_err(bad),
+                    (x, Op::Decrypt) => x.decrypt_units(first, step, unit, data).map_err(bad),
+                }
+            }
             _ => Err(status::WRONG_MODE),
         }
     }

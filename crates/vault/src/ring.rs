@@ -17,7 +17,25 @@
 //! `offset` u64 at 16, `len` u64 at 24, IV / counter / tweak / nonce at 32
 //! (16 bytes), GCM or CMAC tag at 48 (16 bytes; written by the vault on encrypt,
 //! read on decrypt), `aad_offset` u64 at 64, `aad_len` u64 at 72 (same
-//! buffer), and `status` u32 at 80 (written by the vault; 0 = ok).
+//! buffer), `status` u32 at 80 (written by the vault; 0 = ok), and for XTS
+//! `unit` u32 at 84 and `step` u32 at 88 (zero for every other mode; bytes
+//! 92..128 are reserved and ignored).
+//!
+//! An XTS entry with `unit` 0 is one data unit whose tweak is the IV (what
+//! every entry meant before the field existed, so a client that writes zeros
+//! there is served as before). With `unit` = n > 0 the entry is `len / n`
+//! data units of n bytes each: unit i is encrypted under the IEEE 1619 data
+//! unit sequence number `iv + i·step` (the IV read as a 128-bit little-endian
+//! integer, arithmetic modulo 2^128), which for dm-crypt's `plain64` and a
+//! sector size of `step`·512 bytes is the tweak of each sector in turn. One
+//! entry can so carry a whole run of disk sectors.
+//!
+//! [`Entry::check_length`] refuses, before any data is touched: with
+//! [`status::MALFORMED`] a `unit` or `step` the mode has no use for (any
+//! non-XTS entry with either non-zero, an XTS entry with `unit` 0 and
+//! `step` non-zero, or `unit` non-zero and `step` 0); with
+//! [`status::BAD_LENGTH`] a `unit` below 16 bytes or a `len` that is not a
+//! positive whole number of units.
 //!
 //! The vault copies each entry out of shared memory once, parses the copy
 //! with [`Entry::parse`] and checks every range against the registered
@@ -49,6 +67,10 @@ pub const OFF_ENTRIES: usize = 128;
 pub const ENTRY_TAG: usize = 48;
 /// Offset of the status inside an entry.
 pub const ENTRY_STATUS: usize = 80;
+/// Offset of the XTS data-unit size inside an entry.
+pub const ENTRY_UNIT: usize = 84;
+/// Offset of the XTS tweak step per data unit inside an entry.
+pub const ENTRY_STEP: usize = 88;
 
 /// Encrypt or decrypt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +85,8 @@ pub enum Op {
 pub mod status {
     /// Done.
     pub const OK: u32 = 0;
-    /// The entry did not parse (bad op or mode).
+    /// The entry did not parse (bad op or mode), or carries a data-unit size
+    /// or tweak step its mode does not take.
     pub const MALFORMED: u32 = 1;
     /// A range lies outside the registered buffer, or the buffer is unknown.
     pub const OUT_OF_BOUNDS: u32 = 2;
@@ -95,7 +118,7 @@ pub mod status {
     pub fn describe(s: u32) -> &'static str {
         match s {
             OK => "ok",
-            MALFORMED => "malformed ring entry (bad op or mode)",
+            MALFORMED => "malformed ring entry (bad op or mode, or an XTS unit/step the mode does not take)",
             OUT_OF_BOUNDS => "range outside the registered buffer (or unknown buffer)",
             NO_KEY => "no such key or key version",
             DENIED => "permission denied by the key's ACL",
@@ -138,6 +161,12 @@ pub struct Entry {
     pub aad_offset: u64,
     /// GCM associated data length.
     pub aad_len: u64,
+    /// XTS data-unit size in bytes (0 = the whole entry is one data unit;
+    /// 0 for every other mode).
+    pub unit: u32,
+    /// XTS tweak step from one data unit to the next (sequence numbers;
+    /// 0 when `unit` is 0).
+    pub step: u32,
 }
 
 fn u32_at(b: &[u8; ENTRY_BYTES], o: usize) -> u32 {
@@ -178,6 +207,8 @@ impl Entry {
             tag,
             aad_offset: u64_at(b, 64),
             aad_len: u64_at(b, 72),
+            unit: u32_at(b, ENTRY_UNIT),
+            step: u32_at(b, ENTRY_STEP),
         })
     }
 
@@ -200,14 +231,28 @@ impl Entry {
         b[64..72].copy_from_slice(&self.aad_offset.to_le_bytes());
         b[72..80].copy_from_slice(&self.aad_len.to_le_bytes());
         b[80..84].copy_from_slice(&status::PENDING.to_le_bytes());
+        b[ENTRY_UNIT..ENTRY_UNIT + 4].copy_from_slice(&self.unit.to_le_bytes());
+        b[ENTRY_STEP..ENTRY_STEP + 4].copy_from_slice(&self.step.to_le_bytes());
         b
     }
 
-    /// Checks the data length against what the mode accepts.
+    /// Checks the data length, and the XTS data-unit fields, against what
+    /// the mode accepts (module doc).
     ///
     /// # Errors
-    /// [`status::BAD_LENGTH`].
+    /// [`status::MALFORMED`] for a `unit` or `step` the mode does not take;
+    /// [`status::BAD_LENGTH`] for a length it cannot process.
     pub fn check_length(&self) -> Result<(), u32> {
+        match (self.mode, self.unit, self.step) {
+            (Mode::Xts, 0, 0) => {}
+            (Mode::Xts, unit, step) if unit != 0 && step != 0 => {
+                if unit < 16 || self.len == 0 || !self.len.is_multiple_of(u64::from(unit)) {
+                    return Err(status::BAD_LENGTH);
+                }
+            }
+            (_, 0, 0) => {}
+            _ => return Err(status::MALFORMED),
+        }
         let ok = match self.mode {
             Mode::Ecb | Mode::Cbc => self.len.is_multiple_of(16),
             Mode::Xts => self.len >= 16,
@@ -218,6 +263,13 @@ impl Entry {
         } else {
             Err(status::BAD_LENGTH)
         }
+    }
+
+    /// The IEEE 1619 sequence number of XTS data unit `i` of this entry:
+    /// the IV as a little-endian integer plus `i · step`, modulo 2^128.
+    #[must_use]
+    pub fn unit_seq(&self, i: u64) -> u128 {
+        u128::from_le_bytes(self.iv).wrapping_add(u128::from(i).wrapping_mul(u128::from(self.step)))
     }
 }
 
@@ -388,14 +440,93 @@ mod tests {
             tag: [4; 16],
             aad_offset: 7,
             aad_len: 20,
+            unit: 0x0102_0304,
+            step: 0x0506_0708,
         };
         assert_eq!(Entry::parse(&e.encode()), Ok(e));
+        let b = e.encode();
+        assert_eq!(b[ENTRY_UNIT..ENTRY_UNIT + 4], [4, 3, 2, 1]);
+        assert_eq!(b[ENTRY_STEP..ENTRY_STEP + 4], [8, 7, 6, 5]);
+        assert!(b[92..].iter().all(|&x| x == 0));
         let mut b = e.encode();
         b[0] = 9;
         assert_eq!(Entry::parse(&b), Err(status::MALFORMED));
         b[0] = 1;
         b[1] = 0;
         assert_eq!(Entry::parse(&b), Err(status::MALFORMED));
+    }
+
+    fn xts(len: u64, unit: u32, step: u32) -> Entry {
+        Entry {
+            op: Op::Encrypt,
+            mode: Mode::Xts,
+            key: 1,
+            version: 0,
+            buffer: 0,
+            offset: 0,
+            len,
+            iv: [0; 16],
+            tag: [0; 16],
+            aad_offset: 0,
+            aad_len: 0,
+            unit,
+            step,
+        }
+    }
+
+    #[test]
+    fn xts_unit_and_step_are_checked() {
+        // Old entries (zeros in both fields) keep their meaning.
+        assert_eq!(xts(16, 0, 0).check_length(), Ok(()));
+        assert_eq!(xts(4097, 0, 0).check_length(), Ok(()));
+        assert_eq!(xts(15, 0, 0).check_length(), Err(status::BAD_LENGTH));
+        // Runs of units.
+        assert_eq!(xts(512 * 2048, 512, 1).check_length(), Ok(()));
+        assert_eq!(xts(4096 * 3, 4096, 8).check_length(), Ok(()));
+        assert_eq!(xts(16, 16, u32::MAX).check_length(), Ok(()));
+        assert_eq!(xts(1000, 1000, 1).check_length(), Ok(()));
+        // Lengths: units under 16 bytes, a partial unit, no unit at all.
+        assert_eq!(xts(512, 8, 1).check_length(), Err(status::BAD_LENGTH));
+        assert_eq!(xts(520, 512, 1).check_length(), Err(status::BAD_LENGTH));
+        assert_eq!(xts(256, 512, 1).check_length(), Err(status::BAD_LENGTH));
+        assert_eq!(xts(0, 512, 1).check_length(), Err(status::BAD_LENGTH));
+        assert_eq!(
+            xts(u64::MAX, 1 << 20, 1).check_length(),
+            Err(status::BAD_LENGTH)
+        );
+        // Fields the entry does not take.
+        assert_eq!(xts(1024, 512, 0).check_length(), Err(status::MALFORMED));
+        assert_eq!(xts(1024, 0, 1).check_length(), Err(status::MALFORMED));
+        for mode in [Mode::Ecb, Mode::Cbc, Mode::Ctr, Mode::Gcm, Mode::Cmac] {
+            let plain = Entry {
+                mode,
+                ..xts(1024, 0, 0)
+            };
+            assert_eq!(plain.check_length(), Ok(()), "{mode:?}");
+            for (unit, step) in [(512, 1), (512, 0), (0, 1)] {
+                let e = Entry {
+                    unit,
+                    step,
+                    ..plain
+                };
+                assert_eq!(e.check_length(), Err(status::MALFORMED), "{mode:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn unit_sequence_numbers_are_iv_plus_i_steps_modulo_2_128() {
+        let mut e = xts(2048, 512, 8);
+        e.iv[..8].copy_from_slice(&100u64.to_le_bytes());
+        assert_eq!(e.unit_seq(0), 100);
+        assert_eq!(e.unit_seq(3), 124);
+        // Past 2^64 the carry goes on into the upper half.
+        e.iv = [0; 16];
+        e.iv[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(e.unit_seq(1), 1u128 << 64 | 7);
+        // And at 2^128 it wraps.
+        e.iv = [0xFF; 16];
+        assert_eq!(e.unit_seq(1), 7);
     }
 
     #[test]
@@ -457,6 +588,33 @@ mod tests {
             if let Ok(e) = Entry::parse(&b) {
                 let _ = e.check_length();
                 prop_assert_eq!(Entry::parse(&e.encode()), Ok(e));
+            }
+        }
+
+        /// Whatever unit, step and length a client writes, an accepted
+        /// entry is either one data unit of at least 16 bytes (unit 0) or a
+        /// positive whole number of XTS units of at least 16 bytes each,
+        /// with a step of at least 1; and no other mode accepts either field.
+        #[test]
+        fn accepted_unit_fields_describe_whole_units(
+            mode in prop::sample::select(vec![Mode::Ecb, Mode::Cbc, Mode::Ctr, Mode::Xts, Mode::Gcm, Mode::Cmac]),
+            unit in prop_oneof![Just(0u32), 0u32..5000, any::<u32>()],
+            step in prop_oneof![Just(0u32), Just(1u32), any::<u32>()],
+            len in prop_oneof![0u64..100_000, any::<u64>()],
+        ) {
+            let e = Entry { mode, ..xts(len, unit, step) };
+            match e.check_length() {
+                Ok(()) if unit == 0 => prop_assert_eq!(step, 0),
+                Ok(()) => {
+                    prop_assert_eq!(mode, Mode::Xts);
+                    prop_assert!(unit >= 16 && step >= 1 && len >= u64::from(unit));
+                    prop_assert_eq!(len % u64::from(unit), 0);
+                }
+                Err(s) if s == status::MALFORMED => {
+                    prop_assert!(unit != 0 || step != 0);
+                    prop_assert!(mode != Mode::Xts || unit == 0 || step == 0);
+                }
+                Err(s) => prop_assert_eq!(s, status::BAD_LENGTH),
             }
         }
     }

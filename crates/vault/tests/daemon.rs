@@ -323,6 +323,8 @@ fn hostile_lane_descriptors_never_reach_outside_the_registered_buffer() {
         tag: [0; 16],
         aad_offset: 0,
         aad_len: 0,
+        unit: 0,
+        step: 0,
     };
     let cases = [
         (e(8192, 1), status::OUT_OF_BOUNDS),
@@ -379,6 +381,43 @@ fn hostile_lane_descriptors_never_reach_outside_the_registered_buffer() {
                 ..e(0, 16)
             },
             status::OUT_OF_BOUNDS,
+        ),
+        // XTS unit and step fields (ring module doc): refused before the
+        // key is looked at, so this AES key shows the field checks.
+        (
+            Entry {
+                unit: 512,
+                step: 1,
+                ..e(0, 1024)
+            },
+            status::MALFORMED,
+        ),
+        (
+            Entry {
+                mode: Mode::Xts,
+                unit: 512,
+                step: 0,
+                ..e(0, 1024)
+            },
+            status::MALFORMED,
+        ),
+        (
+            Entry {
+                mode: Mode::Xts,
+                unit: 8,
+                step: 1,
+                ..e(0, 64)
+            },
+            status::BAD_LENGTH,
+        ),
+        (
+            Entry {
+                mode: Mode::Xts,
+                unit: u32::MAX,
+                step: u32::MAX,
+                ..e(0, 8192)
+            },
+            status::BAD_LENGTH,
         ),
         (e(0, 8192), status::OK),
     ];

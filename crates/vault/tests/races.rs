@@ -88,6 +88,8 @@ fn gcm_open_releases_only_the_bytes_it_authenticated() {
             tag,
             aad_offset: 0,
             aad_len: 0,
+            unit: 0,
+            step: 0,
         };
         let stop = AtomicBool::new(false);
         let seed = rng.next();
@@ -198,6 +200,8 @@ fn overlapping_concurrent_requests_are_refused_never_aliased() {
             tag: [0; 16],
             aad_offset: 0,
             aad_len: 0,
+            unit: 0,
+            step: 0,
         };
         let (a, b) = lanes.split_at_mut(1);
         a[0].submit(&[e(0, LEN); A_RUNS]).expect("submit a");

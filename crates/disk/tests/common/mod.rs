@@ -65,6 +65,7 @@ fn disk_child(a: &[String]) -> i32 {
     let vault = (!a[2].is_empty()).then(|| PathBuf::from(&a[2]));
     let mut o = memveil_disk::ServeOpts::new(PathBuf::from(&a[0]), vault, PathBuf::from(&a[1]));
     o.attach_loop = a[3] == "loop";
+    o.lanes_per_thread = a.get(4).and_then(|l| l.parse().ok()).unwrap_or(1);
     o.grace = Duration::from_secs(5);
     let r = memveil_disk::serve(&o, stop, |r| {
         for line in &r.recovered {
@@ -306,6 +307,17 @@ pub fn try_disk(
     vault: Option<&Path>,
     attach_loop: bool,
 ) -> Result<Proc, String> {
+    try_disk_lanes(image, mount, vault, attach_loop, 1)
+}
+
+/// [`try_disk`] with `lanes` vault lanes per FUSE worker.
+pub fn try_disk_lanes(
+    image: &Path,
+    mount: &Path,
+    vault: Option<&Path>,
+    attach_loop: bool,
+    lanes: usize,
+) -> Result<Proc, String> {
     // A dead server's mount point cannot be created (ENOTCONN): the server
     // cleans it up.
     let _ = std::fs::create_dir_all(mount);
@@ -318,6 +330,7 @@ pub fn try_disk(
             mount.display().to_string(),
             vault.map(|v| v.display().to_string()).unwrap_or_default(),
             if attach_loop { "loop" } else { "noloop" }.into(),
+            lanes.to_string(),
         ],
         errlog,
         "ready device=",
