@@ -45,11 +45,16 @@
 mod guard;
 mod handler;
 mod policy;
+mod shared;
 mod state;
 mod stats;
 mod threads;
 
 pub use policy::{Bound, RUN_MAX};
+pub use shared::{
+    parse_shared_policy, SharedConfig, SharedKind, SharedMode, SharedShield, MAX_MAPPINGS,
+    MAX_VIEWS,
+};
 pub use stats::{Counters, Snapshot, StatsFile};
 pub use threads::{register_thread, reset_after_fork, unregister_thread};
 

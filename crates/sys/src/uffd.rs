@@ -19,6 +19,14 @@ pub const MODE_WP: u64 = 2;
 
 /// API feature: write-protect faults are reported (anonymous memory).
 pub const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+/// API feature: a `fork` of a process whose ranges are registered keeps
+/// them registered in the child, with a new descriptor handed to the
+/// reader of this one ([`Message::Fork`]). Needs `CAP_SYS_PTRACE`.
+pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
+/// API feature: missing faults on shared memory (shmem, 4.11+).
+pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
+/// API feature: write-protection of shared memory (shmem, 5.19+).
+pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 /// API feature: fault messages carry the faulting thread's id (4.14+).
 pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 /// API feature: `UFFDIO_MOVE` (Linux 6.8+).
@@ -30,6 +38,7 @@ pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
 pub const PAGEFAULT_FLAG_WP: u64 = 2;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
+const EVENT_FORK: u8 = 0x13;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 
 const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
@@ -102,6 +111,15 @@ pub struct Fault {
     pub flags: u64,
     /// The faulting thread's id, with [`FEATURE_THREAD_ID`]; 0 without.
     pub tid: u32,
+}
+
+/// A message from a descriptor handshaken with [`FEATURE_EVENT_FORK`].
+#[derive(Debug)]
+pub enum Message {
+    /// A page fault.
+    Fault(Fault),
+    /// A registered process forked: the descriptor of the child's ranges.
+    Fork(Uffd),
 }
 
 /// Raw `struct uffd_msg` (32 bytes).
@@ -424,6 +442,54 @@ impl Uffd {
             }
         }
         Ok(k)
+    }
+
+    /// Reads pending messages, fork events included (see
+    /// [`FEATURE_EVENT_FORK`]), and hands each to `f`; returns how many.
+    /// Returns 0 at once when none is pending (non-blocking descriptor).
+    /// Allocates nothing: a handler may run this while another thread of
+    /// its process is inside `fork`, holding the C library's allocator.
+    ///
+    /// # Errors
+    /// The error of `read(2)` other than EAGAIN and EINTR.
+    pub fn read_messages(&self, mut f: impl FnMut(Message)) -> io::Result<usize> {
+        const MAX: usize = 16;
+        let mut msgs = [Msg::default(); MAX];
+        let bytes = MAX * std::mem::size_of::<Msg>();
+        // SAFETY: `msgs` is a writable buffer of `bytes` bytes of
+        // plain-old-data structs for which every bit pattern is valid.
+        let r = unsafe { libc::read(self.fd.as_raw_fd(), msgs.as_mut_ptr().cast(), bytes) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        let n = usize::try_from(r).unwrap_or(0) / std::mem::size_of::<Msg>();
+        for m in &msgs[..n] {
+            match m.event {
+                EVENT_PAGEFAULT => f(Message::Fault(Fault {
+                    flags: m.arg0,
+                    address: m.arg1,
+                    tid: u32::try_from(m.arg2 & 0xffff_ffff).unwrap_or(0),
+                })),
+                // `arg.fork.ufd` (a u32 in the union): a descriptor the
+                // kernel has just installed in this process for the reader.
+                EVENT_FORK => {
+                    let fd = m.arg0 & 0xffff_ffff;
+                    if let Ok(fd) = libc::c_long::try_from(fd) {
+                        f(Message::Fork(Self::own(fd, self.origin)));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(n)
     }
 
     /// The descriptor number (for a child that must close an inherited
