@@ -1718,6 +1718,27 @@ fn shared_memory_is_refused_or_reported_unprotected() {
     );
 }
 
+#[test]
+fn read_only_pages_a_jit_unmaps_are_wiped_without_a_crash() {
+    let Some((_dir, exe)) = c_test("readonly_unmap", "readonly_unmap", &[]) else {
+        return;
+    };
+    let plain = Command::new(&exe).output().expect("run plain");
+    assert_eq!(
+        text(&plain.stdout).trim(),
+        "readonly ok",
+        "plain: {plain:?}"
+    );
+    // A small window so that read-only pages are also evicted and return.
+    let o = Command::new(MEMVEIL)
+        .args(["run", "--quiet", "--window", "16", "--"])
+        .arg(&exe)
+        .output()
+        .expect("run protected");
+    assert_eq!(text(&o.stdout).trim(), "readonly ok", "protected: {o:?}");
+    assert!(o.status.success(), "{o:?}");
+}
+
 /// `memveil run --shared-memory protected`, as the tests use it.
 const SHARED_PROTECTED: [&str; 3] = ["--shared-memory", "protected", "--accept-unwiped-free"];
 

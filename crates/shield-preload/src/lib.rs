@@ -747,6 +747,11 @@ fn region_part(addr: usize, len: usize) -> bool {
     b != 0 && addr >= mmap_lo && addr.saturating_add(len) <= b + LEN.load(Ordering::Relaxed)
 }
 
+/// Set once the program gives region pages a protection other than
+/// read-write: from then on `munmap` makes pages writable again before it
+/// wipes them (and before they are handed out again).
+static PROT_CHANGED: AtomicBool = AtomicBool::new(false);
+
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let a = addr as usize;
@@ -755,7 +760,15 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
             set_errno(libc::EINVAL);
             return -1;
         }
-        discard(a, len.next_multiple_of(PAGE));
+        let len = len.next_multiple_of(PAGE);
+        if PROT_CHANGED.load(Ordering::Relaxed) {
+            // A JIT's code pages (read-only, executable) come back here:
+            // the wipe writes them, and the next mmap expects them writable.
+            // SAFETY: our own interposed mprotect on region pages the caller
+            // is giving up.
+            unsafe { mprotect(addr, len, RW) };
+        }
+        discard(a, len);
         with_heap(|h| h.pages.release(a, len));
         return 0;
     }
@@ -812,7 +825,10 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     let a = addr as usize;
     if in_region(a) {
         if let Some(s) = shield() {
-            s.set_unreadable(a, len, prot & libc::PROT_READ == 0);
+            s.set_protection(a, len, prot);
+            if prot != RW {
+                PROT_CHANGED.store(true, Ordering::Relaxed);
+            }
         }
     }
     // SAFETY: the caller's mprotect(2) contract.

@@ -135,6 +135,18 @@ struct Msg {
     arg2: u64,
 }
 
+impl Msg {
+    /// The page fault this message reports, if it is one.
+    fn fault(&self) -> Option<Fault> {
+        (self.event == EVENT_PAGEFAULT).then(|| Fault {
+            flags: self.arg0,
+            address: self.arg1,
+            // `feat.ptid`, the first 32 bits of the union.
+            tid: u32::try_from(self.arg2 & 0xffff_ffff).unwrap_or(0),
+        })
+    }
+}
+
 /// How a userfaultfd was obtained, for reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -410,52 +422,23 @@ impl Uffd {
     /// # Errors
     /// The error of `read(2)` other than EAGAIN and EINTR.
     pub fn read_faults(&self, out: &mut [Fault]) -> io::Result<usize> {
-        const MAX: usize = 64;
-        let mut msgs = [Msg::default(); MAX];
-        let want = out.len().min(MAX);
-        let bytes = want * std::mem::size_of::<Msg>();
-        // SAFETY: `msgs` is a writable buffer of at least `bytes` bytes of
-        // plain-old-data structs for which every bit pattern is valid.
-        let r = unsafe { libc::read(self.fd.as_raw_fd(), msgs.as_mut_ptr().cast(), bytes) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ) {
-                Ok(0)
-            } else {
-                Err(e)
-            };
-        }
-        let n = usize::try_from(r).unwrap_or(0) / std::mem::size_of::<Msg>();
+        let mut msgs = [Msg::default(); 64];
+        let want = out.len().min(msgs.len());
+        let n = self.read_raw(&mut msgs[..want])?;
         let mut k = 0;
         for m in &msgs[..n] {
-            if m.event == EVENT_PAGEFAULT {
-                out[k] = Fault {
-                    flags: m.arg0,
-                    address: m.arg1,
-                    // `feat.ptid`, the first 32 bits of the union.
-                    tid: u32::try_from(m.arg2 & 0xffff_ffff).unwrap_or(0),
-                };
+            if let Some(f) = m.fault() {
+                out[k] = f;
                 k += 1;
             }
         }
         Ok(k)
     }
 
-    /// Reads pending messages, fork events included (see
-    /// [`FEATURE_EVENT_FORK`]), and hands each to `f`; returns how many.
-    /// Returns 0 at once when none is pending (non-blocking descriptor).
-    /// Allocates nothing: a handler may run this while another thread of
-    /// its process is inside `fork`, holding the C library's allocator.
-    ///
-    /// # Errors
-    /// The error of `read(2)` other than EAGAIN and EINTR.
-    pub fn read_messages(&self, mut f: impl FnMut(Message)) -> io::Result<usize> {
-        const MAX: usize = 16;
-        let mut msgs = [Msg::default(); MAX];
-        let bytes = MAX * std::mem::size_of::<Msg>();
+    /// Reads pending raw messages into `msgs`; 0 when none is pending (or
+    /// a signal interrupted a blocking read).
+    fn read_raw(&self, msgs: &mut [Msg]) -> io::Result<usize> {
+        let bytes = std::mem::size_of_val(msgs);
         // SAFETY: `msgs` is a writable buffer of `bytes` bytes of
         // plain-old-data structs for which every bit pattern is valid.
         let r = unsafe { libc::read(self.fd.as_raw_fd(), msgs.as_mut_ptr().cast(), bytes) };
@@ -470,14 +453,27 @@ impl Uffd {
                 Err(e)
             };
         }
-        let n = usize::try_from(r).unwrap_or(0) / std::mem::size_of::<Msg>();
+        Ok(usize::try_from(r).unwrap_or(0) / std::mem::size_of::<Msg>())
+    }
+
+    /// Reads pending messages, fork events included (see
+    /// [`FEATURE_EVENT_FORK`]), and hands each to `f`; returns how many.
+    /// Returns 0 at once when none is pending (non-blocking descriptor).
+    /// Allocates nothing: a handler may run this while another thread of
+    /// its process is inside `fork`, holding the C library's allocator.
+    ///
+    /// # Errors
+    /// The error of `read(2)` other than EAGAIN and EINTR.
+    pub fn read_messages(&self, mut f: impl FnMut(Message)) -> io::Result<usize> {
+        let mut msgs = [Msg::default(); 16];
+        let n = self.read_raw(&mut msgs)?;
         for m in &msgs[..n] {
             match m.event {
-                EVENT_PAGEFAULT => f(Message::Fault(Fault {
-                    flags: m.arg0,
-                    address: m.arg1,
-                    tid: u32::try_from(m.arg2 & 0xffff_ffff).unwrap_or(0),
-                })),
+                EVENT_PAGEFAULT => f(Message::Fault(m.fault().unwrap_or(Fault {
+                    address: 0,
+                    flags: 0,
+                    tid: 0,
+                }))),
                 // `arg.fork.ufd` (a u32 in the union): a descriptor the
                 // kernel has just installed in this process for the reader.
                 EVENT_FORK => {
