@@ -1430,7 +1430,11 @@ struct SecretScan {
     stats: Option<serde_json::Value>,
 }
 
-fn scan_for_secret(dir: &TempDir, exe: &Path, args: &[&str], protected: bool) -> SecretScan {
+/// Runs `exe` plain (`flags` `None`) or under `memveil run` with `flags`
+/// added to the small-window defaults, and scans the page image of the
+/// process that prints `ready PID`.
+fn scan_for_secret(dir: &TempDir, exe: &Path, args: &[&str], flags: Option<&[&str]>) -> SecretScan {
+    let protected = flags.is_some();
     let secret = random_secret();
     let marker = format!("marker-{}", random_secret());
     let tag = if protected { "protected" } else { "plain" };
@@ -1438,6 +1442,7 @@ fn scan_for_secret(dir: &TempDir, exe: &Path, args: &[&str], protected: bool) ->
     let mut cmd = if protected {
         let mut c = Command::new(MEMVEIL);
         c.args(["run", "--quiet", "--window", "64", "--region-gib", "1"])
+            .args(flags.unwrap_or_default())
             .arg("--stats-json")
             .arg(&stats)
             .arg("--")
@@ -1512,13 +1517,13 @@ fn a_forked_childs_secret_leaves_its_window() {
     let Some((dir, exe)) = c_test("fork_secret", "fork_secret", &[]) else {
         return;
     };
-    let plain = scan_for_secret(&dir, &exe, &[], false);
+    let plain = scan_for_secret(&dir, &exe, &[], None);
     assert!(
         plain.secret_hits > 0,
         "positive control failed: the secret is not in the page image of the plain child ({} pages)",
         plain.kept
     );
-    let prot = scan_for_secret(&dir, &exe, &[], true);
+    let prot = scan_for_secret(&dir, &exe, &[], Some(&[]));
     assert_secret_left_the_window("forked child under memveil run", &prot);
     let j = prot.stats.expect("stats");
     assert_eq!(j["processes"].as_u64(), Some(2), "{j}");
@@ -1557,13 +1562,13 @@ fn a_secret_on_a_threads_stack_leaves_the_window() {
     let Some((dir, exe)) = c_test("thread_stacks", "thread_stacks", &["-pthread"]) else {
         return;
     };
-    let plain = scan_for_secret(&dir, &exe, &["secret"], false);
+    let plain = scan_for_secret(&dir, &exe, &["secret"], None);
     assert!(
         plain.secret_hits > 0,
         "positive control failed: the secret is not in the page image of the plain program ({} pages)",
         plain.kept
     );
-    let prot = scan_for_secret(&dir, &exe, &["secret"], true);
+    let prot = scan_for_secret(&dir, &exe, &["secret"], Some(&[]));
     assert_secret_left_the_window("a worker thread's stack under memveil run", &prot);
 }
 
@@ -1681,7 +1686,159 @@ fn shared_memory_is_refused_or_reported_unprotected() {
             Some(1 << 20),
             "{mode}: {j}"
         );
+        // Under `protected`, the kinds other processes may attach are
+        // refused unless an override lets them through as plaintext.
+        if mode != "anon" {
+            let kind = if mode == "sysv" { "sysv" } else { "memfd" };
+            let (refused, _) = run_with_stats(&dir, &SHARED_PROTECTED, &exe, mode);
+            assert_eq!(refused.status.code(), Some(2), "{mode}: {refused:?}");
+            let over = format!("protected,{kind}=unprotected");
+            let (through, j) = run_with_stats(
+                &dir,
+                &["--shared-memory", &over, "--accept-unwiped-free"],
+                &exe,
+                mode,
+            );
+            assert_eq!(text(&through.stdout).trim(), want, "{mode}: {through:?}");
+            assert_eq!(j["shared_unprotected_bytes"].as_u64(), Some(1 << 20), "{j}");
+        }
     }
+    // Asking to protect what cannot be is refused before the program runs.
+    let bad = Command::new(MEMVEIL)
+        .args(["run", "--shared-memory", "protected,sysv=protected", "--"])
+        .arg(&exe)
+        .arg("sysv")
+        .output()
+        .expect("run");
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        text(&bad.stderr).contains("cannot be protected"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+#[test]
+fn read_only_pages_a_jit_unmaps_are_wiped_without_a_crash() {
+    let Some((_dir, exe)) = c_test("readonly_unmap", "readonly_unmap", &[]) else {
+        return;
+    };
+    let plain = Command::new(&exe).output().expect("run plain");
+    assert_eq!(
+        text(&plain.stdout).trim(),
+        "readonly ok",
+        "plain: {plain:?}"
+    );
+    // A small window so that read-only pages are also evicted and return.
+    let o = Command::new(MEMVEIL)
+        .args(["run", "--quiet", "--window", "16", "--"])
+        .arg(&exe)
+        .output()
+        .expect("run protected");
+    assert_eq!(text(&o.stdout).trim(), "readonly ok", "protected: {o:?}");
+    assert!(o.status.success(), "{o:?}");
+}
+
+/// `memveil run --shared-memory protected`, as the tests use it.
+const SHARED_PROTECTED: [&str; 3] = ["--shared-memory", "protected", "--accept-unwiped-free"];
+
+#[test]
+fn shared_memory_written_by_four_forked_children_stays_right_and_is_evicted() {
+    let Some((dir, exe)) = c_test("shared_fork", "shared_fork", &[]) else {
+        return;
+    };
+    let plain = Command::new(&exe)
+        .args(["64", "3"])
+        .output()
+        .expect("run plain");
+    assert_eq!(
+        text(&plain.stdout).trim(),
+        "shared fork ok",
+        "plain: {plain:?}"
+    );
+    // Protected only when the unwiped frames are accepted, and said so.
+    let refused = Command::new(MEMVEIL)
+        .args(["run", "--quiet", "--shared-memory", "protected", "--"])
+        .arg(&exe)
+        .output()
+        .expect("run");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        text(&refused.stderr).contains("--accept-unwiped-free"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let stats = dir.path("shared-fork.json");
+    let o = Command::new(MEMVEIL)
+        .args(["run", "--window", "256"])
+        .args(SHARED_PROTECTED)
+        .arg("--stats-json")
+        .arg(&stats)
+        .arg("--")
+        .arg(&exe)
+        .args(["64", "3"])
+        .output()
+        .expect("run protected");
+    assert_eq!(text(&o.stdout).trim(), "shared fork ok", "protected: {o:?}");
+    assert!(o.status.success(), "{o:?}");
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    let n = |k: &str| j[k].as_u64().unwrap_or(0);
+    assert_eq!(n("shared_protected_bytes"), 64 << 20, "{j}");
+    assert!(
+        n("shared_views") >= 5,
+        "parent and four children served: {j}"
+    );
+    // 64 MiB through a 256-page window: most of it left as ciphertext and
+    // came back on faults, in the children's views as well as the parent's.
+    assert!(
+        n("shared_evictions") > 10_000 && n("shared_faults_in") > 10_000,
+        "{j}"
+    );
+    assert_eq!(n("shared_unprotected_bytes"), 0, "{j}");
+    assert!(
+        text(&o.stderr).contains("shared memory protected: 65536 KiB"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn a_secret_in_shared_memory_leaves_the_window_of_a_forked_child() {
+    let Some((dir, exe)) = c_test("shared_secret", "shared_secret", &[]) else {
+        return;
+    };
+    let plain = scan_for_secret(&dir, &exe, &[], None);
+    assert!(
+        plain.secret_hits > 0,
+        "positive control failed: the secret is not in the page image of the plain child ({} pages)",
+        plain.kept
+    );
+    let prot = scan_for_secret(&dir, &exe, &[], Some(&SHARED_PROTECTED));
+    assert_secret_left_the_window("shared memory, forked child", &prot);
+    let j = prot.stats.as_ref().expect("stats");
+    assert!(j["shared_evictions"].as_u64().unwrap_or(0) > 0, "{j}");
+}
+
+#[test]
+fn a_child_whose_shared_memory_creator_died_is_stopped_not_left_reading_zeros() {
+    let Some((_dir, exe)) = c_test("shared_orphan", "shared_fork", &[]) else {
+        return;
+    };
+    let o = Command::new(MEMVEIL)
+        .args(["run", "--quiet", "--window", "64"])
+        .args(SHARED_PROTECTED)
+        .arg("--")
+        .arg(&exe)
+        .args(["16", "1", "orphan"])
+        .output()
+        .expect("run");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("died holding the keys of shared memory") && err.contains("exit status 125"),
+        "{o:?}"
+    );
+    assert!(!text(&o.stdout).contains("zeros"), "{o:?}");
 }
 
 // ------------------------------------------------ m: nginx workers --

@@ -682,6 +682,15 @@ pub unsafe extern "C" fn mmap(
         }
     }
     if let Some(kind) = shared::of_mmap(flags, fd) {
+        if kind == shared::Kind::Anonymous && len > 0 && shared::wants_protection(flags) {
+            return match shared::map_protected(addr, len, prot, flags) {
+                Some(p) => p,
+                None => {
+                    set_errno(libc::ENOMEM);
+                    libc::MAP_FAILED
+                }
+            };
+        }
         if !shared::admit(kind, len as u64) {
             set_errno(libc::ENOMEM);
             return libc::MAP_FAILED;
@@ -738,6 +747,11 @@ fn region_part(addr: usize, len: usize) -> bool {
     b != 0 && addr >= mmap_lo && addr.saturating_add(len) <= b + LEN.load(Ordering::Relaxed)
 }
 
+/// Set once the program gives region pages a protection other than
+/// read-write: from then on `munmap` makes pages writable again before it
+/// wipes them (and before they are handed out again).
+static PROT_CHANGED: AtomicBool = AtomicBool::new(false);
+
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let a = addr as usize;
@@ -746,10 +760,19 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
             set_errno(libc::EINVAL);
             return -1;
         }
-        discard(a, len.next_multiple_of(PAGE));
+        let len = len.next_multiple_of(PAGE);
+        if PROT_CHANGED.load(Ordering::Relaxed) {
+            // A JIT's code pages (read-only, executable) come back here:
+            // the wipe writes them, and the next mmap expects them writable.
+            // SAFETY: our own interposed mprotect on region pages the caller
+            // is giving up.
+            unsafe { mprotect(addr, len, RW) };
+        }
+        discard(a, len);
         with_heap(|h| h.pages.release(a, len));
         return 0;
     }
+    shared::before_unmap(a, len);
     // SAFETY: not our memory: the caller's munmap(2) contract.
     match unsafe { uffd::unmap_direct(addr.cast(), len) } {
         Ok(()) => 0,
@@ -778,6 +801,15 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             _ => {}
         }
     }
+    if advice == libc::MADV_REMOVE && shared::overlaps(a, len) {
+        // The handler would bring evicted pages back where the program
+        // asked for zeros.
+        eprintln!(
+            "memveil-shield: MADV_REMOVE on protected shared memory is not supported: refused (EINVAL)"
+        );
+        set_errno(libc::EINVAL);
+        return -1;
+    }
     // SAFETY: the caller's madvise(2) contract.
     match unsafe { uffd::madvise_direct(addr.cast(), len, advice) } {
         Ok(()) => 0,
@@ -793,7 +825,10 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     let a = addr as usize;
     if in_region(a) {
         if let Some(s) = shield() {
-            s.set_unreadable(a, len, prot & libc::PROT_READ == 0);
+            s.set_protection(a, len, prot);
+            if prot != RW {
+                PROT_CHANGED.store(true, Ordering::Relaxed);
+            }
         }
     }
     // SAFETY: the caller's mprotect(2) contract.
@@ -818,6 +853,14 @@ pub unsafe extern "C" fn mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     let a = old as usize;
+    if shared::overlaps(a, old_len) {
+        // The handler serves the mapping at its address in every process.
+        eprintln!(
+            "memveil-shield: mremap of protected shared memory is not supported: refused (EINVAL)"
+        );
+        set_errno(libc::EINVAL);
+        return libc::MAP_FAILED;
+    }
     if !in_region(a) {
         // SAFETY: the caller's mremap(2) contract.
         let r = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) };
@@ -1079,6 +1122,7 @@ extern "C" fn after_fork_child() {
     }
     memveil_shield::reset_after_fork();
     LOCK.unlock();
+    shared::after_fork_child();
     stacks::fork_child();
     if let Err(e) = protect_region() {
         eprintln!("memveil-shield: refusing to run a forked child unprotected: {e}");

@@ -85,7 +85,7 @@ pub(crate) struct HandlerStack {
 unsafe impl Send for HandlerStack {}
 
 impl HandlerStack {
-    fn new() -> Result<Box<Self>, ShieldError> {
+    pub(crate) fn new() -> Result<Box<Self>, ShieldError> {
         Ok(Box::new(HandlerStack {
             base: uffd::map_stack_direct(HANDLER_STACK).map_err(os("mmap handler stack"))?,
             len: HANDLER_STACK,

@@ -45,11 +45,16 @@
 mod guard;
 mod handler;
 mod policy;
+mod shared;
 mod state;
 mod stats;
 mod threads;
 
 pub use policy::{Bound, RUN_MAX};
+pub use shared::{
+    parse_shared_policy, SharedConfig, SharedKind, SharedMode, SharedShield, MAX_MAPPINGS,
+    MAX_VIEWS,
+};
 pub use stats::{Counters, Snapshot, StatsFile};
 pub use threads::{register_thread, reset_after_fork, unregister_thread};
 
@@ -62,7 +67,7 @@ use memveil_secmem::{Level, Policy};
 use memveil_sys::uffd::{self, Uffd};
 
 use handler::{Inner, Threads};
-use state::{Range, KEEP, PINNED, RESIDENT};
+use state::{Range, KEEP, PINNED, RDONLY, RESIDENT};
 
 /// Page size the shield works in (x86-64 base pages).
 pub const PAGE: usize = 4096;
@@ -392,6 +397,8 @@ impl Shield {
         st.ranges.insert(pos, range);
         if prot & libc::PROT_READ == 0 {
             st.set_flags(base, len, PINNED, true);
+        } else if prot & libc::PROT_WRITE == 0 {
+            st.set_flags(base, len, RDONLY, true);
         }
         let c = inner.stats.counters();
         c.pages_protected.fetch_add(pages as u64, Ordering::Relaxed);
@@ -447,11 +454,15 @@ impl Shield {
         st.discard(addr, len, &self.inner.stats);
     }
 
-    /// Marks pages the program made unreadable (`pinned`: never evicted, as
-    /// the handler could not read them) or readable again.
-    pub fn set_unreadable(&self, addr: usize, len: usize, unreadable: bool) {
+    /// Records the protection the program gave pages (`mprotect`): pages it
+    /// made unreadable are pinned (never evicted, as the handler could not
+    /// read them), pages it made read-only are not wiped by a discard (they
+    /// cannot be written); `PROT_READ|PROT_WRITE` clears both.
+    pub fn set_protection(&self, addr: usize, len: usize, prot: libc::c_int) {
         let mut st = self.inner.lock();
-        st.set_flags(addr, len, PINNED, unreadable);
+        let readable = prot & libc::PROT_READ != 0;
+        st.set_flags(addr, len, PINNED, !readable);
+        st.set_flags(addr, len, RDONLY, readable && prot & libc::PROT_WRITE == 0);
     }
 
     /// Books `bytes` of shared memory the program mapped outside the shield,

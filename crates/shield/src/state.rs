@@ -25,6 +25,11 @@ pub(crate) const GHOST: u8 = 0x40;
 /// Page must stay resident (a thread's control block, which the kernel
 /// writes as the thread exits): never evicted, but wiped when discarded.
 pub(crate) const KEEP: u8 = 0x20;
+/// Page the program made read-only (`mprotect` without `PROT_WRITE`): a
+/// discard cannot write it, so its wipe is skipped (the preload makes a
+/// range writable again before it unmaps it, so only `madvise` on a
+/// read-only page drops a frame unwiped).
+pub(crate) const RDONLY: u8 = 0x08;
 /// Page was taken as a victim by the [`State::victims`] call under way
 /// (a page may sit in the queues twice); cleared before it returns.
 const CHOSEN: u8 = 0x10;
@@ -242,7 +247,7 @@ impl State {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
         let s = r.state(i);
-        r.set_state(i, EVICTED | GHOST | (s & (PINNED | KEEP)));
+        r.set_state(i, EVICTED | GHOST | (s & (PINNED | KEEP | RDONLY)));
         r.set_stamp(i, stamp);
         self.resident -= 1;
         self.evicted += 1;
@@ -264,7 +269,7 @@ impl State {
     pub(crate) fn mark_resident(&mut self, pos: usize, i: usize, s: u8) {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
-        r.set_state(i, RESIDENT | (s & (PINNED | KEEP)));
+        r.set_state(i, RESIDENT | (s & (PINNED | KEEP | RDONLY)));
         if s & GHOST != 0 {
             self.queues.main.push_back(addr);
         } else {
@@ -366,10 +371,11 @@ impl State {
                 match s & STATE_MASK {
                     RESIDENT => {
                         let p = r.addr(i) as *mut u8;
-                        if s & PINNED == 0 {
+                        if s & (PINNED | RDONLY) == 0 {
                             // SAFETY: the page is resident (present, readable
-                            // and writable: pinned pages are skipped) and the
-                            // caller of `discard` owns its contents.
+                            // and writable: pinned and read-only pages are
+                            // skipped) and the caller of `discard` owns its
+                            // contents.
                             unsafe { zeroize_page(p) };
                         }
                         // SAFETY: as above; the contents are being dropped.
@@ -385,7 +391,7 @@ impl State {
                     }
                     _ => {}
                 }
-                r.set_state(i, ZERO | (s & PINNED));
+                r.set_state(i, ZERO | (s & (PINNED | RDONLY)));
             }
         }
         self.resident -= dropped_res;

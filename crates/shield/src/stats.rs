@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memveil_sys::uffd;
 
-const MAGIC: u64 = 0x6d76_7368_6c64_0003; // "mvshld" v3
+const MAGIC: u64 = 0x6d76_7368_6c64_0004; // "mvshld" v4
 
 /// The counters, as laid out in the shared file (all little-endian u64).
 #[repr(C)]
@@ -80,6 +80,20 @@ pub struct Counters {
     /// the program mapped and was let through unprotected, as the user
     /// accepted (`memveil run --shared-memory unprotected`).
     pub shared_unprotected: AtomicU64,
+    /// Bytes of shared anonymous memory this process created protected for
+    /// every process that maps it (`--shared-memory protected`), in all.
+    pub shared_protected: AtomicU64,
+    /// Of those, plaintext pages now.
+    pub shared_resident: AtomicU64,
+    /// Of those, ciphertext pages now.
+    pub shared_evicted: AtomicU64,
+    /// Evicted shared pages decrypted back on a fault (in any process).
+    pub shared_faults_in: AtomicU64,
+    /// Shared pages evicted.
+    pub shared_evictions: AtomicU64,
+    /// The most processes whose views of this process's shared memory the
+    /// handler served at once (this one and its forked descendants).
+    pub shared_views: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -143,6 +157,18 @@ pub struct Snapshot {
     pub evict_moves: u64,
     /// Bytes of shared memory mapped unprotected, as the user accepted.
     pub shared_unprotected_bytes: u64,
+    /// Bytes of shared anonymous memory kept protected.
+    pub shared_protected_bytes: u64,
+    /// Plaintext shared pages.
+    pub shared_resident_pages: u64,
+    /// Ciphertext shared pages.
+    pub shared_evicted_pages: u64,
+    /// Evicted shared pages decrypted back on a fault.
+    pub shared_faults_in: u64,
+    /// Shared pages evicted.
+    pub shared_evictions: u64,
+    /// Process views of protected shared memory served.
+    pub shared_views: u64,
 }
 
 impl Snapshot {
@@ -212,6 +238,12 @@ impl Snapshot {
         self.handler_idle += o.handler_idle;
         self.evict_moves += o.evict_moves;
         self.shared_unprotected_bytes += o.shared_unprotected_bytes;
+        self.shared_protected_bytes += o.shared_protected_bytes;
+        self.shared_resident_pages += o.shared_resident_pages;
+        self.shared_evicted_pages += o.shared_evicted_pages;
+        self.shared_faults_in += o.shared_faults_in;
+        self.shared_evictions += o.shared_evictions;
+        self.shared_views += o.shared_views;
     }
 }
 
@@ -247,6 +279,12 @@ impl Counters {
             handler_idle: g(&self.handler_idle),
             evict_moves: g(&self.evict_moves),
             shared_unprotected_bytes: g(&self.shared_unprotected),
+            shared_protected_bytes: g(&self.shared_protected),
+            shared_resident_pages: g(&self.shared_resident),
+            shared_evicted_pages: g(&self.shared_evicted),
+            shared_faults_in: g(&self.shared_faults_in),
+            shared_evictions: g(&self.shared_evictions),
+            shared_views: g(&self.shared_views),
         }
     }
 }

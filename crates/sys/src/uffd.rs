@@ -19,6 +19,14 @@ pub const MODE_WP: u64 = 2;
 
 /// API feature: write-protect faults are reported (anonymous memory).
 pub const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+/// API feature: a `fork` of a process whose ranges are registered keeps
+/// them registered in the child, with a new descriptor handed to the
+/// reader of this one ([`Message::Fork`]). Needs `CAP_SYS_PTRACE`.
+pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
+/// API feature: missing faults on shared memory (shmem, 4.11+).
+pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
+/// API feature: write-protection of shared memory (shmem, 5.19+).
+pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 /// API feature: fault messages carry the faulting thread's id (4.14+).
 pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 /// API feature: `UFFDIO_MOVE` (Linux 6.8+).
@@ -30,6 +38,7 @@ pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
 pub const PAGEFAULT_FLAG_WP: u64 = 2;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
+const EVENT_FORK: u8 = 0x13;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 
 const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
@@ -104,6 +113,15 @@ pub struct Fault {
     pub tid: u32,
 }
 
+/// A message from a descriptor handshaken with [`FEATURE_EVENT_FORK`].
+#[derive(Debug)]
+pub enum Message {
+    /// A page fault.
+    Fault(Fault),
+    /// A registered process forked: the descriptor of the child's ranges.
+    Fork(Uffd),
+}
+
 /// Raw `struct uffd_msg` (32 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -115,6 +133,18 @@ struct Msg {
     arg0: u64,
     arg1: u64,
     arg2: u64,
+}
+
+impl Msg {
+    /// The page fault this message reports, if it is one.
+    fn fault(&self) -> Option<Fault> {
+        (self.event == EVENT_PAGEFAULT).then(|| Fault {
+            flags: self.arg0,
+            address: self.arg1,
+            // `feat.ptid`, the first 32 bits of the union.
+            tid: u32::try_from(self.arg2 & 0xffff_ffff).unwrap_or(0),
+        })
+    }
 }
 
 /// How a userfaultfd was obtained, for reports.
@@ -392,11 +422,24 @@ impl Uffd {
     /// # Errors
     /// The error of `read(2)` other than EAGAIN and EINTR.
     pub fn read_faults(&self, out: &mut [Fault]) -> io::Result<usize> {
-        const MAX: usize = 64;
-        let mut msgs = [Msg::default(); MAX];
-        let want = out.len().min(MAX);
-        let bytes = want * std::mem::size_of::<Msg>();
-        // SAFETY: `msgs` is a writable buffer of at least `bytes` bytes of
+        let mut msgs = [Msg::default(); 64];
+        let want = out.len().min(msgs.len());
+        let n = self.read_raw(&mut msgs[..want])?;
+        let mut k = 0;
+        for m in &msgs[..n] {
+            if let Some(f) = m.fault() {
+                out[k] = f;
+                k += 1;
+            }
+        }
+        Ok(k)
+    }
+
+    /// Reads pending raw messages into `msgs`; 0 when none is pending (or
+    /// a signal interrupted a blocking read).
+    fn read_raw(&self, msgs: &mut [Msg]) -> io::Result<usize> {
+        let bytes = std::mem::size_of_val(msgs);
+        // SAFETY: `msgs` is a writable buffer of `bytes` bytes of
         // plain-old-data structs for which every bit pattern is valid.
         let r = unsafe { libc::read(self.fd.as_raw_fd(), msgs.as_mut_ptr().cast(), bytes) };
         if r < 0 {
@@ -410,20 +453,39 @@ impl Uffd {
                 Err(e)
             };
         }
-        let n = usize::try_from(r).unwrap_or(0) / std::mem::size_of::<Msg>();
-        let mut k = 0;
+        Ok(usize::try_from(r).unwrap_or(0) / std::mem::size_of::<Msg>())
+    }
+
+    /// Reads pending messages, fork events included (see
+    /// [`FEATURE_EVENT_FORK`]), and hands each to `f`; returns how many.
+    /// Returns 0 at once when none is pending (non-blocking descriptor).
+    /// Allocates nothing: a handler may run this while another thread of
+    /// its process is inside `fork`, holding the C library's allocator.
+    ///
+    /// # Errors
+    /// The error of `read(2)` other than EAGAIN and EINTR.
+    pub fn read_messages(&self, mut f: impl FnMut(Message)) -> io::Result<usize> {
+        let mut msgs = [Msg::default(); 16];
+        let n = self.read_raw(&mut msgs)?;
         for m in &msgs[..n] {
-            if m.event == EVENT_PAGEFAULT {
-                out[k] = Fault {
-                    flags: m.arg0,
-                    address: m.arg1,
-                    // `feat.ptid`, the first 32 bits of the union.
-                    tid: u32::try_from(m.arg2 & 0xffff_ffff).unwrap_or(0),
-                };
-                k += 1;
+            match m.event {
+                EVENT_PAGEFAULT => f(Message::Fault(m.fault().unwrap_or(Fault {
+                    address: 0,
+                    flags: 0,
+                    tid: 0,
+                }))),
+                // `arg.fork.ufd` (a u32 in the union): a descriptor the
+                // kernel has just installed in this process for the reader.
+                EVENT_FORK => {
+                    let fd = m.arg0 & 0xffff_ffff;
+                    if let Ok(fd) = libc::c_long::try_from(fd) {
+                        f(Message::Fork(Self::own(fd, self.origin)));
+                    }
+                }
+                _ => {}
             }
         }
-        Ok(k)
+        Ok(n)
     }
 
     /// The descriptor number (for a child that must close an inherited

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::{anyhow, bail, Context as _};
 use memveil_shield::{Mechanism, Snapshot, StatsFile, KEYIDS};
 
 const PRELOAD: &str = "libmemveil_shield_preload.so";
@@ -70,12 +70,16 @@ pub struct Args {
     /// (frames go back to the kernel unwiped; boot with init_on_free=1).
     #[arg(long)]
     accept_unwiped_free: bool,
-    /// Shared memory (MAP_SHARED|MAP_ANONYMOUS, memfd_create mappings,
-    /// System V shmat) cannot be kept encrypted by a per-process shield:
+    /// Shared memory: MODE[,KIND=MODE...] (kinds: anonymous, memfd, sysv).
     /// "refuse" fails those mappings with ENOMEM and a message;
-    /// "unprotected" lets them through as plaintext and the summary reports
-    /// how much (nginx's and PostgreSQL's shared zones need this).
-    #[arg(long, value_name = "POLICY", value_parser = ["refuse", "unprotected"], default_value = "refuse")]
+    /// "protected" keeps MAP_SHARED|MAP_ANONYMOUS memory as ciphertext for
+    /// the program and every process it forks (needs --accept-unwiped-free:
+    /// evicted shared frames go back to the kernel unwiped), and refuses the
+    /// kinds any process may attach (memfd, System V) unless an override
+    /// lets them through, e.g. "protected,sysv=unprotected" (PostgreSQL);
+    /// "unprotected" lets them through as plaintext. The summary reports
+    /// both.
+    #[arg(long, value_name = "POLICY", value_parser = shared_policy, default_value = "refuse")]
     shared_memory: String,
     /// The preload library (default: next to this executable).
     #[arg(long)]
@@ -275,7 +279,7 @@ fn summary(s: &Snapshot) -> String {
     format!(
         "{} process(es), {window}, keys {}, eviction {}; protected {} pages; plaintext {} pages \
          ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill (+{} pages read ahead, {} \
-         filled ahead), evictions {} ({} by write-protect), handler {:.1} ms{}{}",
+         filled ahead), evictions {} ({} by write-protect), handler {:.1} ms{}{}{}",
         s.processes,
         s.level_name(),
         s.mechanism_name(),
@@ -299,6 +303,18 @@ fn summary(s: &Snapshot) -> String {
         } else {
             String::new()
         },
+        if s.shared_protected_bytes > 0 || s.shared_evictions > 0 {
+            format!(
+                "; shared memory protected: {} KiB for {} process view(s), {} plaintext pages, {} evicted, {} faults in",
+                s.shared_protected_bytes.div_ceil(1024),
+                s.shared_views,
+                s.shared_resident_pages,
+                s.shared_evictions,
+                s.shared_faults_in
+            )
+        } else {
+            String::new()
+        },
         if s.shared_unprotected_bytes > 0 {
             format!(
                 "; shared memory NOT protected: {} KiB (--shared-memory unprotected)",
@@ -308,6 +324,11 @@ fn summary(s: &Snapshot) -> String {
             String::new()
         }
     )
+}
+
+/// Checks a `--shared-memory` setting (the preload parses the same words).
+fn shared_policy(s: &str) -> Result<String, String> {
+    memveil_shield::parse_shared_policy(s).map(|_| s.to_owned())
 }
 
 /// Microseconds a fault costs the program beyond what the handler does:
@@ -378,6 +399,17 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     let mechanism = memveil_shield::check()?;
     if mechanism == Mechanism::WriteProtect && !a.accept_unwiped_free {
         bail!(memveil_shield::ShieldError::UnwipedEviction);
+    }
+    let shared = memveil_shield::parse_shared_policy(&a.shared_memory).map_err(|e| anyhow!(e))?;
+    if shared[memveil_shield::SharedKind::Anonymous as usize] == memveil_shield::SharedMode::Protect
+        && !a.accept_unwiped_free
+    {
+        bail!(
+            "--shared-memory protected: evicted pages of shared memory go back to the kernel \
+             unwiped (no process can wipe a frame another process may be reading at that \
+             moment); pass --accept-unwiped-free to accept it (and boot with init_on_free=1 so \
+             the kernel wipes them), or use --shared-memory refuse"
+        );
     }
     let stats_dir = std::env::temp_dir().join(format!(
         "memveil-run-{}-{}",
