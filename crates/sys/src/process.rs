@@ -269,6 +269,173 @@ pub fn unpin() -> io::Result<()> {
     Ok(())
 }
 
+/// A local account, as `getpwnam(3)` finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// Login name.
+    pub name: String,
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+}
+
+/// Looks up the account `name` (`getpwnam_r(3)`: `/etc/passwd` or whatever
+/// NSS is configured); `Ok(None)` when there is none.
+///
+/// # Errors
+/// `InvalidInput` for a name with a NUL byte; the error of `getpwnam_r`.
+pub fn lookup_user(name: &str) -> io::Result<Option<User>> {
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "user name has a NUL byte"))?;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // SAFETY: passwd is plain old data; all-zero is a valid value that
+        // getpwnam_r fills in.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call: the NUL-terminated
+        // name, the passwd record, the scratch buffer of the length passed
+        // (the record's strings point into it) and the result pointer.
+        let r = unsafe {
+            libc::getpwnam_r(
+                cname.as_ptr(),
+                &mut pw,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut found,
+            )
+        };
+        if r == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        return Ok((!found.is_null()).then(|| User {
+            name: name.to_owned(),
+            uid: pw.pw_uid,
+            gid: pw.pw_gid,
+        }));
+    }
+}
+
+/// `CAP_SYS_PTRACE`: lets `userfaultfd(2)` serve faults taken inside
+/// system calls although `vm.unprivileged_userfaultfd=0`.
+pub const CAP_SYS_PTRACE: u32 = 19;
+
+/// The number of threads of this process (`Threads:` of `/proc/self/status`).
+#[must_use]
+pub fn thread_count() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find_map(|l| l.strip_prefix("Threads:"))?;
+    line.trim().parse().ok()
+}
+
+/// Becomes `user` for good, as root: its supplementary groups
+/// (`initgroups(3)`), its group and user id (real, effective and saved),
+/// and of all capabilities only `keep` (a `CAP_*` number), which stays
+/// effective, permitted, inheritable and ambient, so that a program this
+/// process executes holds it too; with `keep` `None`, none at all.
+///
+/// Capabilities belong to each thread, so the process must still have one
+/// thread only (refused otherwise): a thread left behind would keep root's.
+///
+/// # Errors
+/// `Other` when the process has more than one thread; EPERM when not root;
+/// the error of the failing call otherwise (the process may then be left
+/// half-switched: callers exit on error).
+pub fn become_user(user: &User, keep: Option<u32>) -> io::Result<()> {
+    match thread_count() {
+        Some(1) => {}
+        n => {
+            return Err(io::Error::other(format!(
+                "switching users needs a single-threaded process (threads: {n:?})"
+            )))
+        }
+    }
+    let cname = std::ffi::CString::new(user.name.as_str())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "user name has a NUL byte"))?;
+    // SAFETY: a NUL-terminated name and a plain gid.
+    cvt(unsafe { libc::initgroups(cname.as_ptr(), user.gid) })?;
+    // SAFETY: plain integer arguments.
+    cvt(unsafe { libc::setresgid(user.gid, user.gid, user.gid) })?;
+    // Keep the permitted set across the uid change, to pick `keep` from it.
+    // SAFETY: PR_SET_KEEPCAPS takes an integer and touches no memory.
+    cvt(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) })?;
+    // SAFETY: plain integer arguments.
+    cvt(unsafe { libc::setresuid(user.uid, user.uid, user.uid) })?;
+    let mask = keep.map_or(0, |c| 1u32 << c);
+    set_caps(mask)?;
+    if let Some(cap) = keep {
+        // SAFETY: PR_CAP_AMBIENT takes integers and touches no memory.
+        cvt(unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE,
+                libc::c_ulong::from(cap),
+                0,
+                0,
+            )
+        })?;
+    }
+    // SAFETY: as above.
+    cvt(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) })?;
+    Ok(())
+}
+
+/// Sets the calling thread's effective, permitted and inheritable
+/// capabilities to `mask` (capabilities 0 to 31; `capset(2)`).
+fn set_caps(mask: u32) -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let none = Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    };
+    let data = [
+        Data {
+            effective: mask,
+            permitted: mask,
+            inheritable: mask,
+        },
+        none,
+    ];
+    // SAFETY: capset reads a version-3 header and two data records (the
+    // layout of `struct __user_cap_header_struct` and
+    // `struct __user_cap_data_struct[2]`), both valid for the call.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn cvt(r: libc::c_int) -> io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// The calling thread's id (`gettid(2)`).
 #[must_use]
 pub fn gettid() -> u32 {
@@ -312,6 +479,40 @@ pub fn set_sched_policy(tid: u32, policy: SchedPolicy) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lookup_user_finds_root_and_not_a_made_up_name() {
+        let root = lookup_user("root")
+            .expect("getpwnam_r")
+            .expect("root exists");
+        assert_eq!((root.uid, root.gid), (0, 0));
+        assert_eq!(
+            lookup_user("memveil-no-such-user").expect("getpwnam_r"),
+            None
+        );
+        assert!(lookup_user("a\0b").is_err());
+    }
+
+    #[test]
+    fn become_user_refuses_a_process_with_a_second_thread() {
+        // A second thread for sure (the harness may run this on the main one).
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let _ = rx.recv();
+        });
+        let nobody = User {
+            name: "nobody".to_owned(),
+            uid: 65534,
+            gid: 65534,
+        };
+        let e = become_user(&nobody, None).expect_err("a second thread would keep root");
+        assert!(e.to_string().contains("single-threaded"), "{e}");
+        // SAFETY: getuid takes no arguments and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        assert_ne!(uid, 65534, "the refusal changed the user");
+        drop(tx);
+        t.join().expect("thread");
+    }
 
     #[test]
     fn io_flusher_is_set_or_refused_for_a_documented_reason() {

@@ -4,6 +4,7 @@
 
 use std::ffi::OsString;
 use std::io::Write as _;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -104,6 +105,15 @@ pub struct Args {
     /// of the C library's. memveil: always memveil's.
     #[arg(long, value_enum, default_value_t = Allocator::Auto)]
     allocator: Allocator,
+    /// Run as this user (for servers that refuse root, such as PostgreSQL):
+    /// memveil run, as root, opens --stats-json, then becomes USER for good
+    /// (its groups, uid and gid) keeping of root's capabilities only
+    /// CAP_SYS_PTRACE, as an ambient capability the program inherits: with
+    /// vm.unprivileged_userfaultfd=0 the fault handler needs it to serve
+    /// faults taken inside system calls (with the sysctl at 1 nothing is
+    /// kept). The counters and the program then belong to USER alone.
+    #[arg(long, value_name = "USER")]
+    user: Option<String>,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -396,6 +406,28 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
             path.display()
         );
     }
+    // Opened before --user gives up root, so it may name a place only root
+    // can write.
+    let json_out = a
+        .stats_json
+        .as_deref()
+        .map(|p| std::fs::File::create(p).with_context(|| format!("creating {}", p.display())))
+        .transpose()?;
+    if let Some(name) = &a.user {
+        switch_user(name)?;
+        // The loader skips a preload library it cannot read, with a mere
+        // warning: the program would run unprotected.
+        std::fs::File::open(&preload).with_context(|| {
+            format!(
+                "--user {name}: the user cannot read {} (the loader would skip it and run the \
+                 program unprotected): install memveil where every user can read it \
+                 (scripts/install.sh), or pass --preload PATH",
+                preload.display()
+            )
+        })?;
+    }
+    // As the user, with what it kept: the check proves that its fault
+    // handler may serve faults inside system calls.
     let mechanism = memveil_shield::check()?;
     if mechanism == Mechanism::WriteProtect && !a.accept_unwiped_free {
         bail!(memveil_shield::ShieldError::UnwipedEviction);
@@ -419,19 +451,50 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
             .map(|d| d.subsec_nanos())
             .unwrap_or(0)
     ));
-    std::fs::create_dir(&stats_dir).with_context(|| format!("creating {}", stats_dir.display()))?;
+    // The program's own (created by the user it runs as), private to it.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&stats_dir)
+        .with_context(|| format!("creating {}", stats_dir.display()))?;
     let keep = match a.allocator {
         Allocator::Auto => own_allocator(&elf.needed).map(str::to_owned),
         Allocator::Memveil => None,
     };
-    let r = supervise(&a, &preload, keep.as_deref(), &stats_dir);
+    let r = supervise(&a, &preload, keep.as_deref(), &stats_dir, json_out);
     let _ = std::fs::remove_dir_all(&stats_dir);
     r
 }
 
+/// `--user NAME`: this process becomes the user for good, keeping
+/// CAP_SYS_PTRACE (ambient, so the program inherits it) unless
+/// `vm.unprivileged_userfaultfd=1` makes it needless.
+fn switch_user(name: &str) -> anyhow::Result<()> {
+    use memveil_sys::process;
+    let user = process::lookup_user(name)
+        .with_context(|| format!("--user {name}: looking up the user"))?
+        .with_context(|| format!("--user {name}: no such user"))?;
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd");
+    let keep = match sysctl.as_deref().map(str::trim) {
+        Ok("1") => None,
+        _ => Some(process::CAP_SYS_PTRACE),
+    };
+    process::become_user(&user, keep).with_context(|| {
+        format!(
+            "--user {name}: becoming uid {} gid {} (memveil run must start as root)",
+            user.uid, user.gid
+        )
+    })
+}
+
 /// Runs the program with the preload (after `keep`, the program's own
 /// allocator library, when given) and reports.
-fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> anyhow::Result<u8> {
+fn supervise(
+    a: &Args,
+    preload: &Path,
+    keep: Option<&str>,
+    stats_dir: &Path,
+    json_out: Option<std::fs::File>,
+) -> anyhow::Result<u8> {
     let mut ld = OsString::new();
     if let Some(lib) = keep {
         // A bare soname: the loader finds it as it finds DT_NEEDED entries.
@@ -545,7 +608,7 @@ fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> 
             );
         }
     }
-    if let Some(path) = &a.stats_json {
+    if let (Some(path), Some(mut f)) = (&a.stats_json, json_out) {
         let mut j = serde_json::to_value(s).context("encoding statistics")?;
         j["faults"] = s.faults().into();
         j["plaintext_fraction"] = s.plaintext_fraction().into();
@@ -555,8 +618,6 @@ fn supervise(a: &Args, preload: &Path, keep: Option<&str>, stats_dir: &Path) -> 
         j["exit_code"] = code.into();
         j["seconds"] = started.elapsed().as_secs_f64().into();
         j["samples"] = samples.into();
-        let mut f =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
         writeln!(f, "{}", serde_json::to_string_pretty(&j)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
