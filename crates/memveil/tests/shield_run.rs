@@ -1820,6 +1820,63 @@ fn a_secret_in_shared_memory_leaves_the_window_of_a_forked_child() {
     assert!(j["shared_evictions"].as_u64().unwrap_or(0) > 0, "{j}");
 }
 
+/// Runs `shared_fork 16 ROUNDS MODE` under `--shared-memory protected` with
+/// a 64-page window, in a shell that first sets `ulimit -n NOFILE`.
+fn shared_fork_mode(exe: &Path, rounds: &str, mode: &str, nofile: u32) -> Output {
+    let script = format!(
+        "ulimit -n {nofile} && exec \"$0\" run --quiet --window 64 --shared-memory protected \
+         --accept-unwiped-free -- \"$1\" 16 {rounds} {mode}"
+    );
+    run(
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(MEMVEIL)
+            .arg(exe),
+        b"",
+        Duration::from_secs(120),
+    )
+}
+
+#[test]
+fn a_child_keeps_its_shared_data_after_its_creator_unmaps_it_and_exits() {
+    let Some((_dir, exe)) = c_test("shared_outlive", "shared_fork", &[]) else {
+        return;
+    };
+    let o = shared_fork_mode(&exe, "1", "outlive", 1024);
+    assert!(text(&o.stdout).contains("child kept its data"), "{o:?}");
+    assert!(
+        text(&o.stderr).contains("exited after writing back the shared memory"),
+        "{o:?}"
+    );
+}
+
+#[test]
+fn a_new_shared_mapping_at_a_released_address_keeps_both_contents() {
+    let Some((_dir, exe)) = c_test("shared_reuse", "shared_fork", &[]) else {
+        return;
+    };
+    let plain = Command::new(&exe)
+        .args(["16", "1", "reuse"])
+        .output()
+        .expect("plain");
+    assert_eq!(text(&plain.stdout).trim(), "reuse ok", "plain: {plain:?}");
+    let o = shared_fork_mode(&exe, "1", "reuse", 1024);
+    assert_eq!(text(&o.stdout).trim(), "reuse ok", "{o:?}");
+}
+
+#[test]
+fn many_short_lived_children_under_a_small_open_files_limit_are_served() {
+    let Some((_dir, exe)) = c_test("shared_many", "shared_fork", &[]) else {
+        return;
+    };
+    // 200 children in turn, each a view of the creator's shared memory,
+    // and 64 descriptors: the views of children gone must be given back.
+    let o = shared_fork_mode(&exe, "200", "many", 64);
+    assert_eq!(text(&o.stdout).trim(), "many ok", "{o:?}");
+    assert!(o.status.success(), "{o:?}");
+}
+
 #[test]
 fn a_child_whose_shared_memory_creator_died_is_stopped_not_left_reading_zeros() {
     let Some((_dir, exe)) = c_test("shared_orphan", "shared_fork", &[]) else {
@@ -2290,7 +2347,11 @@ fn shared_anon_hits(pid: u32, needle: &[u8]) -> (usize, u64) {
         let (Some(range), Some(perms)) = (f.next(), f.next()) else {
             continue;
         };
-        if !perms.starts_with("rw-s") || !line.ends_with("/dev/zero (deleted)") {
+        // Shared anonymous memory: the kernel's (`/dev/zero`) plainly, the
+        // shield's memfd under --shared-memory protected.
+        let anon = line.ends_with("/dev/zero (deleted)")
+            || line.ends_with("/memfd:memveil-shared (deleted)");
+        if !perms.starts_with("rw-s") || !anon {
             continue;
         }
         let (a, b) = range.split_once('-').expect("range");
@@ -2324,8 +2385,10 @@ fn shared_buffers_hold(pids: &[u32], needle: &str) -> (Vec<usize>, u64) {
 
 /// The workload: a secret in a small table, then 300k rows and an index
 /// (about 40 MB through 64 MB of shared buffers, far more than the
-/// protected run's window), aggregates, an index scan, the secret read back
-/// and a marker written last. Deterministic output.
+/// protected run's window), aggregates, an index scan, the secret read back,
+/// a scan of the whole table through its index (random access to every heap
+/// page through the buffer pool: a sequential scan would only cycle a small
+/// ring of buffers), and a marker written last. Deterministic output.
 fn pg_workload(secret: &str, marker: &str) -> String {
     format!(
         "create table s(id int primary key, v text);
@@ -2338,6 +2401,11 @@ select k, count(*), sum(id) from t group by k order by k limit 5;
 select id, h from t where h like 'abc%' order by h limit 3;
 select count(*) from t a join t b on a.id = b.id + 1 where a.k < 10;
 select v from s;
+set enable_seqscan = off;
+set enable_bitmapscan = off;
+select count(*), sum(k) from t where h >= 'e';
+reset enable_seqscan;
+reset enable_bitmapscan;
 create table m(v text);
 insert into m values ('MARKER-{marker}');
 select v from m;

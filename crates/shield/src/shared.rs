@@ -237,6 +237,12 @@ struct Shared {
     /// Set when a view could not be taken in (more than [`MAX_VIEWS`]):
     /// every page was written back and nothing is evicted any more.
     degraded: AtomicBool,
+    /// A page could not be written back (see [`Shared::write_back`]).
+    lost: AtomicBool,
+    /// The handler is reading fork events (see `serve`).
+    reading: AtomicBool,
+    said_emfile: AtomicBool,
+    said_degraded: AtomicBool,
     _pool: SecretPool,
 }
 
@@ -280,6 +286,7 @@ impl SharedShield {
             | uffd::FEATURE_MISSING_SHMEM
             | uffd::FEATURE_WP_HUGETLBFS_SHMEM
             | uffd::FEATURE_PAGEFAULT_FLAG_WP;
+        check_no_shmem_thp()?;
         let offered = Uffd::offered_features().map_err(os("UFFDIO_API"))?;
         if offered & uffd::FEATURE_WP_HUGETLBFS_SHMEM == 0 {
             return Err(ShieldError::Unsupported(
@@ -334,6 +341,10 @@ impl SharedShield {
             released,
             creator: std::process::id(),
             degraded: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
+            reading: AtomicBool::new(false),
+            said_emfile: AtomicBool::new(false),
+            said_degraded: AtomicBool::new(false),
             _pool: pool,
         });
         inner
@@ -463,9 +474,18 @@ impl SharedShield {
             while i < st.mappings.len() {
                 let m = &st.mappings[i];
                 if addr < m.base + m.pages * PAGE && m.base < addr.saturating_add(len) {
+                    let plain = m.states.iter().filter(|&&s| s == RESIDENT).count();
                     self.inner.write_back(&mut st, i);
+                    st.resident = st.resident.saturating_sub(plain);
+                    let c = self.inner.owner.stats.counters();
+                    c.shared_resident
+                        .store(st.resident as u64, Ordering::Relaxed);
                     let m = st.mappings.swap_remove(i);
-                    if let Some(v) = st.views[0].as_ref() {
+                    // Every view lets go of it: the views in other
+                    // processes keep the (now plaintext) pages without the
+                    // handler, which no longer knows the range (and might
+                    // map something else at that address).
+                    for v in st.views.iter().flatten() {
                         let _ = v.unregister(m.base as u64, (m.pages * PAGE) as u64);
                     }
                     self.forget_range(m.base, m.memfd.as_raw_fd());
@@ -483,6 +503,13 @@ impl SharedShield {
     /// creator let its views go in order: before the creator exits.
     pub fn release_all(&self) {
         self.release(0, usize::MAX);
+        if self.inner.lost.load(Ordering::SeqCst) {
+            eprintln!(
+                "memveil-shield: some evicted pages of shared memory could not be written back; \
+                 the processes that map it will be stopped when this one exits"
+            );
+            return;
+        }
         // SAFETY: `released` points into a live shared page.
         unsafe { &*self.inner.released }.store(1, Ordering::Release);
     }
@@ -576,6 +603,15 @@ impl SharedShield {
                 let _ = unsafe { libc::close(n) };
             }
         }
+        if self.inner.reading.load(Ordering::SeqCst) {
+            // The fork came while the handler was taking in a view: the
+            // kernel may have installed its descriptor before the handler
+            // recorded it. Held here it would keep a sibling's view
+            // registered with nobody to serve it. This process has no
+            // userfaultfd of its own yet (its shield comes after), so every
+            // one left is the creator's.
+            close_inherited_userfaultfds();
+        }
     }
 }
 
@@ -596,6 +632,53 @@ impl Drop for SharedShield {
             drop(t.join());
         }
     }
+}
+
+/// Closes every userfaultfd descriptor of this process (see
+/// [`SharedShield::abandon_in_forked_child`]).
+fn close_inherited_userfaultfds() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let Some(n) = e.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else {
+            continue;
+        };
+        if std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]") {
+            // SAFETY: a descriptor of the creator's, which nothing in this
+            // process uses (see the caller).
+            let _ = unsafe { libc::close(n) };
+        }
+    }
+}
+
+/// Refuses shared memory in large folios: a punch that cannot split one
+/// zeroes the range instead of removing it, which would leave a page
+/// present as zeros where the handler counts it evicted.
+fn check_no_shmem_thp() -> Result<(), ShieldError> {
+    let mut files = vec![std::path::PathBuf::from(
+        "/sys/kernel/mm/transparent_hugepage/shmem_enabled",
+    )];
+    if let Ok(d) = std::fs::read_dir("/sys/kernel/mm/transparent_hugepage") {
+        files.extend(
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("hugepages-"))
+                .map(|e| e.path().join("shmem_enabled")),
+        );
+    }
+    for f in files {
+        let Ok(t) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        let on = ["[always]", "[within_size]", "[force]"];
+        if on.iter().any(|w| t.contains(w)) {
+            return Err(ShieldError::Unsupported(
+                "shared memory in small pages: transparent huge pages are on for shmem \
+                 (/sys/kernel/mm/transparent_hugepage/*shmem_enabled); set them to advise or never",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A shared anonymous page for the `released` flag, mapped directly.
@@ -650,35 +733,46 @@ impl Shared {
         if let Some(hook) = START_HOOK.get() {
             hook();
         }
+        // Only live views are polled (poll(2) refuses more descriptors
+        // than RLIMIT_NOFILE, however many are -1), `which` maps back.
         let mut fds = [libc::pollfd {
             fd: -1,
             events: libc::POLLIN,
             revents: 0,
         }; MAX_VIEWS + 1];
+        let mut which = [0usize; MAX_VIEWS];
         while !self.stop.load(Ordering::SeqCst) {
+            let mut n = 0;
             {
                 let st = self.lock();
-                for (p, v) in fds.iter_mut().zip(st.views.iter()) {
-                    p.fd = v.as_ref().map_or(-1, Uffd::raw_fd);
-                    p.revents = 0;
+                for (i, v) in st.views.iter().enumerate() {
+                    if let Some(v) = v {
+                        fds[n] = libc::pollfd {
+                            fd: v.raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        };
+                        which[n] = i;
+                        n += 1;
+                    }
                 }
             }
-            fds[MAX_VIEWS].fd = self.bell.as_raw_fd();
-            fds[MAX_VIEWS].revents = 0;
-            // SAFETY: `fds` is a valid array of pollfd structs.
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-            if r <= 0 {
+            fds[n] = libc::pollfd {
+                fd: self.bell.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: the first n+1 entries of `fds` are valid pollfd structs.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), (n + 1) as libc::nfds_t, -1) };
+            if r < 0 {
+                // EINTR; anything else cannot happen with valid descriptors
+                // below the limit, but must not spin either.
+                std::thread::sleep(std::time::Duration::from_millis(1));
                 continue;
             }
             let mut st = self.lock();
-            for (i, p) in fds[..MAX_VIEWS].iter().enumerate() {
+            for (p, &i) in fds[..n].iter().zip(which.iter()) {
                 if p.revents == 0 {
-                    continue;
-                }
-                if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
-                    && p.revents & libc::POLLIN == 0
-                {
-                    self.drop_view(&mut st, i);
                     continue;
                 }
                 let mut forks: [Option<Uffd>; 16] = std::array::from_fn(|_| None);
@@ -687,7 +781,12 @@ impl Shared {
                     continue;
                 };
                 let (mut nf, mut nk) = (0, 0);
-                let _ = v.read_messages(|m| match m {
+                // A fork elsewhere in this process copies the descriptor
+                // table: between the kernel installing a fork event's
+                // descriptor here and `add_view` recording it, a child
+                // would inherit one it does not know it must close.
+                self.reading.store(true, Ordering::SeqCst);
+                let r = v.read_messages(|m| match m {
                     Message::Fault(f) => {
                         faults[nf] = Some(f);
                         nf += 1;
@@ -700,6 +799,25 @@ impl Shared {
                 for u in forks.iter_mut().filter_map(Option::take) {
                     self.add_view(&mut st, u);
                 }
+                self.reading.store(false, Ordering::SeqCst);
+                if let Err(e) = r {
+                    // EMFILE: no descriptor for a fork event's view; the
+                    // event stays queued (the fork waits). Views of gone
+                    // processes give theirs back.
+                    if self.reap(&mut st) == 0 {
+                        if !self.said_emfile.swap(true, Ordering::Relaxed) {
+                            // Allocates (stderr); a fork is blocked anyway.
+                            eprintln!(
+                                "memveil-shield: cannot take in a forked process's view of \
+                                 protected shared memory ({e}); the fork waits until a \
+                                 descriptor is free (raise the open-files limit)"
+                            );
+                        }
+                        drop(st);
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        st = self.lock();
+                    }
+                }
                 for f in faults.iter().flatten() {
                     self.resolve(&mut st, i, f);
                 }
@@ -707,7 +825,35 @@ impl Shared {
         }
     }
 
+    /// Drops the views of processes that exited or exec'd (their
+    /// descriptors report nothing: a write-protect probe answers `ESRCH`);
+    /// returns how many.
+    fn reap(&self, st: &mut State) -> usize {
+        let probe = st.mappings.first().map(|m| m.base);
+        let mut n = 0;
+        for i in 1..MAX_VIEWS {
+            let dead = match (st.views[i].as_ref(), probe) {
+                (None, _) => false,
+                // Nothing protected any more: no view is needed.
+                (Some(_), None) => true,
+                // Clearing write-protection is harmless here: the handler,
+                // the only one that sets it, is not evicting now.
+                (Some(v), Some(a)) => v
+                    .write_protect(a as u64, PAGE as u64, false)
+                    .is_err_and(|e| errno_of(&e) == libc::ESRCH),
+            };
+            if dead {
+                self.drop_view(st, i);
+                n += 1;
+            }
+        }
+        n
+    }
+
     fn add_view(&self, st: &mut State, u: Uffd) {
+        // Short-lived children (a server forking per connection) leave
+        // views that report nothing when they go: look for them here.
+        self.reap(st);
         match st.views.iter().position(Option::is_none) {
             Some(k) => {
                 self.fds[k].store(u.raw_fd(), Ordering::Relaxed);
@@ -720,9 +866,17 @@ impl Shared {
             None => {
                 self.degraded.store(true, Ordering::SeqCst);
                 for m in 0..st.mappings.len() {
-                    self.write_back(st, m);
+                    let back = self.write_back(st, m);
+                    st.resident += back;
                 }
                 drop(u);
+                // Allocates (stderr), once; rare enough.
+                if !self.said_degraded.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "memveil-shield: more than {MAX_VIEWS} processes map protected shared \
+                         memory at once: it was written back and is plaintext from now on"
+                    );
+                }
             }
         }
         self.owner
@@ -771,8 +925,18 @@ impl Shared {
                 let _ = self.key.decrypt_unit(a as u128, &mut bounce);
                 (&bounce[..], EVICTED)
             }
-            Some((m, i)) => (&ZEROS[..], st.mappings[m].states[i]),
-            None => (&ZEROS[..], RESIDENT),
+            // Never written: zeros.
+            Some((m, i)) if st.mappings[m].states[i] == HOLE => (&ZEROS[..], HOLE),
+            // Present (another view brought it back since this fault was
+            // queued), or not a page of ours: only wake. Copying zeros there
+            // could fill a page of someone else's registration.
+            _ => {
+                drop(bounce);
+                if let Some(v) = st.views[view].as_ref() {
+                    let _ = v.wake(a as u64, PAGE as u64);
+                }
+                return;
+            }
         };
         let r = match st.views[view].as_ref() {
             Some(v) => v.copy(a as u64, src),
@@ -848,19 +1012,9 @@ impl Shared {
     fn evict_run(&self, st: &mut State, m: usize, i: usize, k: usize) -> Result<(), ()> {
         let (addr, bytes) = (st.mappings[m].base + i * PAGE, k * PAGE);
         for v in 0..MAX_VIEWS {
-            let r = match st.views[v].as_ref() {
-                Some(view) => view.write_protect(addr as u64, bytes as u64, true),
-                None => continue,
-            };
-            match r {
+            match self.protect_in_view(st, v, addr, k) {
                 Ok(()) => {}
-                // The process is gone.
-                Err(e) if errno_of(&e) == libc::ESRCH => self.drop_view(st, v),
-                // Not mapped in that view (unmapped there).
-                Err(e) if errno_of(&e) == libc::ENOENT => {}
-                // Anything else (EAGAIN while a fork is being set up): no
-                // exclusion, so no eviction now.
-                Err(_) => {
+                Err(()) => {
                     self.unprotect_all(st, addr, bytes);
                     return Err(());
                 }
@@ -892,13 +1046,40 @@ impl Shared {
         }
         let map = &mut st.mappings[m];
         map.states[i..i + k].fill(EVICTED);
-        st.resident -= k;
+        st.resident = st.resident.saturating_sub(k);
         let c = self.owner.stats.counters();
         c.shared_evictions.fetch_add(k as u64, Ordering::Relaxed);
         c.shared_evicted.fetch_add(k as u64, Ordering::Relaxed);
         c.shared_resident
             .store(st.resident as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Write-protects pages `addr..addr+k*PAGE` in view `v`. A gone view is
+    /// dropped; pages that view does not map (`ENOENT`: unmapped there, or
+    /// another mapping in the middle of the range, where the kernel stops
+    /// at the first such page) are skipped page by page; any other refusal
+    /// (`EAGAIN` while a fork is being set up) is an error: no exclusion.
+    fn protect_in_view(&self, st: &mut State, v: usize, addr: usize, k: usize) -> Result<(), ()> {
+        let r = match st.views[v].as_ref() {
+            Some(view) => view.write_protect(addr as u64, (k * PAGE) as u64, true),
+            None => return Ok(()),
+        };
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if errno_of(&e) == libc::ESRCH => {
+                self.drop_view(st, v);
+                Ok(())
+            }
+            Err(e) if errno_of(&e) == libc::ENOENT && k > 1 => {
+                for j in 0..k {
+                    self.protect_in_view(st, v, addr + j * PAGE, 1)?;
+                }
+                Ok(())
+            }
+            Err(e) if errno_of(&e) == libc::ENOENT => Ok(()),
+            Err(_) => Err(()),
+        }
     }
 
     fn unprotect_all(&self, st: &State, addr: usize, bytes: usize) {
@@ -908,11 +1089,15 @@ impl Shared {
     }
 
     /// Writes every evicted page of mapping `m` back into its shmem file,
-    /// decrypted (before the mapping stops being protected).
-    fn write_back(&self, st: &mut State, m: usize) {
+    /// decrypted; returns how many (they are plaintext from now on). A page
+    /// that cannot be written back marks the shield `lost`: its creator
+    /// then never says it released its views, so their watchdogs stop
+    /// them instead of letting them read zeros there.
+    fn write_back(&self, st: &mut State, m: usize) -> usize {
         let mut bounce = self.bounce.lock().unwrap_or_else(PoisonError::into_inner);
         let c = self.owner.stats.counters();
         let map = &mut st.mappings[m];
+        let mut back = 0;
         for i in 0..map.pages {
             if map.states[i] != EVICTED {
                 continue;
@@ -932,14 +1117,14 @@ impl Shared {
             };
             if w == PAGE as isize {
                 map.states[i] = RESIDENT;
+                back += 1;
                 c.shared_evicted.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                self.lost.store(true, Ordering::SeqCst);
             }
         }
-        let resident = map.states.iter().filter(|&&s| s == RESIDENT).count();
-        st.resident = st.resident.saturating_sub(resident);
-        c.shared_resident
-            .store(st.resident as u64, Ordering::Relaxed);
         bounce.fill(0);
+        back
     }
 }
 

@@ -6,7 +6,14 @@
  * "shared fork ok" when every check passed. With argv[3] "orphan" the
  * parent instead forks one child, which waits for its parent to die and then
  * reads the memory (printing "child read zeros" if it finds any page
- * zeroed), and the parent kills itself with SIGKILL. */
+ * zeroed), and the parent kills itself with SIGKILL. "outlive": the
+ * parent forks one child, unmaps the memory and exits normally; the child
+ * waits for that, checks every page still holds what the parent wrote and
+ * prints "child kept its data". "reuse": the parent forks one child, unmaps
+ * the memory, maps and fills a new one (the kernel hands out the same
+ * address), then lets the child check the old memory and checks the new
+ * one: "reuse ok". "many": ROUNDS short-lived children in turn each write
+ * one page and exit: "many ok". */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +45,64 @@ int main(int argc, char **argv) {
         usleep(100000);
         kill(getpid(), SIGKILL);
     }
+    if (argc > 3 && !strcmp(argv[3], "outlive")) {
+        pid_t parent = getpid();
+        fflush(stdout);
+        if (fork() == 0) {
+            while (getppid() == parent) usleep(1000);
+            for (size_t i = 0; i < len; i += 4096)
+                if (memcmp(r + i, "shared-fill", 11)) { printf("child lost page %zu\n", i / 4096); fflush(stdout); _exit(1); }
+            printf("child kept its data\n");
+            fflush(stdout);
+            _exit(0);
+        }
+        usleep(100000);
+        munmap(r, len);
+        return 0;
+    }
+    if (argc > 3 && !strcmp(argv[3], "reuse")) {
+        /* A second mapping, written in its first half only: the child's
+         * later touches of the second half are first touches. */
+        unsigned char *o = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (o == MAP_FAILED) { perror("mmap"); return 2; }
+        for (size_t i = 0; i < len / 2; i += 4096) memcpy(o + i, "old-fill", 8);
+        int go[2];
+        if (pipe(go)) return 2;
+        fflush(stdout);
+        pid_t c = fork();
+        if (c == 0) {
+            char b;
+            if (read(go[0], &b, 1) != 1) _exit(3);
+            for (size_t i = 0; i < len; i += 4096) {
+                int ok = i < len / 2 ? !memcmp(o + i, "old-fill", 8) : o[i] == 0 && o[i + 1] == 0;
+                if (!ok) { printf("child: old page %zu wrong (%.8s)\n", i / 4096, (char *)o + i); fflush(stdout); _exit(1); }
+            }
+            _exit(0);
+        }
+        munmap(o, len);
+        unsigned char *n = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (n == MAP_FAILED) { perror("mmap"); return 2; }
+        for (size_t i = 0; i < len; i += 4096) memcpy(n + i, "new-fill", 8);
+        if (write(go[1], "g", 1) != 1) return 2;
+        int st;
+        waitpid(c, &st, 0);
+        size_t lost = 0;
+        for (size_t i = 0; i < len; i += 4096) lost += memcmp(n + i, "new-fill", 8) != 0;
+        if (lost || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("reuse: %zu new pages lost, child %d (same address: %d)\n", lost, st, n == o); return 1; }
+        printf("reuse ok\n");
+        return 0;
+    }
+    if (argc > 3 && !strcmp(argv[3], "many")) {
+        for (int k = 0; k < rounds; k++) {
+            pid_t c = fork();
+            if (c < 0) { perror("fork"); return 2; }
+            if (c == 0) { r[(size_t)k * 4096 % len] = (unsigned char)k; _exit(0); }
+            int st;
+            if (waitpid(c, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("child %d failed\n", k); return 1; }
+        }
+        printf("many ok\n");
+        return 0;
+    }
     size_t part = len / kids;
     for (int k = 0; k < kids; k++) {
         pid_t p = fork();
@@ -47,7 +112,7 @@ int main(int argc, char **argv) {
             for (int rd = 0; rd < rounds; rd++) {
                 for (size_t i = 0; i < part; i += 64) m[i] = want(k, rd, i);
                 for (size_t i = 0; i < part; i += 64)
-                    if (m[i] != want(k, rd, i)) { printf("child %d round %d: wrong byte at %zu\n", k, rd, i); _exit(1); }
+                    if (m[i] != want(k, rd, i)) { printf("child %d round %d: wrong byte at %zu\n", k, rd, i); fflush(stdout); _exit(1); }
             }
             _exit(0);
         }
