@@ -412,22 +412,14 @@ fn window_flags_bound_the_plaintext_and_the_summary_advises() {
         Duration::from_secs(20),
     );
     assert_eq!(code(both.status), 2, "{}", text(&both.stderr));
-    assert!(
-        text(&both.stderr).contains("cannot be used with"),
-        "{}",
-        text(&both.stderr)
-    );
+    assert_stderr_has(&both, "cannot be used with");
     let zero = run(
         Command::new(MEMVEIL).args(["run", "--max-plaintext", "0%", "--", "true"]),
         b"",
         Duration::from_secs(20),
     );
     assert_eq!(code(zero.status), 2, "{}", text(&zero.stderr));
-    assert!(
-        text(&zero.stderr).contains("bad plaintext bound"),
-        "{}",
-        text(&zero.stderr)
-    );
+    assert_stderr_has(&zero, "bad plaintext bound");
     if !have("window_flags", &["python3"]) || !root("window_flags") {
         return;
     }
@@ -1711,11 +1703,7 @@ fn shared_memory_is_refused_or_reported_unprotected() {
         .output()
         .expect("run");
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
-    assert!(
-        text(&bad.stderr).contains("cannot be protected"),
-        "{}",
-        text(&bad.stderr)
-    );
+    assert_stderr_has(&bad, "cannot be protected");
 }
 
 #[test]
@@ -1737,6 +1725,12 @@ fn read_only_pages_a_jit_unmaps_are_wiped_without_a_crash() {
         .expect("run protected");
     assert_eq!(text(&o.stdout).trim(), "readonly ok", "protected: {o:?}");
     assert!(o.status.success(), "{o:?}");
+}
+
+/// Asserts that `o`'s stderr contains `needle` (showing it when not).
+fn assert_stderr_has(o: &Output, needle: &str) {
+    let err = text(&o.stderr);
+    assert!(err.contains(needle), "stderr lacks {needle:?}:\n{err}");
 }
 
 /// `memveil run --shared-memory protected`, as the tests use it.
@@ -1763,11 +1757,7 @@ fn shared_memory_written_by_four_forked_children_stays_right_and_is_evicted() {
         .output()
         .expect("run");
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
-    assert!(
-        text(&refused.stderr).contains("--accept-unwiped-free"),
-        "{}",
-        text(&refused.stderr)
-    );
+    assert_stderr_has(&refused, "--accept-unwiped-free");
     let stats = dir.path("shared-fork.json");
     let o = Command::new(MEMVEIL)
         .args(["run", "--window", "256"])
@@ -1796,11 +1786,7 @@ fn shared_memory_written_by_four_forked_children_stays_right_and_is_evicted() {
         "{j}"
     );
     assert_eq!(n("shared_unprotected_bytes"), 0, "{j}");
-    assert!(
-        text(&o.stderr).contains("shared memory protected: 65536 KiB"),
-        "{}",
-        text(&o.stderr)
-    );
+    assert_stderr_has(&o, "shared memory protected: 65536 KiB");
 }
 
 #[test]
