@@ -90,6 +90,20 @@ pub enum Command {
     NoEncrypt = 3,
 }
 
+impl Command {
+    /// The command for a raw `KEYID_CTRL.COMMAND` value.
+    #[must_use]
+    pub fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => Command::SetKeyDirect,
+            1 => Command::SetKeyRandom,
+            2 => Command::ClearKey,
+            3 => Command::NoEncrypt,
+            _ => return None,
+        })
+    }
+}
+
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -551,13 +565,14 @@ impl KeyTable {
         }
         let alg =
             || Algorithm::from_bits(req.enc_alg).ok_or(ProgramError::InvalidAlgorithm(req.enc_alg));
-        match req.command {
-            0 => {
+
+        match Command::from_code(req.command) {
+            Some(Command::SetKeyDirect) => {
                 let alg = alg()?;
                 let n = alg.key_len();
                 if req.key_field_1.len() != n || req.key_field_2.len() != n {
                     return Err(ProgramError::BadKey(format!(
-                        "{alg:?} takes a {n}-byte data key and a {n}-byte tweak key, got {} and {}",
+                        "{alg} takes a {n}-byte data key and a {n}-byte tweak key, got {} and {}",
                         req.key_field_1.len(),
                         req.key_field_2.len()
                     )));
@@ -567,7 +582,7 @@ impl KeyTable {
                     mode: KeyIdMode::Direct(alg),
                 })
             }
-            1 => {
+            Some(Command::SetKeyRandom) => {
                 let alg = alg()?;
                 let n = alg.key_len();
                 for f in [req.key_field_1, req.key_field_2] {
@@ -600,15 +615,15 @@ impl KeyTable {
                     mode: KeyIdMode::Random(alg),
                 })
             }
-            2 => Ok(Prepared {
+            Some(Command::ClearKey) => Ok(Prepared {
                 slot: Slot::Platform,
                 mode: KeyIdMode::Clear,
             }),
-            3 => Ok(Prepared {
+            Some(Command::NoEncrypt) => Ok(Prepared {
                 slot: Slot::Bypass,
                 mode: KeyIdMode::NoEncrypt,
             }),
-            c => Err(ProgramError::UnknownCommand(c)),
+            None => Err(ProgramError::UnknownCommand(req.command)),
         }
     }
 
