@@ -25,6 +25,7 @@ enum Command {
     /// Key vault: serve keys from secret memory, manage keys, encrypt and decrypt.
     Vault(cmd::vault::Args),
     /// Host key table (TME-MK's KeyIDs), held by the vault: program, clear, status.
+    #[command(long_about = cmd::key::ABOUT)]
     Key(cmd::key::Args),
     /// Encrypted disk: an aes-xts-plain64 image whose key stays in the vault, as a FUSE file and loop device.
     Disk(cmd::disk::Args),

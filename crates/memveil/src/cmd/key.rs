@@ -16,7 +16,8 @@ pub const EXIT_DENIED: u8 = 4;
 /// Exit status for PCONFIG status `s` other than PROG_SUCCESS: `10 + s`.
 pub const EXIT_PCONFIG_BASE: u8 = 10;
 
-const ABOUT: &str = "\
+/// `memveil key --help`: the TME-MK analogy and the exit statuses.
+pub const ABOUT: &str = "\
 The host's key table: KeyIDs programmed as Intel TME-MK programs them with PCONFIG.
 
 On TME-MK hardware the memory controller holds a table of KeyIDs; KeyID 0 is the
@@ -40,7 +41,6 @@ request the table refused: 11 INVALID_PROG_CMD, 12 ENTROPY_ERROR (retry),
 
 /// Flags of `memveil key`.
 #[derive(clap::Args, Debug)]
-#[command(long_about = ABOUT)]
 pub struct Args {
     /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET or /run/memveil/vault.sock).
     #[arg(long, global = true)]
@@ -82,7 +82,7 @@ pub enum Cmd {
         #[arg(long, value_name = "F")]
         entropy_file: Option<PathBuf>,
     },
-    /// Clear a KeyID (KEYID_CLEAR_KEY): it falls back to the platform key; what was written under its key cannot be read again.
+    /// Clear a KeyID (KEYID_CLEAR_KEY): its key is wiped and it falls back to the platform key.
     Clear {
         /// The KeyID.
         keyid: u16,
