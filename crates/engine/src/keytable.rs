@@ -164,7 +164,9 @@ impl fmt::Display for Status {
 }
 
 /// One `MKTME_KEY_PROGRAM` request. Fields are raw, as software writes them
-/// into the PCONFIG structure, so malformed requests can be expressed.
+/// into the PCONFIG structure, so malformed requests can be expressed. No
+/// `Debug`: the key fields would print.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct KeyProgram<'a> {
     /// The KeyID to program (1..=max).
     pub keyid: u16,
@@ -506,7 +508,9 @@ impl KeyTable {
         self.max_keyid
     }
 
-    pub(crate) fn secret_bytes(&self) -> usize {
+    /// Bytes of secret memory the table holds (every KeyID's key at once).
+    #[must_use]
+    pub fn secret_bytes(&self) -> usize {
         self.pool.size()
     }
 

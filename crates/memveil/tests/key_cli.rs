@@ -71,6 +71,16 @@ fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// Runs `memveil key ARGS`, checks its exit status and that its output
+/// says `says`; returns the output.
+fn expect(v: &Vault, args: &[&str], exit: i32, says: &str) -> String {
+    let o = key(v, args);
+    let t = text(&o);
+    assert_eq!(code(&o), exit, "{args:?}: {t}");
+    assert!(t.contains(says), "{args:?}: {t}");
+    t
+}
+
 fn file(dir: &Path, name: &str, bytes: &[u8]) -> String {
     let p = dir.join(name);
     std::fs::write(&p, bytes).expect("key file");
@@ -123,56 +133,24 @@ fn program_clear_status_and_pconfig_statuses_as_exit_codes() {
             "usable 1..=63",
         ),
     ] {
-        let o = key(&v, &args);
-        assert_eq!(code(&o), exit, "{args:?}: {}", text(&o));
-        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+        expect(&v, &args, exit, says);
     }
     let short = file(&v.dir, "short.key", &[0x42; 31]);
-    let o = key(
+    let sw = ["program", "--keyid", "2", "--mode", "software"];
+    let t = expect(
         &v,
-        &[
-            "program",
-            "--keyid",
-            "2",
-            "--mode",
-            "software",
-            "--key-file",
-            &short,
-        ],
+        &[&sw[..], &["--key-file", &short]].concat(),
+        11,
+        "INVALID_PROG_CMD (1)",
     );
-    assert_eq!(code(&o), 11, "{}", text(&o));
-    assert!(
-        text(&o).contains("INVALID_PROG_CMD (1)") && text(&o).contains("the file has 31"),
-        "{}",
-        text(&o)
-    );
+    assert!(t.contains("the file has 31"), "{t}");
 
     // A software key: the data key then the tweak key, raw.
     let k: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(29) ^ 0xA7).collect();
     let good = file(&v.dir, "good.key", &k);
-    let o = key(
-        &v,
-        &[
-            "program",
-            "--keyid",
-            "2",
-            "--mode",
-            "software",
-            "--alg",
-            "aes-xts-256",
-            "--key-file",
-            &good,
-        ],
-    );
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    assert!(text(&o).contains("mode=software alg=aes-xts-256"));
-    let o = key(&v, &["clear", "5"]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    assert!(
-        text(&o).contains("mode=clear alg=- generation=2"),
-        "{}",
-        text(&o)
-    );
+    let args = [&sw[..], &["--alg", "aes-xts-256", "--key-file", &good]].concat();
+    expect(&v, &args, 0, "mode=software alg=aes-xts-256");
+    expect(&v, &["clear", "5"], 0, "mode=clear alg=- generation=2");
 
     let o = key(&v, &["status"]);
     assert_eq!(code(&o), 0, "{}", text(&o));
@@ -249,33 +227,40 @@ fn usage_mistakes_and_an_absent_vault_are_clear_errors() {
             "takes no --alg",
         ),
     ] {
-        let o = key(&v, &args);
-        assert_eq!(code(&o), 1, "{args:?}: {}", text(&o));
-        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+        expect(&v, &args, 1, says);
     }
     let long = file(&v.dir, "long", &[1; 129]);
-    let o = key(
+    let sw = [
+        "program",
+        "--keyid",
+        "1",
+        "--mode",
+        "software",
+        "--key-file",
+    ];
+    expect(
         &v,
-        &[
-            "program",
-            "--keyid",
-            "1",
-            "--mode",
-            "software",
-            "--key-file",
-            &long,
-        ],
+        &[&sw[..], &[&long]].concat(),
+        1,
+        "longer than 128 bytes",
     );
-    assert_eq!(code(&o), 1, "{}", text(&o));
-    assert!(text(&o).contains("longer than 128 bytes"), "{}", text(&o));
-    let o = key(&v, &["program", "--keyid", "1", "--mode", "fast"]);
-    assert_eq!(code(&o), 2, "clap's usage error: {}", text(&o));
+    // clap's usage error.
+    expect(
+        &v,
+        &["program", "--keyid", "1", "--mode", "fast"],
+        2,
+        "invalid value",
+    );
     // Nothing above reached the table (positive control below: it can).
     let o = key(&v, &["status", "--json"]);
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(j["keyids"][1]["generation"], 0);
-    let o = key(&v, &["program", "--keyid", "1", "--mode", "no-encrypt"]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
+    expect(
+        &v,
+        &["program", "--keyid", "1", "--mode", "no-encrypt"],
+        0,
+        "PROG_SUCCESS",
+    );
 
     let gone = v.dir.join("no-such.sock").display().to_string();
     let o = Command::new(BIN)

@@ -253,14 +253,12 @@ impl Client {
                     &mut [IoSlice::new(&frame), IoSlice::new(key)],
                 )
             }
-            Request::ProgramKeyId {
-                field_1, field_2, ..
-            } => write_all_vectored(
+            Request::ProgramKeyId(p) => write_all_vectored(
                 &mut self.sock,
                 &mut [
                     IoSlice::new(&frame),
-                    IoSlice::new(field_1),
-                    IoSlice::new(field_2),
+                    IoSlice::new(p.key_field_1),
+                    IoSlice::new(p.key_field_2),
                 ],
             ),
             _ => self.sock.write_all(&frame),
@@ -432,13 +430,7 @@ impl Client {
                 )));
             }
         }
-        let r = self.call(&Request::ProgramKeyId {
-            keyid: req.keyid,
-            command: req.command,
-            enc_alg: req.enc_alg,
-            field_1: req.key_field_1,
-            field_2: req.key_field_2,
-        });
+        let r = self.call(&Request::ProgramKeyId(*req));
         match predates_key_table(r)? {
             Reply::Programmed {
                 status,

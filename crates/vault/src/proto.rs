@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use memveil_engine::{Algorithm, KeyIdMode, KeyIdState, Status as PconfigStatus};
+use memveil_engine::{Algorithm, KeyIdMode, KeyIdState, KeyProgram, Status as PconfigStatus};
 
 /// Protocol version spoken by this build.
 pub const VERSION: u16 = 1;
@@ -345,22 +345,12 @@ pub enum Request<'a> {
         lane: u32,
     },
     /// Program a KeyID of the host key table: one PCONFIG
-    /// `MKTME_KEY_PROGRAM` request, fields raw as software writes them (so a
-    /// malformed request reaches the engine's checks and gets their status).
-    /// The key fields travel at the end of the frame, received straight into
-    /// the vault's secret memory.
-    ProgramKeyId {
-        /// The KeyID.
-        keyid: u16,
-        /// `KEYID_CTRL.COMMAND` (0 direct, 1 random, 2 clear, 3 no-encrypt).
-        command: u8,
-        /// `KEYID_CTRL.ENC_ALG`, one-hot.
-        enc_alg: u16,
-        /// Data key (direct) or entropy to mix (random), at most [`MAX_KEY_FIELD`] bytes.
-        field_1: &'a [u8],
-        /// Tweak key (direct) or entropy to mix (random), at most [`MAX_KEY_FIELD`] bytes.
-        field_2: &'a [u8],
-    },
+    /// `MKTME_KEY_PROGRAM` request (clear included: command 2), fields raw
+    /// as software writes them, so a malformed request reaches the engine's
+    /// checks and gets their status. Each key field is at most
+    /// [`MAX_KEY_FIELD`] bytes; both travel at the end of the frame,
+    /// received straight into the vault's secret memory.
+    ProgramKeyId(KeyProgram<'a>),
     /// The host key table: every KeyID's state (never key bytes).
     KeyIdStatus,
 }
@@ -398,17 +388,14 @@ impl fmt::Debug for Request<'_> {
             Request::UnregisterBuffer { buffer } => write!(f, "UnregisterBuffer({buffer})"),
             Request::OpenLane { shm, offset } => write!(f, "OpenLane({shm}, {offset})"),
             Request::CloseLane { lane } => write!(f, "CloseLane({lane})"),
-            Request::ProgramKeyId {
-                keyid,
-                command,
-                enc_alg,
-                field_1,
-                field_2,
-            } => write!(
+            Request::ProgramKeyId(p) => write!(
                 f,
-                "ProgramKeyId {{ keyid: {keyid}, command: {command}, enc_alg: {enc_alg:#x}, fields: <{} and {} bytes> }}",
-                field_1.len(),
-                field_2.len()
+                "ProgramKeyId {{ keyid: {}, command: {}, enc_alg: {:#x}, fields: <{} and {} bytes> }}",
+                p.keyid,
+                p.command,
+                p.enc_alg,
+                p.key_field_1.len(),
+                p.key_field_2.len()
             ),
             Request::KeyIdStatus => f.write_str("KeyIdStatus"),
         }
@@ -810,8 +797,8 @@ mod tag {
 /// Encodes a request as a frame, except the key bytes of `ImportKey` and
 /// `ProgramKeyId`: for those the returned frame holds the header and fields,
 /// and its length prefix already counts the key bytes the caller sends right
-/// after (`key`, or `field_1` then `field_2`), so key bytes never pass
-/// through an intermediate buffer.
+/// after (`key`, or `key_field_1` then `key_field_2`), so key bytes never
+/// pass through an intermediate buffer.
 #[must_use]
 pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
     let mut w = W::default();
@@ -880,19 +867,13 @@ pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
         Request::CloseLane { lane } => {
             w.u8(tag::UNLANE).u32(*lane);
         }
-        Request::ProgramKeyId {
-            keyid,
-            command,
-            enc_alg,
-            field_1,
-            field_2,
-        } => {
-            let n1 = u8::try_from(field_1.len()).unwrap_or(u8::MAX);
-            let n2 = u8::try_from(field_2.len()).unwrap_or(u8::MAX);
+        Request::ProgramKeyId(p) => {
+            let n1 = u8::try_from(p.key_field_1.len()).unwrap_or(u8::MAX);
+            let n2 = u8::try_from(p.key_field_2.len()).unwrap_or(u8::MAX);
             w.u8(tag::KEYID_PROGRAM)
-                .u16(*keyid)
-                .u8(*command)
-                .u16(*enc_alg)
+                .u16(p.keyid)
+                .u8(p.command)
+                .u16(p.enc_alg)
                 .u8(n1)
                 .u8(n2);
             extra = usize::from(n1) + usize::from(n2);
@@ -993,13 +974,13 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
             let enc_alg = r.u16("enc_alg")?;
             let n1 = r.key_field_len("key field 1 length")?;
             let n2 = r.key_field_len("key field 2 length")?;
-            Request::ProgramKeyId {
+            Request::ProgramKeyId(KeyProgram {
                 keyid,
                 command,
                 enc_alg,
-                field_1: r.take(n1, "key field 1")?,
-                field_2: r.take(n2, "key field 2")?,
-            }
+                key_field_1: r.take(n1, "key field 1")?,
+                key_field_2: r.take(n2, "key field 2")?,
+            })
         }
         tag::KEYID_STATUS => Request::KeyIdStatus,
         other => return Err(DecodeError::UnknownTag(other)),
@@ -1248,26 +1229,20 @@ mod tests {
             Request::UnregisterBuffer { buffer: 3 },
             Request::OpenLane { shm: 1, offset: 0 },
             Request::CloseLane { lane: 2 },
-            Request::ProgramKeyId {
-                keyid: 5,
-                command: 2,
-                enc_alg: 0,
-                field_1: &[],
-                field_2: &[],
-            },
+            Request::ProgramKeyId(KeyProgram::clear(5)),
             Request::KeyIdStatus,
         ]
     }
 
     /// A `ProgramKeyId` frame with its key fields appended, as the client sends it.
     fn program_frame(keyid: u16, command: u8, enc_alg: u16, f1: &[u8], f2: &[u8]) -> Vec<u8> {
-        let mut f = encode_request(&Request::ProgramKeyId {
+        let mut f = encode_request(&Request::ProgramKeyId(KeyProgram {
             keyid,
             command,
             enc_alg,
-            field_1: f1,
-            field_2: f2,
-        });
+            key_field_1: f1,
+            key_field_2: f2,
+        }));
         f.extend_from_slice(f1);
         f.extend_from_slice(f2);
         f
@@ -1301,13 +1276,7 @@ mod tests {
         let r = decode_request(body(&f)).expect("decode");
         assert_eq!(
             r,
-            Request::ProgramKeyId {
-                keyid: 9,
-                command: 0,
-                enc_alg: 4,
-                field_1: &k1,
-                field_2: &k2,
-            }
+            Request::ProgramKeyId(KeyProgram::direct(9, Algorithm::AesXts256, &k1, &k2))
         );
         let dbg = format!("{r:?}");
         assert!(
@@ -1325,7 +1294,7 @@ mod tests {
             assert!(
                 matches!(
                     decode_request(body(&f)),
-                    Ok(Request::ProgramKeyId { keyid: k, command: c, enc_alg: a, .. }) if (k, c, a) == (keyid, cmd, alg)
+                    Ok(Request::ProgramKeyId(p)) if (p.keyid, p.command, p.enc_alg) == (keyid, cmd, alg)
                 ),
                 "{keyid} {cmd} {alg}"
             );
@@ -1344,13 +1313,12 @@ mod tests {
             })
         );
         // Declared 16 + 16, sent 16.
-        let mut f = encode_request(&Request::ProgramKeyId {
-            keyid: 1,
-            command: 0,
-            enc_alg: 1,
-            field_1: &[2; 16],
-            field_2: &[3; 16],
-        });
+        let mut f = encode_request(&Request::ProgramKeyId(KeyProgram::direct(
+            1,
+            Algorithm::AesXts128,
+            &[2; 16],
+            &[3; 16],
+        )));
         f.extend_from_slice(&[2; 16]);
         assert!(matches!(
             decode_request(body(&f)),
@@ -1559,7 +1527,7 @@ mod tests {
             f2 in proptest::collection::vec(any::<u8>(), 0..=MAX_KEY_FIELD),
         ) {
             let f = program_frame(keyid, command, enc_alg, &f1, &f2);
-            let want = Request::ProgramKeyId { keyid, command, enc_alg, field_1: &f1, field_2: &f2 };
+            let want = Request::ProgramKeyId(KeyProgram { keyid, command, enc_alg, key_field_1: &f1, key_field_2: &f2 });
             prop_assert_eq!(decode_request(body(&f)).expect("decode"), want);
             for cut in 0..f.len() - 4 {
                 prop_assert!(decode_request(&body(&f)[..cut]).is_err());

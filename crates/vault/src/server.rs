@@ -248,9 +248,10 @@ impl Server {
             started: Instant::now(),
         });
         log(format_args!(
-            "level={level} backend={:?} persistent keys loaded={n} keyids=1..={} programmed by: uid {} (the vault's own), root{}",
+            "level={level} backend={:?} persistent keys loaded={n} keyids=1..={} ({} KiB of secret memory) programmed by: uid {} (the vault's own), root{}",
             memveil_cipher::backend(),
             shared.keyids.max_keyid(),
+            shared.keyids.secret_bytes() / 1024,
             shared.owner,
             shared
                 .cfg
@@ -881,23 +882,7 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             }
             None => err(ErrorCode::NotFound, format!("no lane {lane}")),
         },
-        Request::ProgramKeyId {
-            keyid,
-            command,
-            enc_alg,
-            field_1,
-            field_2,
-        } => program_keyid(
-            sh,
-            &c.cred,
-            &KeyProgram {
-                keyid,
-                command,
-                enc_alg,
-                key_field_1: field_1,
-                key_field_2: field_2,
-            },
-        ),
+        Request::ProgramKeyId(p) => program_keyid(sh, &c.cred, &p),
         Request::KeyIdStatus => Reply::KeyIds(proto::KeyIdTable {
             max_keyid: sh.keyids.max_keyid(),
             level: sh.keyids.level().to_string(),

@@ -239,13 +239,12 @@ fn key_bytes_never_come_back_in_any_reply_or_log() {
     // Distinctive halves, 32 bytes each (AES-XTS-256).
     let k1: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37) ^ 0xC3).collect();
     let k2: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(91) ^ 0x5E).collect();
-    let mut frame = proto::encode_request(&Request::ProgramKeyId {
-        keyid: 12,
-        command: 0,
-        enc_alg: Algorithm::AesXts256.bits(),
-        field_1: &k1,
-        field_2: &k2,
-    });
+    let mut frame = proto::encode_request(&Request::ProgramKeyId(KeyProgram::direct(
+        12,
+        Algorithm::AesXts256,
+        &k1,
+        &k2,
+    )));
     frame.extend_from_slice(&k1);
     frame.extend_from_slice(&k2);
     // Positive control: the search finds the key in what was sent.
@@ -266,13 +265,12 @@ fn key_bytes_never_come_back_in_any_reply_or_log() {
     assert!(matches!(proto::decode_reply(&status), Ok(Reply::KeyIds(_))));
     replies.extend_from_slice(&status);
     // A refused request with the same key (KeyID 0) answers without it too.
-    let mut bad = proto::encode_request(&Request::ProgramKeyId {
-        keyid: 0,
-        command: 0,
-        enc_alg: Algorithm::AesXts256.bits(),
-        field_1: &k1,
-        field_2: &k2,
-    });
+    let mut bad = proto::encode_request(&Request::ProgramKeyId(KeyProgram::direct(
+        0,
+        Algorithm::AesXts256,
+        &k1,
+        &k2,
+    )));
     bad.extend_from_slice(&k1);
     bad.extend_from_slice(&k2);
     s.write_all(&bad).expect("program 0");
