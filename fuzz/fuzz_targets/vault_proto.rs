@@ -13,8 +13,13 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(req) = proto::decode_request(data) {
         let mut f = proto::encode_request(&req);
-        if let Request::ImportKey { key, .. } = &req {
-            f.extend_from_slice(key);
+        match &req {
+            Request::ImportKey { key, .. } => f.extend_from_slice(key),
+            Request::ProgramKeyId(p) => {
+                f.extend_from_slice(p.key_field_1);
+                f.extend_from_slice(p.key_field_2);
+            }
+            _ => {}
         }
         let again = proto::decode_request(&f[4..]).expect("re-encoded request decodes");
         assert!(again == req, "round trip changed the request");

@@ -45,6 +45,34 @@ impl Algorithm {
             Algorithm::AesXts256 => 32,
         }
     }
+
+    /// The name on command lines and in status output.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::AesXts128 => "aes-xts-128",
+            Algorithm::AesXts256 => "aes-xts-256",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "aes-xts-128" => Ok(Algorithm::AesXts128),
+            "aes-xts-256" => Ok(Algorithm::AesXts256),
+            _ => Err(format!(
+                "unknown algorithm {s:?}: aes-xts-128 or aes-xts-256"
+            )),
+        }
+    }
 }
 
 /// The four `MKTME_KEY_PROGRAM` commands (`KEYID_CTRL.COMMAND`).
@@ -60,6 +88,20 @@ pub enum Command {
     ClearKey = 2,
     /// `KEYID_NO_ENCRYPT` (3): bypass, memory under this KeyID is plaintext.
     NoEncrypt = 3,
+}
+
+impl Command {
+    /// The command for a raw `KEYID_CTRL.COMMAND` value.
+    #[must_use]
+    pub fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => Command::SetKeyDirect,
+            1 => Command::SetKeyRandom,
+            2 => Command::ClearKey,
+            3 => Command::NoEncrypt,
+            _ => return None,
+        })
+    }
 }
 
 impl fmt::Display for Command {
@@ -92,6 +134,22 @@ pub enum Status {
     DeviceBusy = 5,
 }
 
+impl Status {
+    /// The status for a raw RAX value, `None` for a code PCONFIG does not define.
+    #[must_use]
+    pub fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => Status::ProgSuccess,
+            1 => Status::InvalidProgCmd,
+            2 => Status::EntropyError,
+            3 => Status::InvalidKeyId,
+            4 => Status::InvalidEncAlg,
+            5 => Status::DeviceBusy,
+            _ => return None,
+        })
+    }
+}
+
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -106,7 +164,9 @@ impl fmt::Display for Status {
 }
 
 /// One `MKTME_KEY_PROGRAM` request. Fields are raw, as software writes them
-/// into the PCONFIG structure, so malformed requests can be expressed.
+/// into the PCONFIG structure, so malformed requests can be expressed. No
+/// `Debug`: the key fields would print.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct KeyProgram<'a> {
     /// The KeyID to program (1..=max).
     pub keyid: u16,
@@ -255,6 +315,63 @@ pub fn cpu_entropy(buf: &mut [u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// What a KeyID holds, as status reports show it. Never key bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyIdMode {
+    /// KeyID 0: the platform (TME) key, random at start-up.
+    Platform(Algorithm),
+    /// No key of its own (never programmed, or `KEYID_CLEAR_KEY`): memory
+    /// under this KeyID uses the platform key.
+    Clear,
+    /// `KEYID_SET_KEY_RANDOM`: a key from the DRNG.
+    Random(Algorithm),
+    /// `KEYID_SET_KEY_DIRECT`: a key the caller supplied (software key).
+    Direct(Algorithm),
+    /// `KEYID_NO_ENCRYPT`: plaintext.
+    NoEncrypt,
+}
+
+impl KeyIdMode {
+    /// The name in status output: `platform`, `clear`, `random`,
+    /// `software`, `no-encrypt`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyIdMode::Platform(_) => "platform",
+            KeyIdMode::Clear => "clear",
+            KeyIdMode::Random(_) => "random",
+            KeyIdMode::Direct(_) => "software",
+            KeyIdMode::NoEncrypt => "no-encrypt",
+        }
+    }
+
+    /// The algorithm of the KeyID's own key, if it has one.
+    #[must_use]
+    pub fn algorithm(self) -> Option<Algorithm> {
+        match self {
+            KeyIdMode::Platform(a) | KeyIdMode::Random(a) | KeyIdMode::Direct(a) => Some(a),
+            KeyIdMode::Clear | KeyIdMode::NoEncrypt => None,
+        }
+    }
+}
+
+/// One KeyID's public state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyIdState {
+    /// The KeyID.
+    pub keyid: u16,
+    /// What it holds.
+    pub mode: KeyIdMode,
+    /// Successful programming requests (any command, clear included) on this
+    /// KeyID since start-up: a key written under generation g is gone once
+    /// the generation is above g.
+    pub generation: u64,
+    /// Who made the last successful request: the tag its caller passed to
+    /// [`KeyTable::program`] (the vault passes the requester's uid); `None`
+    /// for KeyID 0, a KeyID never programmed, or one the engine programmed.
+    pub programmed_by: Option<u32>,
+}
+
 pub(crate) enum Slot {
     /// Unprogrammed or cleared: the platform key.
     Platform,
@@ -264,9 +381,17 @@ pub(crate) enum Slot {
     Bypass,
 }
 
+/// A validated request, its key (if any) already in secret memory.
+pub(crate) struct Prepared {
+    slot: Slot,
+    mode: KeyIdMode,
+}
+
 pub(crate) struct Slots {
     platform: SecretBox<Option<Xts>>,
     slots: Vec<Slot>,
+    /// Per KeyID: what status reports (index 0: the platform key).
+    states: Vec<KeyIdState>,
 }
 
 impl Slots {
@@ -283,7 +408,14 @@ impl Slots {
     }
 }
 
-pub(crate) struct KeyTable {
+/// A TME-MK key table: the platform key (KeyID 0) and KeyIDs `1..=max`,
+/// programmed with PCONFIG's `MKTME_KEY_PROGRAM` commands and answering with
+/// its status codes. The [`crate::Engine`] holds one over its simulated
+/// memory; the vault holds one as the host's table. Keys live in a secret
+/// pool of the table's own, sized for every KeyID at once (so programming
+/// never competes with other users of secret memory); no method returns
+/// key bytes.
+pub struct KeyTable {
     pool: SecretPool,
     slots: RwLock<Slots>,
     busy: Mutex<()>,
@@ -308,12 +440,25 @@ fn make_xts(
 }
 
 impl KeyTable {
-    pub(crate) fn new(
+    /// A table of `2^keyid_bits - 1` programmable KeyIDs (hardware: set at
+    /// boot; 6 bits on Ice Lake servers) and a fresh random platform key
+    /// from `entropy`, all in secret memory under `policy`.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] for `keyid_bits` outside 1..=15;
+    /// [`EngineError::Secmem`] when secret memory is refused;
+    /// [`EngineError::PlatformKey`] when `entropy` fails.
+    pub fn new(
         keyid_bits: u32,
         platform_alg: Algorithm,
         policy: Policy,
         entropy: EntropyFn,
     ) -> Result<Self, EngineError> {
+        if !(1..=15).contains(&keyid_bits) {
+            return Err(EngineError::Config(format!(
+                "keyid_bits {keyid_bits} not in 1..=15"
+            )));
+        }
         let max_keyid = u16::try_from((1u32 << keyid_bits) - 1)
             .map_err(|_| EngineError::Config(format!("keyid_bits {keyid_bits} too large")))?;
         let per_key = std::mem::size_of::<Option<Xts>>().div_ceil(64) * 64;
@@ -326,24 +471,46 @@ impl KeyTable {
             make_xts(&pool, a, b).map_err(|e| EngineError::PlatformKey(e.to_string()))?;
         drop(raw);
         let slots = (0..=max_keyid).map(|_| Slot::Platform).collect();
+        let states = (0..=max_keyid)
+            .map(|keyid| KeyIdState {
+                keyid,
+                mode: if keyid == 0 {
+                    KeyIdMode::Platform(platform_alg)
+                } else {
+                    KeyIdMode::Clear
+                },
+                generation: 0,
+                programmed_by: None,
+            })
+            .collect();
         Ok(Self {
             pool,
-            slots: RwLock::new(Slots { platform, slots }),
+            slots: RwLock::new(Slots {
+                platform,
+                slots,
+                states,
+            }),
             busy: Mutex::new(()),
             max_keyid,
             entropy,
         })
     }
 
-    pub(crate) fn level(&self) -> Level {
+    /// The protection level of the memory holding the keys.
+    #[must_use]
+    pub fn level(&self) -> Level {
         self.pool.level()
     }
 
-    pub(crate) fn max_keyid(&self) -> u16 {
+    /// Highest KeyID; KeyIDs `1..=max` are programmable.
+    #[must_use]
+    pub fn max_keyid(&self) -> u16 {
         self.max_keyid
     }
 
-    pub(crate) fn secret_bytes(&self) -> usize {
+    /// Bytes of secret memory the table holds (every KeyID's key at once).
+    #[must_use]
+    pub fn secret_bytes(&self) -> usize {
         self.pool.size()
     }
 
@@ -351,6 +518,36 @@ impl KeyTable {
         self.slots
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every KeyID's state, KeyID 0 first.
+    #[must_use]
+    pub fn states(&self) -> Vec<KeyIdState> {
+        self.read().states.clone()
+    }
+
+    /// One KeyID's state; `None` above the maximum.
+    #[must_use]
+    pub fn state(&self, keyid: u16) -> Option<KeyIdState> {
+        self.read().states.get(usize::from(keyid)).copied()
+    }
+
+    /// Programs a KeyID of a table that governs no memory of its own (the
+    /// engine's [`crate::Engine::program`] also writes back the KeyID's
+    /// cached pages). `by` is recorded as [`KeyIdState::programmed_by`].
+    /// Returns the KeyID's new state.
+    ///
+    /// # Errors
+    /// A [`ProgramError`] whose [`ProgramError::status`] is the PCONFIG
+    /// status; the KeyID is unchanged.
+    pub fn program(
+        &self,
+        req: &KeyProgram<'_>,
+        by: Option<u32>,
+    ) -> Result<KeyIdState, ProgramError> {
+        let _busy = self.begin()?;
+        let p = self.prepare(req)?;
+        Ok(self.install(req.keyid, p, by))
     }
 
     /// Takes the programming lock, or DEVICE_BUSY.
@@ -363,7 +560,7 @@ impl KeyTable {
     }
 
     /// Validates a request and builds the new slot (keys in secret memory).
-    pub(crate) fn prepare(&self, req: &KeyProgram<'_>) -> Result<Slot, ProgramError> {
+    pub(crate) fn prepare(&self, req: &KeyProgram<'_>) -> Result<Prepared, ProgramError> {
         if req.keyid == 0 || req.keyid > self.max_keyid {
             return Err(ProgramError::InvalidKeyId {
                 keyid: req.keyid,
@@ -372,24 +569,24 @@ impl KeyTable {
         }
         let alg =
             || Algorithm::from_bits(req.enc_alg).ok_or(ProgramError::InvalidAlgorithm(req.enc_alg));
-        match req.command {
-            0 => {
+
+        match Command::from_code(req.command) {
+            Some(Command::SetKeyDirect) => {
                 let alg = alg()?;
                 let n = alg.key_len();
                 if req.key_field_1.len() != n || req.key_field_2.len() != n {
                     return Err(ProgramError::BadKey(format!(
-                        "{alg:?} takes a {n}-byte data key and a {n}-byte tweak key, got {} and {}",
+                        "{alg} takes a {n}-byte data key and a {n}-byte tweak key, got {} and {}",
                         req.key_field_1.len(),
                         req.key_field_2.len()
                     )));
                 }
-                Ok(Slot::Key(make_xts(
-                    &self.pool,
-                    req.key_field_1,
-                    req.key_field_2,
-                )?))
+                Ok(Prepared {
+                    slot: Slot::Key(make_xts(&self.pool, req.key_field_1, req.key_field_2)?),
+                    mode: KeyIdMode::Direct(alg),
+                })
             }
-            1 => {
+            Some(Command::SetKeyRandom) => {
                 let alg = alg()?;
                 let n = alg.key_len();
                 for f in [req.key_field_1, req.key_field_2] {
@@ -417,22 +614,117 @@ impl KeyTable {
                         "the DRNG returned equal key halves".into(),
                     ));
                 }
-                Ok(Slot::Key(make_xts(&self.pool, a, b)?))
+                Ok(Prepared {
+                    slot: Slot::Key(make_xts(&self.pool, a, b)?),
+                    mode: KeyIdMode::Random(alg),
+                })
             }
-            2 => Ok(Slot::Platform),
-            3 => Ok(Slot::Bypass),
-            c => Err(ProgramError::UnknownCommand(c)),
+            Some(Command::ClearKey) => Ok(Prepared {
+                slot: Slot::Platform,
+                mode: KeyIdMode::Clear,
+            }),
+            Some(Command::NoEncrypt) => Ok(Prepared {
+                slot: Slot::Bypass,
+                mode: KeyIdMode::NoEncrypt,
+            }),
+            None => Err(ProgramError::UnknownCommand(req.command)),
         }
     }
 
-    /// Installs a prepared slot; the old key is wiped as it drops.
-    pub(crate) fn install(&self, keyid: u16, slot: Slot) {
+    /// Installs a prepared slot and bumps the KeyID's generation; the old
+    /// key is wiped as it drops. Returns the new state.
+    pub(crate) fn install(&self, keyid: u16, p: Prepared, by: Option<u32>) -> KeyIdState {
         let mut s = self
             .slots
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(x) = s.slots.get_mut(usize::from(keyid)) {
-            *x = slot;
+        let i = usize::from(keyid);
+        if let Some(x) = s.slots.get_mut(i) {
+            *x = p.slot;
         }
+        match s.states.get_mut(i) {
+            Some(st) => {
+                st.mode = p.mode;
+                st.generation += 1;
+                st.programmed_by = by;
+                *st
+            }
+            None => KeyIdState {
+                keyid,
+                mode: p.mode,
+                generation: 0,
+                programmed_by: by,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> KeyTable {
+        KeyTable::new(
+            2,
+            Algorithm::AesXts128,
+            Policy::allow(Level::Locked),
+            Box::new(cpu_entropy),
+        )
+        .expect("table")
+    }
+
+    #[test]
+    fn generation_counts_successful_requests_only() {
+        let t = table();
+        assert_eq!(t.max_keyid(), 3);
+        let s0 = t.state(0).expect("KeyID 0");
+        assert_eq!(s0.mode, KeyIdMode::Platform(Algorithm::AesXts128));
+        assert_eq!(t.state(4), None);
+        let st = t
+            .program(
+                &KeyProgram::random(2, Algorithm::AesXts256, &[], &[]),
+                Some(7),
+            )
+            .expect("random");
+        assert_eq!(
+            (st.mode, st.generation, st.programmed_by),
+            (KeyIdMode::Random(Algorithm::AesXts256), 1, Some(7))
+        );
+        // A refused request changes nothing (positive control: the next
+        // accepted one does).
+        let r = t.program(
+            &KeyProgram::direct(2, Algorithm::AesXts128, &[1; 15], &[2; 16]),
+            Some(8),
+        );
+        assert_eq!(r.map_err(|e| e.status()), Err(Status::InvalidProgCmd));
+        assert_eq!(t.state(2).map(|s| s.generation), Some(1));
+        let st = t.program(&KeyProgram::clear(2), Some(8)).expect("clear");
+        assert_eq!(
+            (st.mode, st.generation, st.programmed_by),
+            (KeyIdMode::Clear, 2, Some(8))
+        );
+        let st = t.program(&KeyProgram::no_encrypt(2), None).expect("bypass");
+        assert_eq!((st.mode, st.generation), (KeyIdMode::NoEncrypt, 3));
+        assert_eq!(
+            t.program(&KeyProgram::clear(0), Some(0))
+                .map_err(|e| e.status()),
+            Err(Status::InvalidKeyId)
+        );
+        assert_eq!(t.states()[0], s0, "KeyID 0 never changes");
+        assert_eq!(t.states().len(), 4);
+    }
+
+    #[test]
+    fn status_codes_round_trip_and_nothing_else_decodes() {
+        for c in 0..=255u8 {
+            match Status::from_code(c) {
+                Some(s) => assert_eq!(s as u8, c),
+                None => assert!(c > 5, "{c}"),
+            }
+        }
+        for a in [Algorithm::AesXts128, Algorithm::AesXts256] {
+            assert_eq!(a.name().parse::<Algorithm>(), Ok(a));
+        }
+        assert!("aes-128".parse::<Algorithm>().is_err());
     }
 }

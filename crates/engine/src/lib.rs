@@ -48,14 +48,16 @@ mod keytable;
 
 pub use cache::Stats;
 pub use domain::Domain;
-pub use keytable::{cpu_entropy, Algorithm, Command, EntropyFn, KeyProgram, ProgramError, Status};
+pub use keytable::{
+    cpu_entropy, Algorithm, Command, EntropyFn, KeyIdMode, KeyIdState, KeyProgram, KeyTable,
+    ProgramError, Status,
+};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use memveil_secmem::{Level, Policy, SecmemError};
 
 use cache::Memory;
-use keytable::KeyTable;
 
 /// Bytes per page (frame).
 pub const PAGE: usize = 4096;
@@ -243,12 +245,8 @@ impl Engine {
     /// # Errors
     /// As [`Engine::new`].
     pub fn with_entropy(cfg: Config, entropy: EntropyFn) -> Result<Self, EngineError> {
-        if !(1..=15).contains(&cfg.keyid_bits) {
-            return Err(EngineError::Config(format!(
-                "keyid_bits {} not in 1..=15",
-                cfg.keyid_bits
-            )));
-        }
+        // The table checks keyid_bits (1..=15) before anything uses it.
+        let keys = KeyTable::new(cfg.keyid_bits, cfg.platform_algorithm, cfg.policy, entropy)?;
         if cfg.frames == 0 || cfg.cache_pages == 0 {
             return Err(EngineError::Config(
                 "frames and cache_pages must be at least 1".into(),
@@ -265,7 +263,6 @@ impl Engine {
                 cfg.frames, cfg.keyid_bits
             )));
         }
-        let keys = KeyTable::new(cfg.keyid_bits, cfg.platform_algorithm, cfg.policy, entropy)?;
         let mem = Memory::new(cfg.frames, cfg.cache_pages, cfg.policy)?;
         Ok(Self {
             cfg,
@@ -332,13 +329,19 @@ impl Engine {
     /// A [`ProgramError`] whose [`ProgramError::status`] is the PCONFIG status.
     pub fn program(&self, req: &KeyProgram<'_>) -> Result<(), ProgramError> {
         let _busy = self.keys.begin()?;
-        let slot = self.keys.prepare(req)?;
+        let prepared = self.keys.prepare(req)?;
         // Hold the memory lock across write-back and swap, so no page of this
         // KeyID can enter the cache under the old key in between.
         let mut m = self.mem.lock().unwrap_or_else(PoisonError::into_inner);
         m.flush_keyid(&self.keys, req.keyid);
-        self.keys.install(req.keyid, slot);
+        self.keys.install(req.keyid, prepared, None);
         Ok(())
+    }
+
+    /// Every KeyID's state (mode, algorithm, generation), KeyID 0 first.
+    #[must_use]
+    pub fn key_states(&self) -> Vec<KeyIdState> {
+        self.keys.states()
     }
 
     /// `program` answering with the raw status code, as PCONFIG puts it in RAX.

@@ -24,6 +24,9 @@ enum Command {
     Rng(cmd::rng::Args),
     /// Key vault: serve keys from secret memory, manage keys, encrypt and decrypt.
     Vault(cmd::vault::Args),
+    /// Host key table (TME-MK's KeyIDs), held by the vault: program, clear, status.
+    #[command(long_about = cmd::key::ABOUT)]
+    Key(cmd::key::Args),
     /// Encrypted disk: an aes-xts-plain64 image whose key stays in the vault, as a FUSE file and loop device.
     Disk(cmd::disk::Args),
     /// Find AES key schedules (or a byte pattern) in a process, core file or memory image.
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Probe(a) => cmd::probe::run(a),
         Command::Rng(a) => cmd::rng::run(a),
         Command::Vault(a) => cmd::vault::run(a),
+        Command::Key(a) => cmd::key::run(a),
         Command::Disk(a) => cmd::disk::run(a),
         Command::Keyfind(a) => cmd::keyfind::run(a),
         Command::Run(a) => cmd::run::run(a),

@@ -16,7 +16,10 @@ use crate::server::{Config, Quotas, Server};
 /// Errors of the command line, already worded for people.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
 
-fn default_socket() -> PathBuf {
+/// The vault socket when `--socket` is not given: `$MEMVEIL_VAULT_SOCKET`, else
+/// `/run/memveil/vault.sock`.
+#[must_use]
+pub fn default_socket() -> PathBuf {
     std::env::var_os("MEMVEIL_VAULT_SOCKET")
         .map_or_else(|| PathBuf::from("/run/memveil/vault.sock"), PathBuf::from)
 }
@@ -172,6 +175,12 @@ pub struct ServeArgs {
     /// Microseconds a lane worker spins before sleeping.
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
+    /// KeyID bits of the host key table (`memveil key`): KeyIDs 1..=2^BITS-1 (1..=15; hardware: 6 on Ice Lake servers).
+    #[arg(long, default_value_t = memveil_engine::Config::default().keyid_bits)]
+    pub keyid_bits: u32,
+    /// A uid that may program and clear KeyIDs besides the vault's own uid and root (repeatable).
+    #[arg(long = "key-admin", value_name = "UID")]
+    pub key_admins: Vec<u32>,
 }
 
 /// Builds the daemon configuration from flags.
@@ -210,6 +219,8 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
     c.socket_mode = u32::from_str_radix(&a.socket_mode, 8)
         .map_err(|_| format!("--socket-mode {:?} is not an octal mode", a.socket_mode))?;
     c.spin = Duration::from_micros(a.spin_us);
+    c.keyid_bits = a.keyid_bits;
+    c.key_admins.clone_from(&a.key_admins);
     Ok(c)
 }
 
@@ -384,27 +395,43 @@ fn decrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
     write_output(a.output.as_ref(), &[&data])
 }
 
-fn import(
-    c: &mut Client,
-    name: &str,
-    kind: KeyKind,
-    key_file: &PathBuf,
-    persistent: bool,
-) -> Result<KeyInfo, CliError> {
-    // The key is read into secret memory in this process too (locked at worst).
-    let pool = SecretPool::new(8192, Policy::allow(Level::Locked))?;
-    let mut raw = pool.alloc_bytes(4096)?;
-    let mut f = std::fs::File::open(key_file)
-        .map_err(|e| format!("opening {}: {e}", key_file.display()))?;
+/// Reads at most `max` bytes of a key file into secret memory of this
+/// process (`locked` at worst: the CLI is not the vault), never into an
+/// ordinary buffer. Returns the pool (for further key buffers), the bytes
+/// and how many were read; a file longer than `max` reads as `max` bytes.
+///
+/// # Errors
+/// The file cannot be read, or no locked memory could be had.
+pub fn read_secret_file(
+    path: &std::path::Path,
+    max: usize,
+) -> Result<(SecretPool, memveil_secmem::SecretBox<[u8]>, usize), CliError> {
+    let pool = SecretPool::new(2 * max + 4096, Policy::allow(Level::Locked))?;
+    let mut raw = pool.alloc_bytes(max)?;
+    let mut f =
+        std::fs::File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
     let mut n = 0;
     loop {
-        let r = f.read(&mut raw[n..])?;
+        let r = f
+            .read(&mut raw[n..])
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
         if r == 0 || n + r >= raw.len() {
             n += r;
             break;
         }
         n += r;
     }
+    Ok((pool, raw, n))
+}
+
+fn import(
+    c: &mut Client,
+    name: &str,
+    kind: KeyKind,
+    key_file: &std::path::Path,
+    persistent: bool,
+) -> Result<KeyInfo, CliError> {
+    let (pool, raw, n) = read_secret_file(key_file, 4096)?;
     let mut key = pool.alloc_bytes(kind.key_len())?;
     let mut end = n;
     while end > 0 && matches!(raw[end - 1], b'\n' | b'\r') {

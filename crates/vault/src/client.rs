@@ -26,7 +26,11 @@ use std::time::{Duration, Instant};
 
 use memveil_sys::ipc::{self, Control, SharedMap, ShmError};
 
-use crate::proto::{self, DecodeError, ErrorCode, KeyInfo, KeyKind, Mode, Reply, Request, Status};
+use memveil_engine::{KeyIdState, KeyProgram, Status as PconfigStatus};
+
+use crate::proto::{
+    self, DecodeError, ErrorCode, KeyIdTable, KeyInfo, KeyKind, Mode, Reply, Request, Status,
+};
 use crate::ring::{self, status, Entry, Op, ENTRY_BYTES, LANE_BYTES};
 
 /// Client errors.
@@ -249,6 +253,14 @@ impl Client {
                     &mut [IoSlice::new(&frame), IoSlice::new(key)],
                 )
             }
+            Request::ProgramKeyId(p) => write_all_vectored(
+                &mut self.sock,
+                &mut [
+                    IoSlice::new(&frame),
+                    IoSlice::new(p.key_field_1),
+                    IoSlice::new(p.key_field_2),
+                ],
+            ),
             _ => self.sock.write_all(&frame),
         };
         if let Err(e) = sent {
@@ -398,6 +410,53 @@ impl Client {
         })
     }
 
+    /// Sends one PCONFIG `MKTME_KEY_PROGRAM` request (any command, clear
+    /// included) to the vault's host key table. Key fields go from `req`
+    /// straight to the socket. A request the engine refuses is not an
+    /// error here: the answer carries its PCONFIG status.
+    ///
+    /// # Errors
+    /// A key field over [`proto::MAX_KEY_FIELD`] bytes; the vault's refusal
+    /// ([`ErrorCode::Denied`] for a uid that may not program KeyIDs); a
+    /// vault that predates the table.
+    pub fn program_keyid(&mut self, req: &KeyProgram<'_>) -> Result<Programmed, ClientError> {
+        for (i, f) in [req.key_field_1, req.key_field_2].iter().enumerate() {
+            if f.len() > proto::MAX_KEY_FIELD {
+                return Err(ClientError::Usage(format!(
+                    "key field {} is {} bytes; PCONFIG's key fields hold at most {}",
+                    i + 1,
+                    f.len(),
+                    proto::MAX_KEY_FIELD
+                )));
+            }
+        }
+        let r = self.call(&Request::ProgramKeyId(*req));
+        match predates_key_table(r)? {
+            Reply::Programmed {
+                status,
+                message,
+                state,
+            } => Ok(Programmed {
+                status,
+                message,
+                state,
+            }),
+            o => Err(unexpected(&o)),
+        }
+    }
+
+    /// The host key table: every KeyID's mode, algorithm, generation and
+    /// last programmer (never key bytes). Open to every uid.
+    ///
+    /// # Errors
+    /// Connection errors; a vault that predates the table.
+    pub fn keyid_status(&mut self) -> Result<KeyIdTable, ClientError> {
+        match predates_key_table(self.call(&Request::KeyIdStatus))? {
+            Reply::KeyIds(t) => Ok(t),
+            o => Err(unexpected(&o)),
+        }
+    }
+
     fn id_reply(&mut self, req: &Request<'_>) -> Result<u32, ClientError> {
         match self.call(req)? {
             Reply::Id(i) => Ok(i),
@@ -539,6 +598,31 @@ fn check_name(name: &str) -> Result<(), ClientError> {
 
 fn shm_err(e: ShmError) -> ClientError {
     ClientError::Usage(e.to_string())
+}
+
+/// The vault's answer to a KeyID programming request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Programmed {
+    /// PCONFIG's status.
+    pub status: PconfigStatus,
+    /// What it means for this request (the engine's words).
+    pub message: String,
+    /// The KeyID's new state, on success.
+    pub state: Option<KeyIdState>,
+}
+
+/// A vault built before the host key table answers its requests as an
+/// unknown tag; say that instead.
+fn predates_key_table(r: Result<Reply, ClientError>) -> Result<Reply, ClientError> {
+    match r {
+        Err(ClientError::Refused {
+            code: ErrorCode::Malformed,
+            message,
+        }) if message.starts_with("unknown message tag") => Err(ClientError::Usage(format!(
+            "this vault has no host key table (it answered: {message}); upgrade and restart it"
+        ))),
+        r => r,
+    }
 }
 
 fn unexpected(r: &Reply) -> ClientError {

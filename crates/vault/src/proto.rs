@@ -10,6 +10,8 @@
 
 use std::fmt;
 
+use memveil_engine::{Algorithm, KeyIdMode, KeyIdState, KeyProgram, Status as PconfigStatus};
+
 /// Protocol version spoken by this build.
 pub const VERSION: u16 = 1;
 /// Largest request body accepted by the vault.
@@ -18,6 +20,9 @@ pub const MAX_REQUEST: usize = 4096;
 pub const MAX_REPLY: usize = 16 << 20;
 /// Longest key name.
 pub const MAX_NAME: usize = 64;
+/// Longest key field of a KeyID programming request (PCONFIG's
+/// `KEY_FIELD_1` and `KEY_FIELD_2` are 64 bytes each).
+pub const MAX_KEY_FIELD: usize = 64;
 
 /// Why bytes did not decode to a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -339,6 +344,15 @@ pub enum Request<'a> {
         /// Lane id.
         lane: u32,
     },
+    /// Program a KeyID of the host key table: one PCONFIG
+    /// `MKTME_KEY_PROGRAM` request (clear included: command 2), fields raw
+    /// as software writes them, so a malformed request reaches the engine's
+    /// checks and gets their status. Each key field is at most
+    /// [`MAX_KEY_FIELD`] bytes; both travel at the end of the frame,
+    /// received straight into the vault's secret memory.
+    ProgramKeyId(KeyProgram<'a>),
+    /// The host key table: every KeyID's state (never key bytes).
+    KeyIdStatus,
 }
 
 impl fmt::Debug for Request<'_> {
@@ -374,6 +388,16 @@ impl fmt::Debug for Request<'_> {
             Request::UnregisterBuffer { buffer } => write!(f, "UnregisterBuffer({buffer})"),
             Request::OpenLane { shm, offset } => write!(f, "OpenLane({shm}, {offset})"),
             Request::CloseLane { lane } => write!(f, "CloseLane({lane})"),
+            Request::ProgramKeyId(p) => write!(
+                f,
+                "ProgramKeyId {{ keyid: {}, command: {}, enc_alg: {:#x}, fields: <{} and {} bytes> }}",
+                p.keyid,
+                p.command,
+                p.enc_alg,
+                p.key_field_1.len(),
+                p.key_field_2.len()
+            ),
+            Request::KeyIdStatus => f.write_str("KeyIdStatus"),
         }
     }
 }
@@ -416,6 +440,17 @@ pub struct Status {
     pub uptime_s: u64,
     /// The vault's pid.
     pub pid: u32,
+}
+
+/// The host key table: its size and every KeyID's state, KeyID 0 first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyIdTable {
+    /// Highest KeyID (KeyIDs `1..=max_keyid` are programmable).
+    pub max_keyid: u16,
+    /// Protection level of the table's keys: "secret" or "locked".
+    pub level: String,
+    /// Every KeyID, `0..=max_keyid`.
+    pub entries: Vec<KeyIdState>,
 }
 
 /// Error classes of replies.
@@ -495,6 +530,18 @@ pub enum Reply {
     Done,
     /// A new id (shared area, buffer or lane).
     Id(u32),
+    /// Answer to `ProgramKeyId` from an authorized caller: PCONFIG's status
+    /// and, on success, the KeyID's new state.
+    Programmed {
+        /// The PCONFIG status code.
+        status: PconfigStatus,
+        /// The engine's words for it (what was wrong, what to do).
+        message: String,
+        /// The KeyID's new state (success only).
+        state: Option<KeyIdState>,
+    },
+    /// Answer to `KeyIdStatus`.
+    KeyIds(KeyIdTable),
     /// Failure.
     Error {
         /// Class.
@@ -611,6 +658,52 @@ impl<'a> R<'a> {
             value: u64::from(c),
         })
     }
+    fn key_field_len(&mut self, what: &'static str) -> Result<usize, DecodeError> {
+        let n = self.u8(what)?;
+        if usize::from(n) > MAX_KEY_FIELD {
+            return Err(DecodeError::BadValue {
+                field: what,
+                value: u64::from(n),
+            });
+        }
+        Ok(usize::from(n))
+    }
+    fn keyid_state(&mut self) -> Result<KeyIdState, DecodeError> {
+        let keyid = self.u16("keyid")?;
+        let code = self.u8("keyid mode")?;
+        let bits = self.u16("keyid algorithm")?;
+        let generation = self.u64("generation")?;
+        let programmed_by = if self.bool("programmed-by present")? {
+            Some(self.u32("programmed-by uid")?)
+        } else {
+            None
+        };
+        let alg = Algorithm::from_bits(bits);
+        let bad = |field| DecodeError::BadValue {
+            field,
+            value: u64::from(bits),
+        };
+        let mode = match (code, alg, bits) {
+            (mode_code::CLEAR, _, 0) => KeyIdMode::Clear,
+            (mode_code::NO_ENCRYPT, _, 0) => KeyIdMode::NoEncrypt,
+            (mode_code::RANDOM, Some(a), _) => KeyIdMode::Random(a),
+            (mode_code::DIRECT, Some(a), _) => KeyIdMode::Direct(a),
+            (mode_code::PLATFORM, Some(a), _) => KeyIdMode::Platform(a),
+            (mode_code::CLEAR..=mode_code::PLATFORM, _, _) => return Err(bad("keyid algorithm")),
+            _ => {
+                return Err(DecodeError::BadValue {
+                    field: "keyid mode",
+                    value: u64::from(code),
+                })
+            }
+        };
+        Ok(KeyIdState {
+            keyid,
+            mode,
+            generation,
+            programmed_by,
+        })
+    }
     fn end(&self) -> Result<(), DecodeError> {
         if self.b.is_empty() {
             Ok(())
@@ -644,6 +737,33 @@ pub fn frame_len(header: [u8; 4], max: usize) -> Result<usize, DecodeError> {
     Ok(n)
 }
 
+/// Wire values of [`KeyIdMode`].
+mod mode_code {
+    pub const CLEAR: u8 = 0;
+    pub const RANDOM: u8 = 1;
+    pub const DIRECT: u8 = 2;
+    pub const NO_ENCRYPT: u8 = 3;
+    pub const PLATFORM: u8 = 4;
+}
+
+fn put_keyid_state(w: &mut W, s: &KeyIdState) {
+    let (code, alg) = match s.mode {
+        KeyIdMode::Clear => (mode_code::CLEAR, None),
+        KeyIdMode::Random(a) => (mode_code::RANDOM, Some(a)),
+        KeyIdMode::Direct(a) => (mode_code::DIRECT, Some(a)),
+        KeyIdMode::NoEncrypt => (mode_code::NO_ENCRYPT, None),
+        KeyIdMode::Platform(a) => (mode_code::PLATFORM, Some(a)),
+    };
+    w.u16(s.keyid)
+        .u8(code)
+        .u16(alg.map_or(0, Algorithm::bits))
+        .u64(s.generation);
+    match s.programmed_by {
+        Some(uid) => w.u8(1).u32(uid),
+        None => w.u8(0),
+    };
+}
+
 mod tag {
     pub const HELLO: u8 = 1;
     pub const STATUS: u8 = 2;
@@ -660,6 +780,8 @@ mod tag {
     pub const UNBUF: u8 = 13;
     pub const LANE: u8 = 14;
     pub const UNLANE: u8 = 15;
+    pub const KEYID_PROGRAM: u8 = 16;
+    pub const KEYID_STATUS: u8 = 17;
 
     pub const R_WELCOME: u8 = 0x81;
     pub const R_STATUS: u8 = 0x82;
@@ -667,13 +789,16 @@ mod tag {
     pub const R_KEYS: u8 = 0x84;
     pub const R_DONE: u8 = 0x85;
     pub const R_ID: u8 = 0x86;
+    pub const R_PROGRAMMED: u8 = 0x87;
+    pub const R_KEYIDS: u8 = 0x88;
     pub const R_ERROR: u8 = 0xFF;
 }
 
-/// Encodes a request as a frame, except `ImportKey`'s key bytes: for
-/// `ImportKey` the returned frame holds the header and fields, and its
-/// length prefix already counts the `key.len()` bytes the caller sends right
-/// after (so key bytes never pass through an intermediate buffer).
+/// Encodes a request as a frame, except the key bytes of `ImportKey` and
+/// `ProgramKeyId`: for those the returned frame holds the header and fields,
+/// and its length prefix already counts the key bytes the caller sends right
+/// after (`key`, or `key_field_1` then `key_field_2`), so key bytes never
+/// pass through an intermediate buffer.
 #[must_use]
 pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
     let mut w = W::default();
@@ -741,6 +866,20 @@ pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
         }
         Request::CloseLane { lane } => {
             w.u8(tag::UNLANE).u32(*lane);
+        }
+        Request::ProgramKeyId(p) => {
+            let n1 = u8::try_from(p.key_field_1.len()).unwrap_or(u8::MAX);
+            let n2 = u8::try_from(p.key_field_2.len()).unwrap_or(u8::MAX);
+            w.u8(tag::KEYID_PROGRAM)
+                .u16(p.keyid)
+                .u8(p.command)
+                .u16(p.enc_alg)
+                .u8(n1)
+                .u8(n2);
+            extra = usize::from(n1) + usize::from(n2);
+        }
+        Request::KeyIdStatus => {
+            w.u8(tag::KEYID_STATUS);
         }
     }
     let mut f = w.frame();
@@ -829,6 +968,21 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
         tag::UNLANE => Request::CloseLane {
             lane: r.u32("lane id")?,
         },
+        tag::KEYID_PROGRAM => {
+            let keyid = r.u16("keyid")?;
+            let command = r.u8("command")?;
+            let enc_alg = r.u16("enc_alg")?;
+            let n1 = r.key_field_len("key field 1 length")?;
+            let n2 = r.key_field_len("key field 2 length")?;
+            Request::ProgramKeyId(KeyProgram {
+                keyid,
+                command,
+                enc_alg,
+                key_field_1: r.take(n1, "key field 1")?,
+                key_field_2: r.take(n2, "key field 2")?,
+            })
+        }
+        tag::KEYID_STATUS => Request::KeyIdStatus,
         other => return Err(DecodeError::UnknownTag(other)),
     };
     r.end()?;
@@ -919,6 +1073,29 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
         Reply::Id(id) => {
             w.u8(tag::R_ID).u32(*id);
         }
+        Reply::Programmed {
+            status,
+            message,
+            state,
+        } => {
+            w.u8(tag::R_PROGRAMMED).u8(*status as u8).str(message);
+            match state {
+                Some(s) => {
+                    w.u8(1);
+                    put_keyid_state(&mut w, s);
+                }
+                None => {
+                    w.u8(0);
+                }
+            }
+        }
+        Reply::KeyIds(t) => {
+            w.u8(tag::R_KEYIDS).u16(t.max_keyid).str(&t.level);
+            w.u32(u32::try_from(t.entries.len()).unwrap_or(u32::MAX));
+            for e in &t.entries {
+                put_keyid_state(&mut w, e);
+            }
+        }
         Reply::Error { code, message } => {
             w.u8(tag::R_ERROR).u16(code.code()).str(message);
         }
@@ -962,6 +1139,38 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, DecodeError> {
         }
         tag::R_DONE => Reply::Done,
         tag::R_ID => Reply::Id(r.u32("id")?),
+        tag::R_PROGRAMMED => {
+            let c = r.u8("PCONFIG status")?;
+            let status = PconfigStatus::from_code(c).ok_or(DecodeError::BadValue {
+                field: "PCONFIG status",
+                value: u64::from(c),
+            })?;
+            let message = r.str("message")?;
+            let state = if r.bool("state present")? {
+                Some(r.keyid_state()?)
+            } else {
+                None
+            };
+            Reply::Programmed {
+                status,
+                message,
+                state,
+            }
+        }
+        tag::R_KEYIDS => {
+            let max_keyid = r.u16("max keyid")?;
+            let level = r.str("level")?;
+            let n = r.u32("keyid count")?;
+            let mut entries = Vec::new();
+            for _ in 0..n {
+                entries.push(r.keyid_state()?);
+            }
+            Reply::KeyIds(KeyIdTable {
+                max_keyid,
+                level,
+                entries,
+            })
+        }
         tag::R_ERROR => {
             let c = r.u16("error code")?;
             Reply::Error {
@@ -1020,7 +1229,165 @@ mod tests {
             Request::UnregisterBuffer { buffer: 3 },
             Request::OpenLane { shm: 1, offset: 0 },
             Request::CloseLane { lane: 2 },
+            Request::ProgramKeyId(KeyProgram::clear(5)),
+            Request::KeyIdStatus,
         ]
+    }
+
+    /// A `ProgramKeyId` frame with its key fields appended, as the client sends it.
+    fn program_frame(keyid: u16, command: u8, enc_alg: u16, f1: &[u8], f2: &[u8]) -> Vec<u8> {
+        let mut f = encode_request(&Request::ProgramKeyId(KeyProgram {
+            keyid,
+            command,
+            enc_alg,
+            key_field_1: f1,
+            key_field_2: f2,
+        }));
+        f.extend_from_slice(f1);
+        f.extend_from_slice(f2);
+        f
+    }
+
+    fn states() -> Vec<KeyIdState> {
+        let s = |keyid, mode, generation, programmed_by| KeyIdState {
+            keyid,
+            mode,
+            generation,
+            programmed_by,
+        };
+        vec![
+            s(0, KeyIdMode::Platform(Algorithm::AesXts128), 0, None),
+            s(1, KeyIdMode::Random(Algorithm::AesXts256), 3, Some(0)),
+            s(2, KeyIdMode::Direct(Algorithm::AesXts128), 1, Some(1000)),
+            s(3, KeyIdMode::NoEncrypt, 1, Some(7)),
+            s(4, KeyIdMode::Clear, 2, Some(u32::MAX)),
+            s(u16::MAX, KeyIdMode::Clear, u64::MAX, None),
+        ]
+    }
+
+    #[test]
+    fn program_carries_key_fields_after_the_header() {
+        let (k1, k2) = ([0xA5u8; 32], [0x5Au8; 32]);
+        let f = program_frame(9, 0, 4, &k1, &k2);
+        let header = &f[..f.len() - 64];
+        assert!(!header.windows(4).any(|w| w == [0xA5; 4] || w == [0x5A; 4]));
+        let n = frame_len(f[..4].try_into().expect("4"), MAX_REQUEST).expect("len");
+        assert_eq!(n, f.len() - 4);
+        let r = decode_request(body(&f)).expect("decode");
+        assert_eq!(
+            r,
+            Request::ProgramKeyId(KeyProgram::direct(9, Algorithm::AesXts256, &k1, &k2))
+        );
+        let dbg = format!("{r:?}");
+        assert!(
+            dbg.contains("32 and 32 bytes") && !dbg.contains("165"),
+            "{dbg}"
+        );
+    }
+
+    #[test]
+    fn program_requests_stay_raw_for_the_engine_to_judge() {
+        // Unknown commands, algorithms, KeyID 0 and short keys decode: the
+        // engine's checks answer them with PCONFIG statuses, not the codec.
+        for (keyid, cmd, alg, f1) in [(0u16, 0u8, 1u16, &[1u8; 3][..]), (70, 9, 2, &[][..])] {
+            let f = program_frame(keyid, cmd, alg, f1, &[]);
+            assert!(
+                matches!(
+                    decode_request(body(&f)),
+                    Ok(Request::ProgramKeyId(p)) if (p.keyid, p.command, p.enc_alg) == (keyid, cmd, alg)
+                ),
+                "{keyid} {cmd} {alg}"
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_or_missing_key_fields_are_malformed() {
+        let long = [1u8; MAX_KEY_FIELD + 1];
+        let f = program_frame(1, 0, 1, &long, &[]);
+        assert_eq!(
+            decode_request(body(&f)),
+            Err(DecodeError::BadValue {
+                field: "key field 1 length",
+                value: 65
+            })
+        );
+        // Declared 16 + 16, sent 16.
+        let mut f = encode_request(&Request::ProgramKeyId(KeyProgram::direct(
+            1,
+            Algorithm::AesXts128,
+            &[2; 16],
+            &[3; 16],
+        )));
+        f.extend_from_slice(&[2; 16]);
+        assert!(matches!(
+            decode_request(body(&f)),
+            Err(DecodeError::Truncated {
+                what: "key field 2",
+                ..
+            })
+        ));
+        // One byte too many.
+        let mut f = program_frame(1, 0, 1, &[2; 16], &[3; 16]);
+        f.push(0);
+        assert_eq!(decode_request(body(&f)), Err(DecodeError::Trailing(1)));
+    }
+
+    #[test]
+    fn keyid_replies_round_trip_and_reject_impossible_states() {
+        for rep in [
+            Reply::KeyIds(KeyIdTable {
+                max_keyid: 63,
+                level: "secret".into(),
+                entries: states(),
+            }),
+            Reply::KeyIds(KeyIdTable {
+                max_keyid: 1,
+                level: "locked".into(),
+                entries: Vec::new(),
+            }),
+            Reply::Programmed {
+                status: PconfigStatus::ProgSuccess,
+                message: "PROG_SUCCESS".into(),
+                state: Some(states()[1]),
+            },
+            Reply::Programmed {
+                status: PconfigStatus::InvalidKeyId,
+                message: "INVALID_KEYID: KeyID 0".into(),
+                state: None,
+            },
+        ] {
+            let f = encode_reply(&rep);
+            assert_eq!(decode_reply(body(&f)).expect("decode"), rep);
+        }
+        let ok = encode_reply(&Reply::Programmed {
+            status: PconfigStatus::ProgSuccess,
+            message: String::new(),
+            state: Some(states()[1]),
+        });
+        let b = body(&ok).to_vec();
+        // Layout: tag, status, message (u16 length 0), present, keyid (2), mode, alg (2).
+        let (status_at, mode_at, alg_at) = (1, 7, 8);
+        for (at, v, field) in [
+            (status_at, 6u8, "PCONFIG status"),
+            (mode_at, 5, "keyid mode"),
+            (alg_at, 2, "keyid algorithm"),
+            (alg_at, 0, "keyid algorithm"),
+        ] {
+            let mut bad = b.clone();
+            bad[at] = v;
+            assert!(
+                matches!(decode_reply(&bad), Err(DecodeError::BadValue { field: f, .. }) if f == field),
+                "{field}={v}: {:?}",
+                decode_reply(&bad)
+            );
+        }
+        // Clear and no-encrypt carry no algorithm.
+        let mut bad = b.clone();
+        bad[mode_at] = 0;
+        assert!(decode_reply(&bad).is_err());
+        // Positive control: the unmodified body decodes.
+        assert!(decode_reply(&b).is_ok());
     }
 
     #[test]
@@ -1142,13 +1509,43 @@ mod tests {
         }
 
         #[test]
-        fn truncations_of_valid_frames_are_errors(i in 0usize..14, cut in 0usize..64) {
+        fn truncations_of_valid_frames_are_errors(i in 0usize..16, cut in 0usize..64) {
             let reqs = sample_requests();
             let f = encode_request(&reqs[i % reqs.len()]);
             let b = body(&f);
             if cut < b.len() {
                 prop_assert!(decode_request(&b[..cut]).is_err());
             }
+        }
+
+        #[test]
+        fn program_requests_round_trip(
+            keyid: u16,
+            command: u8,
+            enc_alg: u16,
+            f1 in proptest::collection::vec(any::<u8>(), 0..=MAX_KEY_FIELD),
+            f2 in proptest::collection::vec(any::<u8>(), 0..=MAX_KEY_FIELD),
+        ) {
+            let f = program_frame(keyid, command, enc_alg, &f1, &f2);
+            let want = Request::ProgramKeyId(KeyProgram { keyid, command, enc_alg, key_field_1: &f1, key_field_2: &f2 });
+            prop_assert_eq!(decode_request(body(&f)).expect("decode"), want);
+            for cut in 0..f.len() - 4 {
+                prop_assert!(decode_request(&body(&f)[..cut]).is_err());
+            }
+        }
+
+        #[test]
+        fn keyid_tables_survive_any_corruption_without_panic(at in 0usize..200, v: u8) {
+            let f = encode_reply(&Reply::KeyIds(KeyIdTable {
+                max_keyid: 5,
+                level: "secret".into(),
+                entries: states(),
+            }));
+            let mut b = body(&f).to_vec();
+            let i = at % b.len();
+            b[i] = v;
+            let _ = decode_reply(&b);
+            let _ = decode_reply(&b[..i]);
         }
 
         #[test]

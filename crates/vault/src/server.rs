@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use memveil_engine::{Command, EngineError, KeyProgram, Status as PconfigStatus};
 use memveil_secmem::{Level, Policy, SecmemError, SecretPool, SecretRegion};
 use memveil_sys::ipc::{self, Control, PeerCred, SharedMap, ShmError};
 use memveil_sys::stack_thread::{self, StackThread};
@@ -43,6 +44,12 @@ pub struct Config {
     pub socket_mode: u32,
     /// How long a lane worker spins before sleeping.
     pub spin: Duration,
+    /// KeyID bits of the host key table: KeyIDs `1..=2^bits-1` (1..=15;
+    /// hardware sets it at boot, 6 on Ice Lake servers).
+    pub keyid_bits: u32,
+    /// Uids besides the vault's own and root that may program and clear
+    /// KeyIDs (`--key-admin`).
+    pub key_admins: Vec<u32>,
 }
 
 impl Config {
@@ -59,6 +66,8 @@ impl Config {
             pool_bytes: 2 << 20,
             socket_mode: 0o666,
             spin: Duration::from_micros(50),
+            keyid_bits: memveil_engine::Config::default().keyid_bits,
+            key_admins: Vec::new(),
         }
     }
 }
@@ -86,6 +95,9 @@ pub enum VaultError {
     /// A configuration mistake.
     #[error("configuration: {0}")]
     Config(String),
+    /// The host key table could not be set up.
+    #[error("host key table: {0}")]
+    KeyTable(#[from] EngineError),
     /// Hardening the process failed.
     #[error("{what}: {source}")]
     Harden {
@@ -118,8 +130,18 @@ struct Shared {
     ledger: Ledger,
     keys: RwLock<KeyTable>,
     keystore: Option<Keystore>,
+    /// The host's TME-MK key table (docs/vault.md, "Host key table").
+    keyids: memveil_engine::KeyTable,
+    /// The uid the vault runs as: it, root and `cfg.key_admins` may program KeyIDs.
+    owner: u32,
     clients: AtomicU32,
     started: Instant,
+}
+
+impl Shared {
+    fn may_program_keyids(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.owner || self.cfg.key_admins.contains(&uid)
+    }
 }
 
 fn spawn_secret(
@@ -199,6 +221,14 @@ impl Server {
             }
             _ => (None, KeyTable::default()),
         };
+        // Like hardware at reset: a fresh platform key, every other KeyID
+        // unprogrammed (nothing of the table survives a restart).
+        let keyids = memveil_engine::KeyTable::new(
+            cfg.keyid_bits,
+            memveil_engine::Algorithm::AesXts128,
+            cfg.policy,
+            Box::new(memveil_engine::cpu_entropy),
+        )?;
         let listener = bind(&cfg.socket, cfg.socket_mode)?;
         let n = table.by_id.len();
         let ledger = Ledger::new(cfg.quotas, pool.size());
@@ -212,12 +242,23 @@ impl Server {
             ledger,
             keys: RwLock::new(table),
             keystore,
+            keyids,
+            owner: memveil_sys::probe::euid(),
             clients: AtomicU32::new(0),
             started: Instant::now(),
         });
         log(format_args!(
-            "level={level} backend={:?} persistent keys loaded={n}",
-            memveil_cipher::backend()
+            "level={level} backend={:?} persistent keys loaded={n} keyids=1..={} ({} KiB of secret memory) programmed by: uid {} (the vault's own), root{}",
+            memveil_cipher::backend(),
+            shared.keyids.max_keyid(),
+            shared.keyids.secret_bytes() / 1024,
+            shared.owner,
+            shared
+                .cfg
+                .key_admins
+                .iter()
+                .map(|u| format!(", uid {u}"))
+                .collect::<String>()
         ));
         Ok(Server { shared, listener })
     }
@@ -841,6 +882,59 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             }
             None => err(ErrorCode::NotFound, format!("no lane {lane}")),
         },
+        Request::ProgramKeyId(p) => program_keyid(sh, &c.cred, &p),
+        Request::KeyIdStatus => Reply::KeyIds(proto::KeyIdTable {
+            max_keyid: sh.keyids.max_keyid(),
+            level: sh.keyids.level().to_string(),
+            entries: sh.keyids.states(),
+        }),
+    }
+}
+
+/// One PCONFIG request on the host key table, from an authorized uid; the
+/// engine's checks give the status. Audited whatever the outcome.
+fn program_keyid(sh: &Shared, cred: &PeerCred, req: &KeyProgram<'_>) -> Reply {
+    let uid = cred.uid;
+    let command = Command::from_code(req.command)
+        .map_or_else(|| format!("unknown({})", req.command), |c| c.to_string());
+    let audit = |result: &str| {
+        log(format_args!(
+            "audit op=keyid-program command={command} keyid={} uid={uid} pid={} result={result}",
+            req.keyid, cred.pid
+        ));
+    };
+    if !sh.may_program_keyids(uid) {
+        audit("denied");
+        return err(
+            ErrorCode::Denied,
+            format!(
+                "uid {uid} may not program or clear KeyIDs: only the vault's owner (uid {}), root, or a uid the vault was started with `--key-admin UID` may (anyone may read the table: `memveil key status`)",
+                sh.owner
+            ),
+        );
+    }
+    match sh.keyids.program(req, Some(uid)) {
+        Ok(state) => {
+            audit(&format!(
+                "{} mode={} generation={}",
+                PconfigStatus::ProgSuccess,
+                state.mode.name(),
+                state.generation
+            ));
+            Reply::Programmed {
+                status: PconfigStatus::ProgSuccess,
+                message: PconfigStatus::ProgSuccess.to_string(),
+                state: Some(state),
+            }
+        }
+        Err(e) => {
+            audit(&e.status().to_string());
+            Reply::Programmed {
+                status: e.status(),
+                message: e.to_string(),
+                state: None,
+            }
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{euid, Vault};
+use common::{become_uid, euid, Vault};
 use memveil_testkit::{skip, Need};
 use memveil_vault::client::{ClientError, Crypt};
 use memveil_vault::proto::{ErrorCode, KeyKind, Mode};
@@ -25,20 +25,6 @@ use memveil_vault::Client;
 const ATTACKER: u32 = 65534;
 /// The victim: a throwaway uid no account uses.
 const VICTIM: u32 = 64_999;
-
-/// Drops this thread (only) to `uid`:`uid` with no supplementary groups.
-fn become_uid(uid: u32) {
-    // SAFETY: raw system calls on the calling thread's own credentials with
-    // plain integer arguments; a null list with count 0 clears the groups.
-    let r = unsafe {
-        [
-            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
-            libc::syscall(libc::SYS_setresgid, uid, uid, uid),
-            libc::syscall(libc::SYS_setresuid, uid, uid, uid),
-        ]
-    };
-    assert_eq!(r, [0, 0, 0], "switching this thread to uid {uid}");
-}
 
 /// What the victim saw over `rounds` rounds of: create a key, GCM-encrypt
 /// and decrypt 4 KiB with it, destroy it.

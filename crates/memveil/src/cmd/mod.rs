@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod disk;
+pub mod key;
 pub mod keyfind;
 pub mod probe;
 pub mod rng;
