@@ -1852,6 +1852,39 @@ fn a_new_shared_mapping_at_a_released_address_keeps_both_contents() {
 }
 
 #[test]
+fn a_child_reads_holes_of_a_released_mapping_it_partly_mapped_over() {
+    let Some((_dir, exe)) = c_test("shared_holes", "shared_fork", &[]) else {
+        return;
+    };
+    let plain = Command::new(&exe)
+        .args(["16", "1", "holes"])
+        .output()
+        .expect("plain");
+    assert_eq!(text(&plain.stdout).trim(), "holes ok", "plain: {plain:?}");
+    // Before: the range stayed registered in the child's view (the kernel
+    // refused to unregister it across the file mapping) and its first
+    // touches faulted forever.
+    let o = shared_fork_mode(&exe, "1", "holes", 1024);
+    assert_eq!(text(&o.stdout).trim(), "holes ok", "{o:?}");
+}
+
+#[test]
+fn a_single_threaded_creator_at_its_open_files_limit_can_fork() {
+    let Some((_dir, exe)) = c_test("shared_nofile", "shared_fork", &[]) else {
+        return;
+    };
+    let plain = Command::new(&exe)
+        .args(["16", "1", "nofile"])
+        .output()
+        .expect("plain");
+    assert_eq!(text(&plain.stdout).trim(), "nofile ok", "plain: {plain:?}");
+    // The fork event needs a descriptor in the creator: the handler gives
+    // up its reserve (before, the fork waited forever).
+    let o = shared_fork_mode(&exe, "1", "nofile", 1024);
+    assert_eq!(text(&o.stdout).trim(), "nofile ok", "{o:?}");
+}
+
+#[test]
 fn many_short_lived_children_under_a_small_open_files_limit_are_served() {
     let Some((_dir, exe)) = c_test("shared_many", "shared_fork", &[]) else {
         return;

@@ -772,15 +772,27 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         with_heap(|h| h.pages.release(a, len));
         return 0;
     }
-    shared::before_unmap(a, len);
+    // Protected shared memory of this process is written back and let go
+    // of in every view, then unmapped, with forks held off meanwhile (the
+    // fork handlers take LOCK): a child forked in between would keep a
+    // view of the range that no view list knows.
+    let own_shared = shared::owns(a, len);
+    if own_shared {
+        LOCK.lock();
+        shared::before_unmap(a, len);
+    }
     // SAFETY: not our memory: the caller's munmap(2) contract.
-    match unsafe { uffd::unmap_direct(addr.cast(), len) } {
+    let r = match unsafe { uffd::unmap_direct(addr.cast(), len) } {
         Ok(()) => 0,
         Err(e) => {
             set_errno(e.raw_os_error().unwrap_or(libc::EINVAL));
             -1
         }
+    };
+    if own_shared {
+        LOCK.unlock();
     }
+    r
 }
 
 #[no_mangle]
@@ -800,6 +812,11 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             }
             _ => {}
         }
+    }
+    if advice == libc::MADV_HUGEPAGE && shared::overlaps(a, len) {
+        // Large folios would defeat the per-page eviction: declined, as
+        // the kernel may decline advice.
+        return 0;
     }
     if advice == libc::MADV_REMOVE && shared::overlaps(a, len) {
         // The handler would bring evicted pages back where the program

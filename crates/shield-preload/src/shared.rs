@@ -215,6 +215,14 @@ fn shields() -> impl Iterator<Item = &'static SharedShield> {
         })
 }
 
+/// Whether `[addr, addr+len)` touches protected shared memory this
+/// process created.
+pub fn owns(addr: usize, len: usize) -> bool {
+    let p = OWN.load(Ordering::Acquire);
+    // SAFETY: a leaked Box, never freed.
+    !p.is_null() && unsafe { &*p }.overlaps(addr, len)
+}
+
 /// `munmap` of this process's own protected shared memory: its pages are
 /// written back in plaintext first, for the other processes that map it.
 pub fn before_unmap(addr: usize, len: usize) {

@@ -243,6 +243,9 @@ struct Shared {
     reading: AtomicBool,
     said_emfile: AtomicBool,
     said_degraded: AtomicBool,
+    /// A descriptor kept open to be closed when a fork event finds none
+    /// free (a single-threaded creator at its limit has no other way out).
+    reserve: AtomicI32,
     _pool: SecretPool,
 }
 
@@ -345,6 +348,7 @@ impl SharedShield {
             reading: AtomicBool::new(false),
             said_emfile: AtomicBool::new(false),
             said_degraded: AtomicBool::new(false),
+            reserve: AtomicI32::new(open_reserve()),
             _pool: pool,
         });
         inner
@@ -422,6 +426,10 @@ impl SharedShield {
             return Err(os("mmap shared memfd")(io::Error::last_os_error()));
         }
         m.base = p as usize;
+        // Large folios would defeat the per-page punch (see
+        // `check_no_shmem_thp`); children inherit the advice.
+        // SAFETY: advice on the mapping just made.
+        let _ = unsafe { uffd::madvise_direct(p.cast(), len, libc::MADV_NOHUGEPAGE) };
         let mut st = self.inner.lock();
         let undo = |e: ShieldError| {
             // SAFETY: the mapping was made above and never handed out.
@@ -486,7 +494,7 @@ impl SharedShield {
                     // handler, which no longer knows the range (and might
                     // map something else at that address).
                     for v in st.views.iter().flatten() {
-                        let _ = v.unregister(m.base as u64, (m.pages * PAGE) as u64);
+                        unregister_split(v, m.base, m.pages * PAGE);
                     }
                     self.forget_range(m.base, m.memfd.as_raw_fd());
                     gone.push(m);
@@ -603,6 +611,11 @@ impl SharedShield {
                 let _ = unsafe { libc::close(n) };
             }
         }
+        let reserve = self.inner.reserve.swap(-1, Ordering::SeqCst);
+        if reserve >= 0 {
+            // SAFETY: the creator's reserve, a copy nothing here uses.
+            let _ = unsafe { libc::close(reserve) };
+        }
         if self.inner.reading.load(Ordering::SeqCst) {
             // The fork came while the handler was taking in a view: the
             // kernel may have installed its descriptor before the handler
@@ -631,6 +644,27 @@ impl Drop for SharedShield {
         if let Some(t) = self.thread.take() {
             drop(t.join());
         }
+    }
+}
+
+/// Opens `/dev/null` as the reserve descriptor (-1 when it cannot).
+fn open_reserve() -> RawFd {
+    // SAFETY: open(2) of a NUL-terminated literal path.
+    unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) }
+}
+
+/// Unregisters `[addr, addr+len)` in a view; where the kernel refuses the
+/// whole range (`EINVAL`: a mapping there that cannot take a userfaultfd,
+/// such as a file the process mapped over part of it), halves it until
+/// each registered part is let go of.
+fn unregister_split(v: &Uffd, addr: usize, len: usize) {
+    match v.unregister(addr as u64, len as u64) {
+        Err(e) if errno_of(&e) == libc::EINVAL && len > PAGE => {
+            let half = (len / PAGE / 2) * PAGE;
+            unregister_split(v, addr, half);
+            unregister_split(v, addr + half, len - half);
+        }
+        _ => {}
     }
 }
 
@@ -800,23 +834,32 @@ impl Shared {
                     self.add_view(&mut st, u);
                 }
                 self.reading.store(false, Ordering::SeqCst);
-                if let Err(e) = r {
+                if r.is_err() {
                     // EMFILE: no descriptor for a fork event's view; the
-                    // event stays queued (the fork waits). Views of gone
-                    // processes give theirs back.
-                    if self.reap(&mut st) == 0 {
+                    // event stays queued (the fork waits). The reserve
+                    // descriptor is given up first, then views of gone
+                    // processes give theirs back; the reserve is taken
+                    // again once a view has been taken in.
+                    let reserve = self.reserve.swap(-1, Ordering::SeqCst);
+                    if reserve >= 0 {
+                        // SAFETY: the reserve is ours (see `start`).
+                        unsafe { libc::close(reserve) };
+                    } else if self.reap(&mut st) == 0 {
                         if !self.said_emfile.swap(true, Ordering::Relaxed) {
-                            // Allocates (stderr); a fork is blocked anyway.
-                            eprintln!(
-                                "memveil-shield: cannot take in a forked process's view of \
-                                 protected shared memory ({e}); the fork waits until a \
-                                 descriptor is free (raise the open-files limit)"
-                            );
+                            // No formatting: that would allocate, and a
+                            // fork holds the allocator while it waits.
+                            let msg: &[u8] = b"memveil-shield: no free descriptor for a forked \
+                                process's view of protected shared memory; the fork waits until \
+                                one is free (raise the open-files limit)\n";
+                            // SAFETY: a write of a static buffer to stderr.
+                            let _ = unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
                         }
                         drop(st);
                         std::thread::sleep(std::time::Duration::from_millis(1));
                         st = self.lock();
                     }
+                } else if nk > 0 && self.reserve.load(Ordering::SeqCst) < 0 {
+                    self.reserve.store(open_reserve(), Ordering::SeqCst);
                 }
                 for f in faults.iter().flatten() {
                     self.resolve(&mut st, i, f);
@@ -925,14 +968,21 @@ impl Shared {
                 let _ = self.key.decrypt_unit(a as u128, &mut bounce);
                 (&bounce[..], EVICTED)
             }
-            // Never written: zeros.
-            Some((m, i)) if st.mappings[m].states[i] == HOLE => (&ZEROS[..], HOLE),
-            // Present (another view brought it back since this fault was
-            // queued), or not a page of ours: only wake. Copying zeros there
-            // could fill a page of someone else's registration.
-            _ => {
+            // Never written, or present (another view brought it back since
+            // this fault was queued: the copy then finds it, EEXIST, and the
+            // thread is only woken), or removed behind the handler's back
+            // (a raw MADV_REMOVE): zeros.
+            Some((m, i)) => (&ZEROS[..], st.mappings[m].states[i]),
+            // Not a page of any protected mapping: a view of a range this
+            // shield let go of. Filling it could fill a page of another
+            // registration at that address (the kernel does not check whose
+            // range a descriptor acts on), and only waking would fault
+            // forever: the view lets go of the page, and the kernel serves
+            // it from the shmem file from now on.
+            None => {
                 drop(bounce);
                 if let Some(v) = st.views[view].as_ref() {
+                    let _ = v.unregister(a as u64, PAGE as u64);
                     let _ = v.wake(a as u64, PAGE as u64);
                 }
                 return;

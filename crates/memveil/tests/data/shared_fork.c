@@ -13,7 +13,13 @@
  * the memory, maps and fills a new one (the kernel hands out the same
  * address), then lets the child check the old memory and checks the new
  * one: "reuse ok". "many": ROUNDS short-lived children in turn each write
- * one page and exit: "many ok". */
+ * one page and exit: "many ok". "holes": the parent writes half of a second
+ * mapping and forks; the child maps a file over one page of its view, the
+ * parent unmaps the mapping, and the child reads the never-written half as
+ * zeros: "holes ok". "nofile": the parent fills its descriptors up to a
+ * limit of 64, then forks a child that writes the memory: "nofile ok". */
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +96,47 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < len; i += 4096) lost += memcmp(n + i, "new-fill", 8) != 0;
         if (lost || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("reuse: %zu new pages lost, child %d (same address: %d)\n", lost, st, n == o); return 1; }
         printf("reuse ok\n");
+        return 0;
+    }
+    if (argc > 3 && !strcmp(argv[3], "holes")) {
+        unsigned char *o = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (o == MAP_FAILED) { perror("mmap"); return 2; }
+        for (size_t i = 0; i < len / 2; i += 4096) memcpy(o + i, "old-fill", 8);
+        int go[2], ready[2];
+        if (pipe(go) || pipe(ready)) return 2;
+        fflush(stdout);
+        pid_t c = fork();
+        if (c == 0) {
+            int fd = open("/etc/hostname", O_RDONLY);
+            if (fd < 0 || mmap(o, 4096, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED) _exit(3);
+            char b;
+            if (write(ready[1], "r", 1) != 1 || read(go[0], &b, 1) != 1) _exit(3);
+            for (size_t i = len / 2; i < len; i += 4096)
+                if (o[i] != 0) { printf("child: hole %zu not zero\n", i / 4096); fflush(stdout); _exit(1); }
+            _exit(0);
+        }
+        char b;
+        if (read(ready[0], &b, 1) != 1) return 2;
+        munmap(o, len);
+        if (write(go[1], "g", 1) != 1) return 2;
+        int st;
+        waitpid(c, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) { printf("holes: child %d\n", st); return 1; }
+        printf("holes ok\n");
+        return 0;
+    }
+    if (argc > 3 && !strcmp(argv[3], "nofile")) {
+        struct rlimit rl = { 64, 64 };
+        if (setrlimit(RLIMIT_NOFILE, &rl)) { perror("setrlimit"); return 2; }
+        while (open("/dev/null", O_RDONLY) >= 0) {}
+        fflush(stdout);
+        pid_t c = fork();
+        if (c < 0) { perror("fork"); return 2; }
+        if (c == 0) { for (size_t i = 0; i < len; i += 4096) r[i] = 7; _exit(0); }
+        int st;
+        waitpid(c, &st, 0);
+        for (size_t i = 0; i < len; i += 4096) if (r[i] != 7) { printf("nofile: page %zu\n", i / 4096); return 1; }
+        printf("nofile ok\n");
         return 0;
     }
     if (argc > 3 && !strcmp(argv[3], "many")) {
