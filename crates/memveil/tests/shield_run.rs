@@ -1824,6 +1824,22 @@ fn shared_fork_mode(exe: &Path, rounds: &str, mode: &str, nofile: u32) -> Output
     )
 }
 
+/// `shared_fork 16 1 MODE` prints "MODE ok" plainly and under
+/// `--shared-memory protected` (64-page window).
+fn plain_and_protected_agree(test: &str, mode: &str) {
+    let Some((_dir, exe)) = c_test(test, "shared_fork", &[]) else {
+        return;
+    };
+    let want = format!("{mode} ok");
+    let plain = Command::new(&exe)
+        .args(["16", "1", mode])
+        .output()
+        .expect("plain");
+    assert_eq!(text(&plain.stdout).trim(), want, "plain: {plain:?}");
+    let o = shared_fork_mode(&exe, "1", mode, 1024);
+    assert_eq!(text(&o.stdout).trim(), want, "{o:?}");
+}
+
 #[test]
 fn a_child_keeps_its_shared_data_after_its_creator_unmaps_it_and_exits() {
     let Some((_dir, exe)) = c_test("shared_outlive", "shared_fork", &[]) else {
@@ -1839,49 +1855,22 @@ fn a_child_keeps_its_shared_data_after_its_creator_unmaps_it_and_exits() {
 
 #[test]
 fn a_new_shared_mapping_at_a_released_address_keeps_both_contents() {
-    let Some((_dir, exe)) = c_test("shared_reuse", "shared_fork", &[]) else {
-        return;
-    };
-    let plain = Command::new(&exe)
-        .args(["16", "1", "reuse"])
-        .output()
-        .expect("plain");
-    assert_eq!(text(&plain.stdout).trim(), "reuse ok", "plain: {plain:?}");
-    let o = shared_fork_mode(&exe, "1", "reuse", 1024);
-    assert_eq!(text(&o.stdout).trim(), "reuse ok", "{o:?}");
+    plain_and_protected_agree("shared_reuse", "reuse");
 }
 
 #[test]
 fn a_child_reads_holes_of_a_released_mapping_it_partly_mapped_over() {
-    let Some((_dir, exe)) = c_test("shared_holes", "shared_fork", &[]) else {
-        return;
-    };
-    let plain = Command::new(&exe)
-        .args(["16", "1", "holes"])
-        .output()
-        .expect("plain");
-    assert_eq!(text(&plain.stdout).trim(), "holes ok", "plain: {plain:?}");
     // Before: the range stayed registered in the child's view (the kernel
     // refused to unregister it across the file mapping) and its first
     // touches faulted forever.
-    let o = shared_fork_mode(&exe, "1", "holes", 1024);
-    assert_eq!(text(&o.stdout).trim(), "holes ok", "{o:?}");
+    plain_and_protected_agree("shared_holes", "holes");
 }
 
 #[test]
 fn a_single_threaded_creator_at_its_open_files_limit_can_fork() {
-    let Some((_dir, exe)) = c_test("shared_nofile", "shared_fork", &[]) else {
-        return;
-    };
-    let plain = Command::new(&exe)
-        .args(["16", "1", "nofile"])
-        .output()
-        .expect("plain");
-    assert_eq!(text(&plain.stdout).trim(), "nofile ok", "plain: {plain:?}");
     // The fork event needs a descriptor in the creator: the handler gives
     // up its reserve (before, the fork waited forever).
-    let o = shared_fork_mode(&exe, "1", "nofile", 1024);
-    assert_eq!(text(&o.stdout).trim(), "nofile ok", "{o:?}");
+    plain_and_protected_agree("shared_nofile", "nofile");
 }
 
 #[test]
