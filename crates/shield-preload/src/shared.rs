@@ -115,19 +115,23 @@ static OWN: AtomicPtr<SharedShield> = AtomicPtr::new(null_mut());
 static INHERITED: [AtomicPtr<SharedShield>; 8] = [const { AtomicPtr::new(null_mut()) }; 8];
 static START: Mutex<()> = Mutex::new(());
 
+/// The shield `p` holds, if any.
+fn loaded(p: &AtomicPtr<SharedShield>) -> Option<&'static SharedShield> {
+    let p = p.load(Ordering::Acquire);
+    // SAFETY: every pointer stored in OWN and INHERITED is a leaked Box,
+    // never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
 fn own() -> Result<&'static SharedShield, String> {
-    let p = OWN.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: set once below from a leaked Box, never freed.
-        return Ok(unsafe { &*p });
+    if let Some(s) = loaded(&OWN) {
+        return Ok(s);
     }
     let _g = START
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let p = OWN.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: as above.
-        return Ok(unsafe { &*p });
+    if let Some(s) = loaded(&OWN) {
+        return Ok(s);
     }
     let shield = crate::shield().ok_or("no shield")?;
     if crate::env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") != Some(1) {
@@ -155,10 +159,7 @@ fn own() -> Result<&'static SharedShield, String> {
 }
 
 extern "C" fn release_at_exit() {
-    let p = OWN.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: set from a leaked Box, never freed.
-        let s = unsafe { &*p };
+    if let Some(s) = loaded(&OWN) {
         if s.creator() == std::process::id() {
             s.release_all();
         }
@@ -208,31 +209,20 @@ pub fn overlaps(addr: usize, len: usize) -> bool {
 fn shields() -> impl Iterator<Item = &'static SharedShield> {
     std::iter::once(&OWN)
         .chain(INHERITED.iter())
-        .filter_map(|p| {
-            let p = p.load(Ordering::Acquire);
-            // SAFETY: every pointer stored here is a leaked Box, never freed.
-            (!p.is_null()).then(|| unsafe { &*p })
-        })
+        .filter_map(loaded)
 }
 
 /// Whether `[addr, addr+len)` touches protected shared memory this
 /// process created.
 pub fn owns(addr: usize, len: usize) -> bool {
-    let p = OWN.load(Ordering::Acquire);
-    // SAFETY: a leaked Box, never freed.
-    !p.is_null() && unsafe { &*p }.overlaps(addr, len)
+    loaded(&OWN).is_some_and(|s| s.overlaps(addr, len))
 }
 
 /// `munmap` of this process's own protected shared memory: its pages are
 /// written back in plaintext first, for the other processes that map it.
 pub fn before_unmap(addr: usize, len: usize) {
-    let p = OWN.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: as above.
-        let s = unsafe { &*p };
-        if s.overlaps(addr, len) {
-            s.release(addr, len);
-        }
+    if let Some(s) = loaded(&OWN) {
+        s.release(addr, len);
     }
 }
 

@@ -286,12 +286,7 @@ impl Inner {
         if st.keys[slot].is_some() {
             return Ok(());
         }
-        let mut raw = self.pool.alloc_bytes(32)?;
-        memveil_sys::getrandom(&mut raw).map_err(os("getrandom"))?;
-        let xts = self
-            .pool
-            .alloc(|| Xts::new(&raw[..16], &raw[16..]).expect("distinct random halves"))?;
-        st.keys[slot] = Some(xts);
+        st.keys[slot] = Some(random_xts(&self.pool)?);
         Ok(())
     }
 
@@ -920,6 +915,14 @@ pub(crate) fn set_handler_policy(inner: &Inner, policy: SchedPolicy) -> io::Resu
         0 => Err(io::Error::other("handler not started")),
         tid => memveil_sys::process::set_sched_policy(tid, policy),
     }
+}
+
+/// A fresh random AES-128-XTS key in `pool` (its raw bytes too live there
+/// only while it is made).
+pub(crate) fn random_xts(pool: &SecretPool) -> Result<SecretBox<Xts>, ShieldError> {
+    let mut raw = pool.alloc_bytes(32)?;
+    memveil_sys::getrandom(&mut raw).map_err(os("getrandom"))?;
+    Ok(pool.alloc(|| Xts::new(&raw[..16], &raw[16..]).expect("distinct random halves"))?)
 }
 
 /// Encrypts the plaintext `page` at `addr` in place under `keyid`'s key

@@ -57,7 +57,7 @@ use memveil_secmem::{Policy, SecretBox, SecretPool};
 use memveil_sys::stack_thread::{self, StackThread};
 use memveil_sys::uffd::{self, Fault, Message, Uffd};
 
-use crate::handler::{HandlerStack, Inner};
+use crate::handler::{random_xts, HandlerStack, Inner};
 use crate::{open_uffd, os, ShieldError, PAGE, START_HOOK};
 
 /// Views (the creator and its descendants) one handler serves at most.
@@ -306,11 +306,7 @@ impl SharedShield {
             });
         }
         let pool = SecretPool::new(16 * 1024, cfg.policy)?;
-        let mut raw = pool.alloc_bytes(32)?;
-        memveil_sys::getrandom(&mut raw).map_err(os("getrandom"))?;
-        let key =
-            pool.alloc(|| Xts::new(&raw[..16], &raw[16..]).expect("distinct random halves"))?;
-        drop(raw);
+        let key = random_xts(&pool)?;
         let bounce = pool.alloc_bytes(PAGE)?;
         // SAFETY: eventfd takes an initial value and flags, returns a new fd.
         let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -402,14 +398,12 @@ impl SharedShield {
             return Err(os("ftruncate shared memfd")(io::Error::last_os_error()));
         }
         let store = uffd::map_anonymous_direct(len).map_err(os("mmap shared store"))?;
-        let keep_out = |p: *mut u8| {
-            // SAFETY: advice on our own fresh mapping.
-            unsafe {
-                let _ = uffd::madvise_direct(p, len, libc::MADV_DONTFORK);
-                let _ = uffd::madvise_direct(p, len, libc::MADV_DONTDUMP);
-            }
-        };
-        keep_out(store);
+        // Not inherited by children, not dumped.
+        // SAFETY: advice on our own fresh mapping.
+        unsafe {
+            let _ = uffd::madvise_direct(store, len, libc::MADV_DONTFORK);
+            let _ = uffd::madvise_direct(store, len, libc::MADV_DONTDUMP);
+        }
         let mut m = Mapping {
             base: 0,
             pages,
@@ -962,10 +956,7 @@ impl Shared {
         let mut bounce = self.bounce.lock().unwrap_or_else(PoisonError::into_inner);
         let (src, was): (&[u8], u8) = match found {
             Some((m, i)) if st.mappings[m].states[i] == EVICTED => {
-                let map = &st.mappings[m];
-                bounce.copy_from_slice(map.slot(i));
-                // A 4096-byte unit is always a valid XTS length.
-                let _ = self.key.decrypt_unit(a as u128, &mut bounce);
+                self.decrypt_slot(&st.mappings[m], i, &mut bounce);
                 (&bounce[..], EVICTED)
             }
             // Never written, or present (another view brought it back since
@@ -1138,6 +1129,14 @@ impl Shared {
         }
     }
 
+    /// The plaintext of evicted page `i` of `map` (its slot decrypted under
+    /// the page's address) into `out`.
+    fn decrypt_slot(&self, map: &Mapping, i: usize, out: &mut [u8]) {
+        out.copy_from_slice(map.slot(i));
+        // A 4096-byte unit is always a valid XTS length.
+        let _ = self.key.decrypt_unit((map.base + i * PAGE) as u128, out);
+    }
+
     /// Writes every evicted page of mapping `m` back into its shmem file,
     /// decrypted; returns how many (they are plaintext from now on). A page
     /// that cannot be written back marks the shield `lost`: its creator
@@ -1152,10 +1151,7 @@ impl Shared {
             if map.states[i] != EVICTED {
                 continue;
             }
-            bounce.copy_from_slice(map.slot(i));
-            let _ = self
-                .key
-                .decrypt_unit((map.base + i * PAGE) as u128, &mut bounce);
+            self.decrypt_slot(map, i, &mut bounce);
             // SAFETY: a write of one page from our bounce buffer to our memfd.
             let w = unsafe {
                 libc::pwrite(
