@@ -280,6 +280,34 @@ impl ProgramError {
     }
 }
 
+/// Bytes of the page-key material [`KeyTable::derive_page_key`] writes: an
+/// AES-XTS-256 data key and tweak key (an AES-XTS-128 tenant takes the first
+/// 32 bytes).
+pub const PAGE_KEY_LEN: usize = 64;
+
+/// The label a tenant page key is derived from (64 bytes: four AES blocks).
+const PAGE_KEY_LABEL: &[u8; 48] = b"memveil tenant page key v1 (memveil run --keyid)";
+
+/// Why a KeyID gives no page key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeriveError {
+    /// KeyID above the table.
+    #[error("INVALID_KEYID: KeyID {keyid} is not in this table (0..={max})")]
+    InvalidKeyId {
+        /// The KeyID.
+        keyid: u16,
+        /// Highest KeyID.
+        max: u16,
+    },
+    /// Never programmed, or cleared: no key of its own.
+    #[error("KeyID {0} holds no key (never programmed, or cleared): program it first, e.g. `memveil key program --keyid {0} --mode random`")]
+    NotProgrammed(u16),
+    /// `KEYID_NO_ENCRYPT`: memory under it is plaintext, there is no key.
+    #[error("KeyID {0} is programmed no-encrypt: memory under it is plaintext")]
+    NoEncrypt(u16),
+}
+
 /// A source of key entropy: fills the buffer or says why it could not.
 pub type EntropyFn = Box<dyn Fn(&mut [u8]) -> Result<(), String> + Send + Sync>;
 
@@ -532,6 +560,47 @@ impl KeyTable {
         self.read().states.get(usize::from(keyid)).copied()
     }
 
+    /// The page key of a process that runs under `keyid` (`memveil run
+    /// --keyid`), written into `out` (secret memory of the caller's), and the
+    /// KeyID's state. It is the KeyID's own XTS encryption of a fixed label
+    /// naming the KeyID and its generation, with the generation as data unit:
+    /// every process under the KeyID gets the same key (TME-MK's shared
+    /// KeyID), a new program or clear gives a new one, and no byte of the
+    /// table's key leaves it (recovering it from a page key is breaking AES).
+    /// KeyID 0 derives from the platform key.
+    ///
+    /// # Errors
+    /// [`DeriveError`]: out of range, no key (clear), or no-encrypt.
+    pub fn derive_page_key(
+        &self,
+        keyid: u16,
+        out: &mut [u8; PAGE_KEY_LEN],
+    ) -> Result<KeyIdState, DeriveError> {
+        let s = self.read();
+        let Some(state) = s.states.get(usize::from(keyid)).copied() else {
+            return Err(DeriveError::InvalidKeyId {
+                keyid,
+                max: self.max_keyid,
+            });
+        };
+        let key = match (keyid, s.slots.get(usize::from(keyid))) {
+            (0, _) => s.platform.as_ref(),
+            (_, Some(Slot::Key(k))) => k.as_ref(),
+            (_, Some(Slot::Bypass)) => return Err(DeriveError::NoEncrypt(keyid)),
+            _ => None,
+        };
+        let Some(key) = key else {
+            return Err(DeriveError::NotProgrammed(keyid));
+        };
+        out[..PAGE_KEY_LABEL.len()].copy_from_slice(PAGE_KEY_LABEL);
+        out[48..50].copy_from_slice(&keyid.to_le_bytes());
+        out[50..58].copy_from_slice(&state.generation.to_le_bytes());
+        out[58..].fill(0);
+        // 64 bytes is a valid XTS unit length.
+        let _ = key.encrypt_unit(u128::from(state.generation), out);
+        Ok(state)
+    }
+
     /// Programs a KeyID of a table that governs no memory of its own (the
     /// engine's [`crate::Engine::program`] also writes back the KeyID's
     /// cached pages). `by` is recorded as [`KeyIdState::programmed_by`].
@@ -712,6 +781,56 @@ mod tests {
         );
         assert_eq!(t.states()[0], s0, "KeyID 0 never changes");
         assert_eq!(t.states().len(), 4);
+    }
+
+    #[test]
+    fn page_keys_are_shared_per_keyid_and_change_with_each_program() {
+        let t = table();
+        let mut a = [0u8; PAGE_KEY_LEN];
+        let mut b = [0u8; PAGE_KEY_LEN];
+        assert_eq!(
+            t.derive_page_key(1, &mut a),
+            Err(DeriveError::NotProgrammed(1))
+        );
+        assert_eq!(
+            t.derive_page_key(4, &mut a),
+            Err(DeriveError::InvalidKeyId { keyid: 4, max: 3 })
+        );
+        let (k1, k2) = ([0x11u8; 16], [0x22u8; 16]);
+        t.program(&KeyProgram::direct(1, Algorithm::AesXts128, &k1, &k2), None)
+            .expect("program 1");
+        t.program(&KeyProgram::direct(2, Algorithm::AesXts128, &k1, &k2), None)
+            .expect("program 2");
+        let st = t.derive_page_key(1, &mut a).expect("derive 1");
+        assert_eq!(st.generation, 1);
+        t.derive_page_key(1, &mut b).expect("again");
+        assert_eq!(a, b, "every process under a KeyID gets one key");
+        // The same key under another KeyID gives another page key.
+        t.derive_page_key(2, &mut b).expect("derive 2");
+        assert_ne!(a, b);
+        // Recomputed from the programmed key: the label under XTS.
+        let mut want = [0u8; PAGE_KEY_LEN];
+        want[..48].copy_from_slice(PAGE_KEY_LABEL);
+        want[48..50].copy_from_slice(&1u16.to_le_bytes());
+        want[50..58].copy_from_slice(&1u64.to_le_bytes());
+        Xts::new(&k1, &k2)
+            .expect("xts")
+            .encrypt_unit(1, &mut want)
+            .expect("unit");
+        assert_eq!(a, want);
+        // Reprogrammed with the same key: a new generation, a new page key.
+        t.program(&KeyProgram::direct(1, Algorithm::AesXts128, &k1, &k2), None)
+            .expect("reprogram");
+        t.derive_page_key(1, &mut b).expect("derive 1 again");
+        assert_ne!(a, b);
+        t.program(&KeyProgram::no_encrypt(3), None).expect("bypass");
+        assert_eq!(t.derive_page_key(3, &mut a), Err(DeriveError::NoEncrypt(3)));
+        t.program(&KeyProgram::clear(1), None).expect("clear");
+        assert_eq!(
+            t.derive_page_key(1, &mut a),
+            Err(DeriveError::NotProgrammed(1))
+        );
+        assert!(t.derive_page_key(0, &mut a).is_ok(), "the platform key");
     }
 
     #[test]

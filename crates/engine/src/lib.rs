@@ -49,8 +49,8 @@ mod keytable;
 pub use cache::Stats;
 pub use domain::Domain;
 pub use keytable::{
-    cpu_entropy, Algorithm, Command, EntropyFn, KeyIdMode, KeyIdState, KeyProgram, KeyTable,
-    ProgramError, Status,
+    cpu_entropy, Algorithm, Command, DeriveError, EntropyFn, KeyIdMode, KeyIdState, KeyProgram,
+    KeyTable, ProgramError, Status, PAGE_KEY_LEN,
 };
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
