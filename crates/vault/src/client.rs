@@ -161,7 +161,10 @@ impl<'a> Crypt<'a> {
     }
 }
 
-fn write_all_vectored(s: &mut UnixStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+pub(crate) fn write_all_vectored(
+    s: &mut UnixStream,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
     while !bufs.is_empty() {
         let n = s.write_vectored(bufs)?;
         if n == 0 {
@@ -609,6 +612,123 @@ pub struct Programmed {
     pub message: String,
     /// The KeyID's new state, on success.
     pub state: Option<KeyIdState>,
+}
+
+/// A tenant of the host key table (`memveil run --keyid`): its KeyID's page
+/// key and the connection the vault's stop notice comes on.
+pub struct Tenant {
+    sock: UnixStream,
+    state: KeyIdState,
+    key: memveil_secmem::SecretBox<[u8]>,
+}
+
+/// Why a tenant must stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantStop {
+    /// The KeyID was cleared or programmed again: the vault's words.
+    KeyGone {
+        /// The KeyID's generation now.
+        generation: u64,
+        /// Who did what.
+        message: String,
+    },
+    /// The vault closed the connection (it exited or restarted): the table
+    /// that governed the KeyID is gone, and nobody could clear it any more.
+    VaultGone(String),
+}
+
+impl Tenant {
+    /// The KeyID's state when its key was handed out.
+    #[must_use]
+    pub fn state(&self) -> KeyIdState {
+        self.state
+    }
+
+    /// The page key: data key then tweak key (32 bytes for AES-XTS-128, 64
+    /// for AES-XTS-256); empty for a no-encrypt KeyID.
+    #[must_use]
+    pub fn key(&self) -> &[u8] {
+        let n = self.state.mode.algorithm().map_or(0, |a| 2 * a.key_len());
+        match self.state.mode {
+            memveil_engine::KeyIdMode::NoEncrypt => &[],
+            _ => &self.key[..n],
+        }
+    }
+
+    /// Waits for the vault's stop notice (or its end).
+    #[must_use]
+    pub fn wait_stop(&mut self) -> TenantStop {
+        let mut h = [0u8; 4];
+        let r = self
+            .sock
+            .read_exact(&mut h)
+            .map_err(ClientError::from)
+            .and_then(|()| {
+                let n = proto::frame_len(h, proto::MAX_REPLY)?;
+                let mut b = vec![0u8; n];
+                self.sock.read_exact(&mut b)?;
+                Ok(proto::decode_reply(&b)?)
+            });
+        match r {
+            Ok(Reply::TenantStop {
+                generation,
+                message,
+                ..
+            }) => TenantStop::KeyGone {
+                generation,
+                message,
+            },
+            Ok(o) => TenantStop::VaultGone(format!("unexpected message from the vault: {o:?}")),
+            Err(e) => TenantStop::VaultGone(e.to_string()),
+        }
+    }
+}
+
+impl Client {
+    /// The page key of KeyID `keyid` for a tenant (`memveil run --keyid`),
+    /// read into `pool`; the connection becomes the tenant's (see
+    /// [`Tenant::wait_stop`]). Only a uid that may program KeyIDs gets one.
+    ///
+    /// # Errors
+    /// The vault's refusal ([`ErrorCode::Denied`], [`ErrorCode::NotFound`]
+    /// for a KeyID with no key), connection errors, secret memory errors.
+    pub fn tenant_key(
+        mut self,
+        keyid: u16,
+        pool: &memveil_secmem::SecretPool,
+    ) -> Result<Tenant, ClientError> {
+        let mut key = pool
+            .alloc_bytes(proto::TENANT_KEY_LEN)
+            .map_err(|e| ClientError::Usage(format!("secret memory for the page key: {e}")))?;
+        self.sock
+            .write_all(&proto::encode_request(&Request::TenantKey { keyid }))?;
+        let mut h = [0u8; 4];
+        self.sock.read_exact(&mut h)?;
+        let n = proto::frame_len(h, proto::MAX_REPLY)?;
+        let mut t = [0u8; 1];
+        self.sock.read_exact(&mut t)?;
+        if t[0] != proto::tag::R_TENANT_KEY || n < 1 + proto::TENANT_KEY_LEN {
+            let mut b = vec![0u8; n.saturating_sub(1)];
+            self.sock.read_exact(&mut b)?;
+            b.insert(0, t[0]);
+            let e = match proto::decode_reply(&b) {
+                Ok(Reply::Error { code, message }) => ClientError::Refused { code, message },
+                Ok(o) => unexpected(&o),
+                Err(e) => e.into(),
+            };
+            return Err(predates_key_table(Err(e)).expect_err("an error stays an error"));
+        }
+        let mut head = vec![0u8; n - proto::TENANT_KEY_LEN];
+        head[0] = t[0];
+        self.sock.read_exact(&mut head[1..])?;
+        let state = proto::decode_tenant_key_head(&head)?;
+        self.sock.read_exact(&mut key)?;
+        Ok(Tenant {
+            sock: self.sock,
+            state,
+            key,
+        })
+    }
 }
 
 /// A vault built before the host key table answers its requests as an

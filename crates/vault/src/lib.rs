@@ -15,7 +15,9 @@
 //!   a passphrase (Argon2id) or a key file, written atomically.
 //!
 //! What the vault refuses to do: export a key (no verb or reply carries key
-//! bytes; import is one-way), read or write outside a client's registered
+//! bytes; import is one-way; the one reply with key material is a host
+//! KeyID's page key, derived from the KeyID's key and given only to a uid
+//! that may program KeyIDs, for `memveil run --keyid`), read or write outside a client's registered
 //! buffers, map a shared area that its client could shrink, or degrade its
 //! protection level silently.
 //!
@@ -34,6 +36,7 @@ pub mod limits;
 pub mod proto;
 pub mod ring;
 pub mod server;
+mod tenants;
 
 pub use client::Client;
 pub use server::{Config, Server, VaultError};

@@ -18,6 +18,9 @@ pub const VERSION: u16 = 1;
 pub const MAX_REQUEST: usize = 4096;
 /// Largest reply body accepted by the client.
 pub const MAX_REPLY: usize = 16 << 20;
+/// Bytes of page key after a [`Reply::TenantKey`] (the engine's
+/// `PAGE_KEY_LEN`).
+pub const TENANT_KEY_LEN: usize = memveil_engine::PAGE_KEY_LEN;
 /// Longest key name.
 pub const MAX_NAME: usize = 64;
 /// Longest key field of a KeyID programming request (PCONFIG's
@@ -353,6 +356,17 @@ pub enum Request<'a> {
     ProgramKeyId(KeyProgram<'a>),
     /// The host key table: every KeyID's state (never key bytes).
     KeyIdStatus,
+    /// The page key of a tenant that runs under a KeyID (`memveil run
+    /// --keyid`), derived from the KeyID's key (never the key itself), for
+    /// a uid that may program KeyIDs. Answered with [`Reply::TenantKey`];
+    /// from then on the connection is the tenant's: it carries no other
+    /// request, and the vault sends [`Reply::TenantStop`] on it when the
+    /// KeyID is cleared or programmed again, then waits for the tenant to
+    /// stop and close it.
+    TenantKey {
+        /// The KeyID.
+        keyid: u16,
+    },
 }
 
 impl fmt::Debug for Request<'_> {
@@ -398,6 +412,7 @@ impl fmt::Debug for Request<'_> {
                 p.key_field_2.len()
             ),
             Request::KeyIdStatus => f.write_str("KeyIdStatus"),
+            Request::TenantKey { keyid } => write!(f, "TenantKey({keyid})"),
         }
     }
 }
@@ -542,6 +557,23 @@ pub enum Reply {
     },
     /// Answer to `KeyIdStatus`.
     KeyIds(KeyIdTable),
+    /// Answer to `TenantKey`: the KeyID's state, then [`TENANT_KEY_LEN`]
+    /// bytes of page key that [`encode_reply`] leaves out (its length prefix
+    /// counts them; the vault sends them from its secret memory right after,
+    /// the client reads them into its own) and [`decode_reply`] skips. An
+    /// AES-XTS-128 KeyID's key is the first 32 bytes; a no-encrypt KeyID's
+    /// bytes are zeros.
+    TenantKey(KeyIdState),
+    /// Sent on a tenant's connection, unasked: stop every process under the
+    /// KeyID now (its key is gone), then close the connection.
+    TenantStop {
+        /// The KeyID.
+        keyid: u16,
+        /// Its generation now.
+        generation: u64,
+        /// Who did what (for the tenant's message).
+        message: String,
+    },
     /// Failure.
     Error {
         /// Class.
@@ -764,7 +796,7 @@ fn put_keyid_state(w: &mut W, s: &KeyIdState) {
     };
 }
 
-mod tag {
+pub(crate) mod tag {
     pub const HELLO: u8 = 1;
     pub const STATUS: u8 = 2;
     pub const CREATE: u8 = 3;
@@ -782,6 +814,7 @@ mod tag {
     pub const UNLANE: u8 = 15;
     pub const KEYID_PROGRAM: u8 = 16;
     pub const KEYID_STATUS: u8 = 17;
+    pub const KEYID_TENANT: u8 = 18;
 
     pub const R_WELCOME: u8 = 0x81;
     pub const R_STATUS: u8 = 0x82;
@@ -791,6 +824,8 @@ mod tag {
     pub const R_ID: u8 = 0x86;
     pub const R_PROGRAMMED: u8 = 0x87;
     pub const R_KEYIDS: u8 = 0x88;
+    pub const R_TENANT_KEY: u8 = 0x89;
+    pub const R_TENANT_STOP: u8 = 0x8A;
     pub const R_ERROR: u8 = 0xFF;
 }
 
@@ -880,6 +915,9 @@ pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
         }
         Request::KeyIdStatus => {
             w.u8(tag::KEYID_STATUS);
+        }
+        Request::TenantKey { keyid } => {
+            w.u8(tag::KEYID_TENANT).u16(*keyid);
         }
     }
     let mut f = w.frame();
@@ -983,6 +1021,9 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
             })
         }
         tag::KEYID_STATUS => Request::KeyIdStatus,
+        tag::KEYID_TENANT => Request::TenantKey {
+            keyid: r.u16("keyid")?,
+        },
         other => return Err(DecodeError::UnknownTag(other)),
     };
     r.end()?;
@@ -1096,11 +1137,45 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
                 put_keyid_state(&mut w, e);
             }
         }
+        Reply::TenantKey(state) => {
+            w.u8(tag::R_TENANT_KEY);
+            put_keyid_state(&mut w, state);
+            let mut f = w.frame();
+            let n = u32::try_from(f.len() - 4 + TENANT_KEY_LEN).unwrap_or(u32::MAX);
+            f[..4].copy_from_slice(&n.to_le_bytes());
+            return f;
+        }
+        Reply::TenantStop {
+            keyid,
+            generation,
+            message,
+        } => {
+            w.u8(tag::R_TENANT_STOP)
+                .u16(*keyid)
+                .u64(*generation)
+                .str(message);
+        }
         Reply::Error { code, message } => {
             w.u8(tag::R_ERROR).u16(code.code()).str(message);
         }
     }
     w.frame()
+}
+
+/// Decodes the head of a [`Reply::TenantKey`] frame: the body without its
+/// trailing [`TENANT_KEY_LEN`] key bytes.
+///
+/// # Errors
+/// A [`DecodeError`] for anything malformed, or another reply's tag.
+pub fn decode_tenant_key_head(head: &[u8]) -> Result<KeyIdState, DecodeError> {
+    let mut r = R { b: head };
+    match r.u8("tag").map_err(|_| DecodeError::Empty)? {
+        tag::R_TENANT_KEY => {}
+        other => return Err(DecodeError::UnknownTag(other)),
+    }
+    let state = r.keyid_state()?;
+    r.end()?;
+    Ok(state)
 }
 
 /// Decodes a reply body.
@@ -1171,6 +1246,18 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, DecodeError> {
                 entries,
             })
         }
+        tag::R_TENANT_KEY => {
+            let state = r.keyid_state()?;
+            // The key bytes: skipped, never copied (Client::tenant_key reads
+            // them into secret memory instead).
+            r.take(TENANT_KEY_LEN, "page key")?;
+            Reply::TenantKey(state)
+        }
+        tag::R_TENANT_STOP => Reply::TenantStop {
+            keyid: r.u16("keyid")?,
+            generation: r.u64("generation")?,
+            message: r.str("message")?,
+        },
         tag::R_ERROR => {
             let c = r.u16("error code")?;
             Reply::Error {
@@ -1194,6 +1281,10 @@ mod tests {
 
     fn body(f: &[u8]) -> &[u8] {
         &f[4..]
+    }
+
+    fn proto_len(f: &[u8]) -> usize {
+        u32::from_le_bytes([f[0], f[1], f[2], f[3]]) as usize
     }
 
     fn sample_requests() -> Vec<Request<'static>> {
@@ -1231,6 +1322,7 @@ mod tests {
             Request::CloseLane { lane: 2 },
             Request::ProgramKeyId(KeyProgram::clear(5)),
             Request::KeyIdStatus,
+            Request::TenantKey { keyid: 9 },
         ]
     }
 
@@ -1356,10 +1448,28 @@ mod tests {
                 message: "INVALID_KEYID: KeyID 0".into(),
                 state: None,
             },
+            Reply::TenantStop {
+                keyid: 5,
+                generation: 3,
+                message: "cleared by uid 0".into(),
+            },
         ] {
             let f = encode_reply(&rep);
             assert_eq!(decode_reply(body(&f)).expect("decode"), rep);
         }
+        // A tenant key: the frame's length counts the key bytes sent after it.
+        let rep = Reply::TenantKey(states()[1]);
+        let mut f = encode_reply(&rep);
+        let n = proto_len(&f);
+        assert_eq!(n, f.len() - 4 + TENANT_KEY_LEN);
+        assert!(matches!(
+            decode_reply(body(&f)),
+            Err(DecodeError::Truncated { .. })
+        ));
+        f.extend_from_slice(&[0xAB; TENANT_KEY_LEN]);
+        assert_eq!(decode_reply(body(&f)).expect("decode"), rep);
+        f.push(0);
+        assert_eq!(decode_reply(body(&f)), Err(DecodeError::Trailing(1)));
         let ok = encode_reply(&Reply::Programmed {
             status: PconfigStatus::ProgSuccess,
             message: String::new(),

@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::io::{self, Write as _};
+use std::io::{self, Read as _, Write as _};
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -134,6 +134,8 @@ struct Shared {
     keyids: memveil_engine::KeyTable,
     /// The uid the vault runs as: it, root and `cfg.key_admins` may program KeyIDs.
     owner: u32,
+    /// Processes running under host KeyIDs (`memveil run --keyid`).
+    tenants: crate::tenants::Tenants,
     clients: AtomicU32,
     started: Instant,
 }
@@ -244,6 +246,7 @@ impl Server {
             keystore,
             keyids,
             owner: memveil_sys::probe::euid(),
+            tenants: crate::tenants::Tenants::default(),
             clients: AtomicU32::new(0),
             started: Instant::now(),
         });
@@ -568,6 +571,14 @@ fn serve_frames(
             break;
         }
         let reply = match proto::decode_request(&frame[..n]) {
+            Ok(Request::TenantKey { keyid }) => match tenant_key(sh, &c.cred, &mut stream, keyid) {
+                Ok(Some(id)) => {
+                    hold_tenant(sh, &stream, id);
+                    break;
+                }
+                Ok(None) => continue,
+                Err(reply) => reply,
+            },
             Ok(req) => handle(sh, &mut c, req),
             Err(e) => err(ErrorCode::Malformed, e.to_string()),
         };
@@ -883,6 +894,10 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             None => err(ErrorCode::NotFound, format!("no lane {lane}")),
         },
         Request::ProgramKeyId(p) => program_keyid(sh, &c.cred, &p),
+        Request::TenantKey { .. } => err(
+            ErrorCode::Internal,
+            "TenantKey is answered before the request table",
+        ),
         Request::KeyIdStatus => Reply::KeyIds(proto::KeyIdTable {
             max_keyid: sh.keyids.max_keyid(),
             level: sh.keyids.level().to_string(),
@@ -915,15 +930,36 @@ fn program_keyid(sh: &Shared, cred: &PeerCred, req: &KeyProgram<'_>) -> Reply {
     }
     match sh.keyids.program(req, Some(uid)) {
         Ok(state) => {
+            // The tenants' copies of the old key die with their processes.
+            let stopped = sh.tenants.stop(
+                req.keyid,
+                state.generation,
+                &format!(
+                    "KeyID {} was {} by uid {uid} (its key is gone: crypto-erase)",
+                    req.keyid,
+                    if state.mode == memveil_engine::KeyIdMode::Clear {
+                        "cleared".to_owned()
+                    } else {
+                        format!("programmed again ({})", state.mode.name())
+                    }
+                ),
+                crate::tenants::STOP_WAIT,
+            );
             audit(&format!(
-                "{} mode={} generation={}",
+                "{} mode={} generation={} tenants_stopped={} tenants_unconfirmed={}",
                 PconfigStatus::ProgSuccess,
                 state.mode.name(),
-                state.generation
+                state.generation,
+                stopped.confirmed,
+                stopped.unconfirmed.len()
             ));
             Reply::Programmed {
                 status: PconfigStatus::ProgSuccess,
-                message: PconfigStatus::ProgSuccess.to_string(),
+                message: format!(
+                    "{}{}",
+                    PconfigStatus::ProgSuccess,
+                    stopped.describe(req.keyid)
+                ),
                 state: Some(state),
             }
         }
@@ -936,6 +972,92 @@ fn program_keyid(sh: &Shared, cred: &PeerCred, req: &KeyProgram<'_>) -> Reply {
             }
         }
     }
+}
+
+/// `TenantKey`: derives the KeyID's page key into secret memory, sends it,
+/// and registers the connection as the tenant's. `Ok(Some(id))`: a tenant
+/// now; `Ok(None)`: the reply could not be sent (the caller reads on);
+/// `Err`: the refusal to send.
+fn tenant_key(
+    sh: &Shared,
+    cred: &PeerCred,
+    stream: &mut UnixStream,
+    keyid: u16,
+) -> Result<Option<u64>, Reply> {
+    let uid = cred.uid;
+    let audit = |result: &str| {
+        log(format_args!(
+            "audit op=keyid-tenant keyid={keyid} uid={uid} pid={} result={result}",
+            cred.pid
+        ));
+    };
+    if !sh.may_program_keyids(uid) {
+        audit("denied");
+        return Err(err(
+            ErrorCode::Denied,
+            format!(
+                "uid {uid} may not run programs under host KeyIDs: only the vault's owner (uid {}), \
+                 root, or a uid the vault was started with `--key-admin UID` may (run the \
+                 program with `memveil run --keyid N --user USER` as one of them)",
+                sh.owner
+            ),
+        ));
+    }
+    let mut key = sh
+        .pool
+        .alloc_bytes(proto::TENANT_KEY_LEN)
+        .map_err(|e| err(ErrorCode::Internal, pool_hint(e.to_string())))?;
+    let derived = sh.tenants.add(cred.pid, stream, || {
+        let out: &mut [u8; proto::TENANT_KEY_LEN] = (&mut key[..])
+            .try_into()
+            .map_err(|_| err(ErrorCode::Internal, "page key buffer"))?;
+        let state = match sh.keyids.derive_page_key(keyid, out) {
+            Ok(st) => st,
+            Err(memveil_engine::DeriveError::NoEncrypt(_)) => {
+                out.fill(0);
+                sh.keyids
+                    .state(keyid)
+                    .ok_or_else(|| err(ErrorCode::Internal, "state of a no-encrypt KeyID"))?
+            }
+            Err(e @ memveil_engine::DeriveError::NotProgrammed(_)) => {
+                return Err(err(ErrorCode::NotFound, e.to_string()))
+            }
+            Err(e) => return Err(err(ErrorCode::Invalid, e.to_string())),
+        };
+        Ok((keyid, state.generation, state))
+    });
+    let (id, state) = derived.inspect_err(|_| audit("refused"))?;
+    let frame = proto::encode_reply(&Reply::TenantKey(state));
+    let sent = crate::client::write_all_vectored(
+        stream,
+        &mut [io::IoSlice::new(&frame), io::IoSlice::new(&key)],
+    );
+    drop(key);
+    if sent.is_err() || id == 0 {
+        sh.tenants.remove(id);
+        audit("connection-lost");
+        return Ok(None);
+    }
+    audit(&format!(
+        "ok mode={} generation={} tenant={id}",
+        state.mode.name(),
+        state.generation
+    ));
+    Ok(Some(id))
+}
+
+/// A tenant's connection: it carries nothing more; once the tenant closes it
+/// (stopped, or exited) the tenant is forgotten.
+fn hold_tenant(sh: &Shared, stream: &UnixStream, id: u64) {
+    let mut b = [0u8; 64];
+    loop {
+        match (&*stream).read(&mut b) {
+            Ok(0) | Err(_) => break,
+            // A tenant has nothing to say: anything it sends is dropped.
+            Ok(_) => {}
+        }
+    }
+    sh.tenants.remove(id);
 }
 
 fn admin(
