@@ -32,6 +32,18 @@ pub use region::SecretRegion;
 use std::fmt;
 use std::str::FromStr;
 
+/// A new `memfd_secret(2)` file (close-on-exec), or ENOSYS under the testing
+/// hook `MEMVEIL_SECRETMEM=off`.
+///
+/// # Errors
+/// The system call's error (ENOSYS: no secret memory on this kernel).
+pub fn secret_file() -> std::io::Result<std::os::fd::OwnedFd> {
+    if std::env::var_os("MEMVEIL_SECRETMEM").is_some_and(|v| v == "off") {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
+    }
+    memveil_sys::memfd_secret()
+}
+
 /// How well a piece of memory is protected, strongest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Level {

@@ -34,11 +34,6 @@ fn is_memlock(e: &io::Error) -> bool {
     )
 }
 
-/// Whether the testing hook asks us to behave as if `memfd_secret` were absent.
-fn secretmem_disabled() -> bool {
-    std::env::var_os("MEMVEIL_SECRETMEM").is_some_and(|v| v == "off")
-}
-
 impl SecretRegion {
     /// Allocates at least `len` bytes (rounded up to whole pages) at the
     /// strongest level available that `policy` accepts.
@@ -56,11 +51,7 @@ impl SecretRegion {
                 op: "reserving address space",
                 source,
             })?;
-        let secret = if secretmem_disabled() {
-            Err(io::Error::from_raw_os_error(libc::ENOSYS))
-        } else {
-            memveil_sys::memfd_secret()
-        };
+        let secret = crate::secret_file();
         let region = match secret {
             Ok(fd) => {
                 let f = File::from(fd);

@@ -22,6 +22,8 @@
 //! `MEMVEIL_SHIELD_WINDOW` (pages: fixed, or the least an adaptive window
 //! keeps), `MEMVEIL_SHIELD_MAX_PLAINTEXT` (an adaptive window's bound, as
 //! `memveil run --max-plaintext`: `25%` or a size), `MEMVEIL_SHIELD_KEYID`,
+//! `MEMVEIL_SHIELD_KEY_FD` (the inherited page-key file of a host KeyID,
+//! `memveil run --keyid`),
 //! `MEMVEIL_SHIELD_STATS_DIR` (one `PID.stats` file per process),
 //! `MEMVEIL_SHIELD_SPIN_US`, `MEMVEIL_SHIELD_REGION_GIB`,
 //! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`,
@@ -48,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use memveil_secmem::{Level, Policy};
-use memveil_shield::{Config, HandlerCpu, Shield, StatsFile, PAGE};
+use memveil_shield::{Config, HandlerCpu, PageKey, Shield, StatsFile, PAGE};
 use memveil_sys::uffd;
 use talc::{OomHandler, Span, Talc};
 
@@ -1183,6 +1185,18 @@ fn config() -> Result<(Config, u16), String> {
     Ok((cfg, keyid))
 }
 
+/// The host KeyID's page key, from the descriptor `memveil run --keyid`
+/// leaves to the program and its descendants (`MEMVEIL_SHIELD_KEY_FD`).
+fn page_key(keyid: u16, cfg: &Config) -> Result<Option<std::sync::Arc<PageKey>>, String> {
+    let Some(fd) = env_usize(c"MEMVEIL_SHIELD_KEY_FD") else {
+        return Ok(None);
+    };
+    let fd = i32::try_from(fd).map_err(|_| format!("MEMVEIL_SHIELD_KEY_FD {fd} out of range"))?;
+    PageKey::from_fd(fd, keyid, cfg.policy)
+        .map(|k| Some(std::sync::Arc::new(k)))
+        .map_err(|e| e.to_string())
+}
+
 /// Creates this process's shield (fresh keys, its own handler and counters
 /// file `PID.stats`) and hands it the whole region: pages beyond the window
 /// are evicted at once. At start-up, and in a child after `fork`.
@@ -1196,11 +1210,15 @@ fn protect_region() -> Result<(), String> {
         None => StatsFile::private(),
     };
     // The handler thread is created here; what glibc allocates for it must
-    // stay outside the region, so mark this thread internal meanwhile.
+    // stay outside the region, so mark this thread internal meanwhile (the
+    // page key's secret memory too).
     INTERNAL.with(|c| c.set(true));
-    let s = Shield::new(&cfg, stats);
+    let s = page_key(keyid, &cfg).and_then(|page_key| {
+        let cfg = Config { page_key, ..cfg };
+        Shield::new(&cfg, stats).map_err(|e| e.to_string())
+    });
     INTERNAL.with(|c| c.set(false));
-    let s = s.map_err(|e| e.to_string())?;
+    let s = s?;
     let base = BASE.load(Ordering::Acquire);
     let len = LEN.load(Ordering::Acquire);
     // SAFETY: the region is ours, anonymous private, and from now on only

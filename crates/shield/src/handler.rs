@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     /// maps zeros there (releasing the toucher) and sees `stop`.
     doorbell: usize,
     pool: SecretPool,
+    /// The host KeyID's key (`memveil run --keyid`).
+    pub(crate) page_key: Option<Arc<crate::PageKey>>,
     /// The handler thread's id, for the watchdog.
     pub(crate) handler_tid: AtomicU32,
     /// The watchdog's view of progress: incremented when the handler takes
@@ -222,6 +224,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         stop: AtomicBool::new(false),
         doorbell: doorbell as usize,
         pool,
+        page_key: cfg.page_key.clone(),
         handler_tid: AtomicU32::new(0),
         progress: AtomicU64::new(0),
         guard_stop: Mutex::new(false),
@@ -286,7 +289,10 @@ impl Inner {
         if st.keys[slot].is_some() {
             return Ok(());
         }
-        st.keys[slot] = Some(random_xts(&self.pool)?);
+        st.keys[slot] = Some(match &self.page_key {
+            Some(k) if k.keyid() == keyid => k.xts(&self.pool)?,
+            _ => random_xts(&self.pool)?,
+        });
         Ok(())
     }
 

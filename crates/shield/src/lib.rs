@@ -44,12 +44,14 @@
 
 mod guard;
 mod handler;
+mod pagekey;
 mod policy;
 mod shared;
 mod state;
 mod stats;
 mod threads;
 
+pub use pagekey::{inheritable, page_key_file, PageKey};
 pub use policy::{Bound, RUN_MAX};
 pub use shared::{
     parse_shared_policy, SharedConfig, SharedKind, SharedMode, SharedShield, MAX_MAPPINGS,
@@ -134,6 +136,10 @@ pub struct Config {
     /// Bring in runs of pages on sequential faults (tests turn it off to
     /// count single-page faults).
     pub readahead: bool,
+    /// The key of the host KeyID this process runs under (`memveil run
+    /// --keyid`): the heap under that KeyID and the shared memory use it
+    /// instead of fresh random keys.
+    pub page_key: Option<std::sync::Arc<PageKey>>,
 }
 
 /// Where the fault handler thread runs.
@@ -170,6 +176,7 @@ impl Default for Config {
             handler_cpu: HandlerCpu::Follow,
             idle_handler: true,
             readahead: true,
+            page_key: None,
         }
     }
 }
@@ -219,6 +226,9 @@ pub enum ShieldError {
     /// A KeyID outside the table.
     #[error("KeyID {0} out of range: 0..{KEYIDS}")]
     BadKeyId(u16),
+    /// The host KeyID's page key could not be had.
+    #[error("{0}")]
+    PageKey(String),
     /// Secret memory for the keys.
     #[error(transparent)]
     Secmem(#[from] memveil_secmem::SecmemError),

@@ -306,7 +306,11 @@ impl SharedShield {
             });
         }
         let pool = SecretPool::new(16 * 1024, cfg.policy)?;
-        let key = random_xts(&pool)?;
+        // A tenant's shared memory is under its KeyID's key, as its heap.
+        let key = match &owner.page_key {
+            Some(k) => k.xts(&pool)?,
+            None => random_xts(&pool)?,
+        };
         let bounce = pool.alloc_bytes(PAGE)?;
         // SAFETY: eventfd takes an initial value and flags, returns a new fd.
         let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
