@@ -3,50 +3,17 @@
 //! program, and key bytes that never come back. The table itself is tested
 //! in depth by `crates/vault/tests/keyids.rs`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
 use memveil_testkit::{skip, Need};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memveil");
 
-struct Vault {
-    child: Child,
-    dir: PathBuf,
-    socket: String,
-}
-
-impl Drop for Vault {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+type Vault = memveil_testkit::VaultProcess;
 
 fn vault(tag: &str) -> Vault {
-    let dir = std::env::temp_dir().join(format!("memveil-key-cli-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch");
-    let socket = dir.join("vault.sock").display().to_string();
-    let err = dir.join("vault.err");
-    let mut child = Command::new(BIN)
-        .args(["vault", "serve", "--socket", &socket])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&err).expect("stderr file"))
-        .spawn()
-        .expect("spawn vault");
-    let out = child.stdout.take().expect("stdout");
-    let line = memveil_testkit::first_line(out, Duration::from_secs(60));
-    let v = Vault { child, dir, socket };
-    assert!(
-        line.starts_with("memveil-vault ready"),
-        "{line:?}\n{}",
-        std::fs::read_to_string(&err).unwrap_or_default()
-    );
-    v
+    Vault::start(BIN, &format!("key-cli-{tag}"), &[])
 }
 
 fn key(v: &Vault, args: &[&str]) -> Output {

@@ -151,6 +151,70 @@ pub fn first_line(out: std::process::ChildStdout, limit: std::time::Duration) ->
     rx.recv_timeout(limit).unwrap_or_default()
 }
 
+/// A `memveil vault serve` started by a test on a socket of its own, killed
+/// (and its scratch directory removed) on drop.
+pub struct VaultProcess {
+    child: std::process::Child,
+    /// Scratch directory (socket, stderr log, files the test writes).
+    pub dir: std::path::PathBuf,
+    /// The control socket.
+    pub socket: String,
+}
+
+impl VaultProcess {
+    /// Starts `bin vault serve --socket DIR/vault.sock EXTRA...` in a fresh
+    /// scratch directory named after `tag`, and waits for its ready line.
+    ///
+    /// # Panics
+    /// When the vault does not start (its stderr is in the message).
+    #[must_use]
+    pub fn start(bin: &str, tag: &str, extra: &[&str]) -> Self {
+        use std::process::{Command, Stdio};
+        let dir = std::env::temp_dir().join(format!("memveil-vault-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch");
+        let socket = dir.join("vault.sock").display().to_string();
+        let err = dir.join("vault.err");
+        let mut child = Command::new(bin)
+            .args(["vault", "serve", "--socket", &socket])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&err).expect("stderr file"))
+            .spawn()
+            .expect("spawn vault");
+        let out = child.stdout.take().expect("stdout");
+        let line = first_line(out, std::time::Duration::from_secs(60));
+        let v = Self { child, dir, socket };
+        assert!(
+            line.starts_with("memveil-vault ready"),
+            "{line:?}\n{}",
+            v.log()
+        );
+        v
+    }
+
+    /// What the vault wrote to stderr so far (its audit log).
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("vault.err")).unwrap_or_default()
+    }
+
+    /// The vault's pid.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for VaultProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

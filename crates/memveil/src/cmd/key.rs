@@ -203,8 +203,13 @@ fn answer(
     };
     match (p.status, p.state) {
         (Status::ProgSuccess, Some(s)) => {
+            // After the status name, the vault's words on the KeyID's tenants.
+            let tenants = p
+                .message
+                .strip_prefix(&p.status.to_string())
+                .unwrap_or_default();
             println!(
-                "KeyID {}: {} ({}) {}",
+                "KeyID {}: {} ({}) {}{tenants}",
                 s.keyid,
                 p.status,
                 p.status as u8,

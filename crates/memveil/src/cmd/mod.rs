@@ -8,4 +8,5 @@ pub mod keyfind;
 pub mod probe;
 pub mod rng;
 pub mod run;
+pub mod run_keyid;
 pub mod vault;

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use memveil_shield::{Mechanism, Snapshot, StatsFile, KEYIDS};
 
+use super::run_keyid::{self, HostKeyId};
+
 const PRELOAD: &str = "libmemveil_shield_preload.so";
 
 /// Flags of `memveil run`.
@@ -27,7 +29,8 @@ of advice when faults took a good part of the run.\n\
 Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or vm.unprivileged_userfaultfd=1, or \
 access to /dev/userfaultfd), a dynamically linked program.\n\
 Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to start it; 125 when the \
-shield failed inside the program before it ran. See docs/shield.md."
+shield failed inside the program before it ran; 123 when the program was stopped because its host KeyID (--keyid) \
+was cleared or programmed again, or the vault holding it went away. See docs/shield.md."
 )]
 pub struct Args {
     /// Keep exactly this many pages of the heap (at most) as plaintext, per
@@ -46,9 +49,25 @@ pub struct Args {
     #[arg(long, value_name = "SIZE|PERCENT", default_value = "25%",
           value_parser = parse_bound)]
     max_plaintext: memveil_shield::Bound,
-    /// KeyID whose key encrypts the heap (each run draws fresh random keys).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)))]
-    keyid: u16,
+    /// Run as a tenant under KeyID N of the host key table the vault holds
+    /// (`memveil key program`): every process of the program encrypts its
+    /// heap and shared memory under the KeyID's page key, which the vault
+    /// derives from the KeyID's key and this command passes to the program in
+    /// a memfd_secret file. Programs under one KeyID share a key; clearing or
+    /// reprogramming it stops them (exit status 123). Needs a uid that may
+    /// program KeyIDs (root, the vault's owner, --key-admin); --user then
+    /// runs the program as another user. Without --keyid each process draws
+    /// fresh random keys of its own.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)))]
+    keyid: Option<u16>,
+    /// The vault holding the host key table (default: $MEMVEIL_VAULT_SOCKET
+    /// or /run/memveil/vault.sock).
+    #[arg(long, value_name = "SOCKET", requires = "keyid")]
+    vault: Option<PathBuf>,
+    /// Run the program under a no-encrypt KeyID (KEYID_NO_ENCRYPT): its
+    /// memory stays plaintext, and the summary says so. Refused without this.
+    #[arg(long, requires = "keyid")]
+    accept_no_encrypt: bool,
     /// Print a live statistics line to stderr every SECS seconds.
     #[arg(long, value_name = "SECS")]
     live: Option<f64>,
@@ -413,6 +432,18 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         .as_deref()
         .map(|p| std::fs::File::create(p).with_context(|| format!("creating {}", p.display())))
         .transpose()?;
+    // Asked for as the operator, before --user gives that up.
+    let host = match a.keyid {
+        Some(k) => Some(HostKeyId::fetch(
+            &a.vault
+                .clone()
+                .unwrap_or_else(memveil_vault::cli::default_socket),
+            k,
+            a.accept_no_encrypt,
+            key_policy(&a),
+        )?),
+        None => None,
+    };
     if let Some(name) = &a.user {
         switch_user(name)?;
         // The loader skips a preload library it cannot read, with a mere
@@ -460,9 +491,25 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         Allocator::Auto => own_allocator(&elf.needed).map(str::to_owned),
         Allocator::Memveil => None,
     };
-    let r = supervise(&a, &preload, keep.as_deref(), &stats_dir, json_out);
+    let r = supervise(
+        &a,
+        &preload,
+        keep.as_deref(),
+        &stats_dir,
+        json_out,
+        host.as_ref(),
+    );
     let _ = std::fs::remove_dir_all(&stats_dir);
     r
+}
+
+/// The weakest home for keys `--allow-level` accepts.
+fn key_policy(a: &Args) -> memveil_secmem::Policy {
+    if a.allow_level.as_deref() == Some("locked") {
+        memveil_secmem::Policy::allow(memveil_secmem::Level::Locked)
+    } else {
+        memveil_secmem::Policy::secret_only()
+    }
 }
 
 /// `--user NAME`: this process becomes the user for good, keeping
@@ -494,6 +541,7 @@ fn supervise(
     keep: Option<&str>,
     stats_dir: &Path,
     json_out: Option<std::fs::File>,
+    host: Option<&HostKeyId>,
 ) -> anyhow::Result<u8> {
     let mut ld = OsString::new();
     if let Some(lib) = keep {
@@ -508,15 +556,26 @@ fn supervise(
     }
     let flag = |b: bool| if b { "1" } else { "0" };
     let mut cmd = Command::new(&a.command[0]);
+    if host.is_some_and(HostKeyId::no_encrypt) {
+        // KEYID_NO_ENCRYPT, accepted: the program runs as it is.
+        cmd.env_remove("MEMVEIL_SHIELD_KEY_FD");
+    } else {
+        cmd.env("LD_PRELOAD", ld);
+    }
+    if let Some(fd) = host.and_then(HostKeyId::fd) {
+        cmd.env("MEMVEIL_SHIELD_KEY_FD", fd.to_string());
+    }
     cmd.args(&a.command[1..])
-        .env("LD_PRELOAD", ld)
         .env(
             "MEMVEIL_SHIELD_WINDOW",
             a.window
                 .unwrap_or(memveil_shield::DEFAULT_WINDOW as u64)
                 .to_string(),
         )
-        .env("MEMVEIL_SHIELD_KEYID", a.keyid.to_string())
+        .env(
+            "MEMVEIL_SHIELD_KEYID",
+            host.map_or(1, HostKeyId::keyid).to_string(),
+        )
         .env("MEMVEIL_SHIELD_STATS_DIR", stats_dir)
         .env("MEMVEIL_SHIELD_SPIN_US", a.spin_us.to_string())
         .env("MEMVEIL_SHIELD_REGION_GIB", a.region_gib.to_string())
@@ -546,8 +605,24 @@ fn supervise(
     let mut samples = Vec::new();
     let mut last_live = Instant::now();
     let mut forwarded = false;
+    let mut key_gone = None;
     let status = loop {
         if let Some(st) = child.try_wait().context("waiting for the program")? {
+            break st;
+        }
+        if let Some(why) = host.and_then(HostKeyId::stop_reason) {
+            let n = run_keyid::kill_program(
+                child.id(),
+                stats_dir,
+                host.and_then(HostKeyId::file_id).as_ref(),
+            );
+            let st = child.wait().context("waiting for the stopped program")?;
+            eprintln!(
+                "memveil run: stopped {} ({n} process(es), SIGKILL): {why}; its evicted pages \
+                 cannot be decrypted any more",
+                a.command[0].to_string_lossy()
+            );
+            key_gone = Some(why);
             break st;
         }
         if stop.load(Ordering::Relaxed) && !forwarded {
@@ -576,12 +651,21 @@ fn supervise(
     };
     let s = StatsFile::read_dir(stats_dir).unwrap_or_default();
     let code = match (status.code(), status.signal()) {
+        _ if key_gone.is_some() => run_keyid::EXIT_KEY_GONE,
         (Some(c), _) => u8::try_from(c).unwrap_or(1),
         (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
         _ => 1,
     };
-    if !a.quiet {
+    let plain = host.is_some_and(HostKeyId::no_encrypt);
+    if !a.quiet && plain {
+        if let Some(h) = host {
+            eprintln!("memveil run: keys: {}", h.describe());
+        }
+    } else if !a.quiet {
         let how = match status.signal() {
+            _ if key_gone.is_some() => {
+                format!("stopped, exit status {code}: its KeyID's key is gone")
+            }
             Some(sig) => format!("killed by signal {sig}"),
             None => format!("exit status {code}"),
         };
@@ -601,6 +685,9 @@ fn supervise(
         if let Some(line) = advice(&s, started.elapsed().as_secs_f64(), a.window) {
             eprintln!("memveil run: {line}");
         }
+        if let Some(h) = host {
+            eprintln!("memveil run: keys: {}", h.describe());
+        }
         if s.processes == 0 {
             eprintln!(
                 "memveil run: warning: no process reported statistics: the preload library was not \
@@ -615,6 +702,8 @@ fn supervise(
         j["mechanism"] = s.mechanism_name().into();
         j["key_level"] = s.level_name().into();
         j["allocator"] = keep.unwrap_or("memveil").into();
+        j["host_keyid"] = host.map_or(serde_json::Value::Null, HostKeyId::json);
+        j["stopped_key_gone"] = key_gone.clone().into();
         j["exit_code"] = code.into();
         j["seconds"] = started.elapsed().as_secs_f64().into();
         j["samples"] = samples.into();

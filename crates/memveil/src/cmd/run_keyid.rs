@@ -1,0 +1,293 @@
+//! `memveil run --keyid N`: the program runs under KeyID N of the host key
+//! table the vault holds. Its page key (derived in the vault from the
+//! KeyID's key) reaches the program in an inherited `memfd_secret` file;
+//! this process keeps the vault connection, and when the KeyID is cleared or
+//! programmed again (or the vault goes away) it stops every process of the
+//! program with SIGKILL, so the key copies die with them, and exits with
+//! [`EXIT_KEY_GONE`].
+
+use std::os::fd::{AsFd as _, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use anyhow::{bail, Context as _};
+use memveil_engine::{KeyIdMode, KeyIdState};
+use memveil_secmem::{Level, Policy, SecretPool};
+use memveil_vault::client::TenantStop;
+use memveil_vault::Client;
+
+/// Exit status of a program stopped because its KeyID's key is gone.
+pub const EXIT_KEY_GONE: u8 = 123;
+
+/// The program's host KeyID.
+pub struct HostKeyId {
+    keyid: u16,
+    state: KeyIdState,
+    /// The page-key file the program inherits (`None`: no-encrypt).
+    file: Option<OwnedFd>,
+    level: Option<Level>,
+    /// Why the program must stop, once the vault said so.
+    stop: Arc<Mutex<Option<String>>>,
+}
+
+impl HostKeyId {
+    /// Gets KeyID `keyid`'s page key from the vault at `socket`, writes it
+    /// into a key file for the program, and watches for the vault's stop
+    /// notice.
+    ///
+    /// # Errors
+    /// The vault cannot be reached or refuses (no key, not an operator);
+    /// a no-encrypt KeyID without `accept_no_encrypt`; no secret memory.
+    pub fn fetch(
+        socket: &Path,
+        keyid: u16,
+        accept_no_encrypt: bool,
+        policy: Policy,
+    ) -> anyhow::Result<Self> {
+        let c = Client::connect(socket).map_err(|e| anyhow::anyhow!("--keyid {keyid}: {e}"))?;
+        let pool = SecretPool::new(4096, policy)
+            .with_context(|| format!("--keyid {keyid}: secret memory for the page key"))?;
+        let mut tenant = c
+            .tenant_key(keyid, &pool)
+            .map_err(|e| anyhow::anyhow!("--keyid {keyid}: {e}"))?;
+        let state = tenant.state();
+        let (file, level) = if state.mode == KeyIdMode::NoEncrypt {
+            if !accept_no_encrypt {
+                bail!(
+                    "--keyid {keyid}: KeyID {keyid} is programmed no-encrypt (KEYID_NO_ENCRYPT): the \
+                     program's memory would be plaintext. Pass --accept-no-encrypt to run it so \
+                     (reported), or program the KeyID with a key: memveil key program --keyid \
+                     {keyid} --mode random"
+                );
+            }
+            (None, None)
+        } else {
+            let (fd, level) = memveil_shield::page_key_file(tenant.key(), policy)
+                .with_context(|| format!("--keyid {keyid}"))?;
+            memveil_shield::inheritable(fd.as_fd())
+                .context("letting the program inherit the page-key file")?;
+            (Some(fd), Some(level))
+        };
+        let stop = Arc::new(Mutex::new(None));
+        let said = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("keyid-watch".into())
+            .spawn(move || {
+                let why = match tenant.wait_stop() {
+                    TenantStop::KeyGone { message, .. } => message,
+                    TenantStop::VaultGone(e) => format!(
+                        "the vault holding the host key table went away ({e}): nobody could clear \
+                         KeyID {keyid} any more"
+                    ),
+                };
+                *said.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+                // The connection stays open until this process exits: the
+                // vault takes its closing as the sign that the program has
+                // stopped.
+                std::mem::forget(tenant);
+            })
+            .context("starting the KeyID watcher thread")?;
+        Ok(Self {
+            keyid,
+            state,
+            file,
+            level,
+            stop,
+        })
+    }
+
+    /// The KeyID.
+    #[must_use]
+    pub fn keyid(&self) -> u16 {
+        self.keyid
+    }
+
+    /// Whether the program runs unencrypted (an accepted no-encrypt KeyID).
+    #[must_use]
+    pub fn no_encrypt(&self) -> bool {
+        self.file.is_none()
+    }
+
+    /// The descriptor number of the page-key file the program inherits.
+    #[must_use]
+    pub fn fd(&self) -> Option<i32> {
+        self.file.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// The page-key file's identity (to know the program's processes by).
+    #[must_use]
+    pub fn file_id(&self) -> Option<std::fs::Metadata> {
+        self.fd()
+            .and_then(|fd| std::fs::metadata(format!("/proc/self/fd/{fd}")).ok())
+    }
+
+    /// Why the program must stop now, once the vault said so.
+    #[must_use]
+    pub fn stop_reason(&self) -> Option<String> {
+        self.stop
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// One line for the summary.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let alg = self
+            .state
+            .mode
+            .algorithm()
+            .map_or_else(String::new, |a| format!(" {a}"));
+        match self.level {
+            Some(l) => format!(
+                "host KeyID {} ({}{alg}, generation {}; page key in {l} memory)",
+                self.keyid,
+                self.state.mode.name(),
+                self.state.generation
+            ),
+            None => format!(
+                "host KeyID {} is no-encrypt: the program ran UNPROTECTED (accepted with \
+                 --accept-no-encrypt)",
+                self.keyid
+            ),
+        }
+    }
+
+    /// For `--stats-json`.
+    #[must_use]
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "keyid": self.keyid,
+            "mode": self.state.mode.name(),
+            "algorithm": self.state.mode.algorithm().map(|a| a.name()),
+            "generation": self.state.generation,
+            "key_level": self.level.map(|l| l.to_string()),
+        })
+    }
+}
+
+/// Kills (SIGKILL) the program `root` and every process under it, and every
+/// process that reported into `stats_dir` (those a daemon's double fork took
+/// away from `root`) and still holds the page-key file `key` open (a pid
+/// reused by another program since is left alone). Returns how many were
+/// signalled.
+pub fn kill_program(root: u32, stats_dir: &Path, key: Option<&std::fs::Metadata>) -> usize {
+    let mut killed = std::collections::BTreeSet::new();
+    // New processes may be forked while the others die: look again until a
+    // look finds nobody left.
+    for _ in 0..20 {
+        let mut pids = descendants(root);
+        pids.push(root);
+        if let Ok(rd) = std::fs::read_dir(stats_dir) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "stats") {
+                    if let Some(pid) = p
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .and_then(|s| s.parse().ok())
+                        .filter(|&pid| key.is_some_and(|k| holds(pid, k)))
+                    {
+                        pids.push(pid);
+                    }
+                }
+            }
+        }
+        let alive: Vec<u32> = pids
+            .into_iter()
+            .filter(|&p| !is_zombie(p))
+            .filter(|&p| memveil_sys::process::send_signal(p, libc::SIGKILL).is_ok())
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        killed.extend(alive);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    killed.len()
+}
+
+/// Whether process `pid` has the file `key` open.
+fn holds(pid: u32, key: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .any(|m| m.ino() == key.ino() && m.dev() == key.dev())
+}
+
+/// `/proc/PID/stat`'s state and parent: (state, ppid).
+fn stat(pid: u32) -> Option<(char, u32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold anything: read after
+    // the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+fn is_zombie(pid: u32) -> bool {
+    stat(pid).is_none_or(|(s, _)| s == 'Z' || s == 'X')
+}
+
+/// Every process whose chain of parents reaches `root`.
+fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| stat(pid).map(|(_, ppid)| (pid, ppid)))
+        .collect();
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parents.iter().filter(|&&(_, pp)| pp == p).map(|&(c, _)| c));
+        i += 1;
+    }
+    out.remove(0);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descendants_follow_the_parent_chain_and_kill_reaches_grandchildren() {
+        // sh -> sleep (grandchild of this test): both found, both killed.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 60 & sleep 60; wait"])
+            .spawn()
+            .expect("sh");
+        let root = child.id();
+        let mut found = Vec::new();
+        for _ in 0..100 {
+            found = descendants(root);
+            if found.len() >= 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(found.len(), 2, "two sleeps under sh: {found:?}");
+        let dir = std::env::temp_dir().join(format!("memveil-kill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        // A stats file of a process that does not hold the key file (this
+        // test's own pid) is left alone.
+        std::fs::write(dir.join(format!("{}.stats", std::process::id())), b"").expect("stats");
+        let me = std::fs::metadata("/proc/self/exe").expect("a file this test does not hold");
+        let n = kill_program(root, &dir, Some(&me));
+        assert!(n >= 3, "sh and its two sleeps signalled: {n}");
+        let st = child.wait().expect("wait");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
+        for p in found {
+            assert!(is_zombie(p) || stat(p).is_none(), "{p} still runs");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

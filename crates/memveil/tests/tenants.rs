@@ -1,0 +1,467 @@
+//! `memveil run --keyid N` under the host key table (issue 19): real
+//! processes, a real vault, the ciphertext read out of each tenant's store.
+//!
+//! - A tenant's evicted page decrypts under the page key the engine model
+//!   derives from the KeyID's (software) key, and not under the KeyID's key
+//!   itself; clearing the KeyID stops the tenant (exit 123, a message), the
+//!   model then gives no key for it, and a KeyID programmed again with the
+//!   same key gives a key the old pages do not decrypt under.
+//! - 18 tenants under 18 KeyIDs at once, and a 19th sharing KeyID 1: each
+//!   one's page decrypts under its own KeyID's key only (positive control:
+//!   its own), the two under KeyID 1 share one key, and all finish intact.
+//! - A vault that goes away stops its tenants; a no-encrypt KeyID is refused
+//!   unless accepted; a uid that may not program KeyIDs gets no page key.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use memveil_cipher::Xts;
+use memveil_engine::{Algorithm, KeyProgram, KeyTable, PAGE_KEY_LEN};
+use memveil_secmem::{Level, Policy};
+use memveil_testkit::{skip, Need, VaultProcess};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memveil");
+const PAGE: usize = 4096;
+/// Region of each tenant, GiB: its store is the one mapping of this size
+/// left out of core dumps.
+const REGION_GIB: u64 = 1;
+
+fn ready(test: &str) -> bool {
+    if memveil_sys::probe::euid() != 0 {
+        skip(
+            Need::Root,
+            format!("{test}: memveil run needs userfaultfd for kernel-side faults"),
+        );
+        return false;
+    }
+    if Command::new("cc").arg("--version").output().is_err() {
+        skip(
+            Need::Installed("cc"),
+            format!("{test}: compiles tests/data/tenant.c"),
+        );
+        return false;
+    }
+    if let Err(e) = memveil_sys::probe::try_memfd_secret() {
+        skip(
+            Need::MemfdSecret,
+            format!("{test}: the page key's file is a memfd_secret file: {e}"),
+        );
+        return false;
+    }
+    true
+}
+
+fn tenant_exe(dir: &Path) -> PathBuf {
+    let exe = dir.join("tenant");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tenant.c");
+    let o = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .expect("cc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    exe
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn key_cmd(v: &VaultProcess, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("key")
+        .args(args)
+        .args(["--socket", &v.socket])
+        .stdin(Stdio::null())
+        .output()
+        .expect("memveil key")
+}
+
+/// A software key for KeyID `keyid`: distinct halves, distinct per KeyID.
+fn software_key(keyid: u16) -> [u8; 32] {
+    let [lo, _] = keyid.to_le_bytes();
+    let mut k = [0u8; 32];
+    for (i, b) in (0u8..).zip(k.iter_mut()) {
+        *b = i.wrapping_mul(31) ^ lo.wrapping_mul(97) ^ 0x5A;
+    }
+    k
+}
+
+fn program(v: &VaultProcess, keyid: u16, key: &[u8; 32]) {
+    let f = v.dir.join(format!("k{keyid}"));
+    std::fs::write(&f, key).expect("key file");
+    let id = keyid.to_string();
+    let args = [
+        "program",
+        "--keyid",
+        &id,
+        "--mode",
+        "software",
+        "--key-file",
+        &f.display().to_string(),
+    ];
+    let o = key_cmd(v, &args);
+    assert!(o.status.success(), "{}", text(&o));
+    let _ = std::fs::remove_file(f);
+}
+
+/// The page key the engine model derives for `keyid` programmed with `key`
+/// `times` times in a row (the vault's generation), with `clears` between.
+fn model_page_key(keyid: u16, key: &[u8; 32], programs: &[bool]) -> Option<[u8; 32]> {
+    let t = KeyTable::new(
+        6,
+        Algorithm::AesXts128,
+        Policy::allow(Level::Locked),
+        Box::new(memveil_engine::cpu_entropy),
+    )
+    .expect("model table");
+    for &with_key in programs {
+        let req = if with_key {
+            KeyProgram::direct(keyid, Algorithm::AesXts128, &key[..16], &key[16..])
+        } else {
+            KeyProgram::clear(keyid)
+        };
+        t.program(&req, Some(0)).expect("model program");
+    }
+    let mut out = [0u8; PAGE_KEY_LEN];
+    t.derive_page_key(keyid, &mut out).ok()?;
+    let mut k = [0u8; 32];
+    k.copy_from_slice(&out[..32]);
+    Some(k)
+}
+
+struct Tenant {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    /// Address of the tenant's page 0 (the XTS tweak of its ciphertext).
+    addr: u64,
+    /// The tenant program's pid (under `memveil run`).
+    pid: u32,
+    stderr: PathBuf,
+}
+
+impl Tenant {
+    fn start(exe: &Path, v: &VaultProcess, keyid: u16, tag: &str, pages: usize) -> Tenant {
+        let stderr = v.dir.join(format!("{tag}.err"));
+        let mut child = Command::new(BIN)
+            .args(["run", "--keyid", &keyid.to_string(), "--vault", &v.socket])
+            .args(["--window", "64", "--region-gib", &REGION_GIB.to_string()])
+            .arg(exe)
+            .args([tag, &pages.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("memveil run");
+        let stdin = child.stdin.take();
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut t = Tenant {
+            child,
+            stdin,
+            lines,
+            addr: 0,
+            pid: 0,
+            stderr,
+        };
+        let l = t.line();
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert!(f.len() == 3 && f[0] == "ready", "{tag}: {l:?}\n{}", t.err());
+        t.addr = u64::from_str_radix(f[1].trim_start_matches("0x"), 16).expect("address");
+        t.pid = f[2].parse().expect("pid");
+        t
+    }
+
+    fn line(&self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_default()
+    }
+
+    fn err(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Lets the tenant check its pages and end; its last line and exit code.
+    fn finish(mut self) -> (String, Option<i32>, String) {
+        if let Some(mut i) = self.stdin.take() {
+            let _ = i.write_all(b"go\n");
+        }
+        let l = self.line();
+        let st = self.child.wait().expect("wait");
+        (l, st.code(), self.err())
+    }
+
+    /// Waits (at most a minute) for a tenant told nothing to end by itself:
+    /// its exit code and stderr.
+    fn stopped(mut self) -> (Option<i32>, String) {
+        for _ in 0..600 {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return (st.code(), self.err());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (None, self.err())
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The evicted pages in the tenant's ciphertext store: the mapping of
+/// `REGION_GIB` GiB left out of core dumps, its present pages (pagemap).
+fn store_pages(pid: u32) -> Vec<Vec<u8>> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let mut store = None;
+    let mut cur: Option<(u64, u64)> = None;
+    for l in smaps.lines() {
+        let first = l.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                cur = Some((a, b));
+                continue;
+            }
+        }
+        if let (Some(flags), Some((a, b))) = (l.strip_prefix("VmFlags:"), cur) {
+            if b - a == REGION_GIB << 30 && flags.split_whitespace().any(|f| f == "dd") {
+                assert!(store.is_none(), "one store: {smaps}");
+                store = Some((a, b));
+            }
+        }
+    }
+    let (a, b) = store.expect("the store mapping");
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).expect("pagemap");
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+    let n = usize::try_from((b - a) / PAGE as u64).expect("pages");
+    let mut entries = vec![0u8; n * 8];
+    pagemap
+        .read_exact_at(&mut entries, a / PAGE as u64 * 8)
+        .expect("read pagemap");
+    let mut pages = Vec::new();
+    for (i, e) in entries.chunks_exact(8).enumerate() {
+        let e = u64::from_le_bytes(e.try_into().expect("8 bytes"));
+        if e >> 63 == 1 {
+            let mut p = vec![0u8; PAGE];
+            mem.read_exact_at(&mut p, a + (i * PAGE) as u64)
+                .expect("read store page");
+            pages.push(p);
+        }
+    }
+    pages
+}
+
+/// Whether some page decrypts, under `key` at tweak `addr`, to the
+/// tenant's page 0.
+fn decrypts(pages: &[Vec<u8>], key: &[u8; 32], addr: u64, tag: &str) -> bool {
+    let x = Xts::new(&key[..16], &key[16..]).expect("xts");
+    let want = format!("TENANT-{tag}-PAGE-0\0");
+    pages.iter().any(|p| {
+        let mut p = p.clone();
+        x.decrypt_unit(u128::from(addr), &mut p).expect("unit");
+        p.starts_with(want.as_bytes())
+    })
+}
+
+#[test]
+fn a_tenants_pages_are_under_its_keyids_page_key_and_a_clear_stops_it() {
+    let test = "tenant_clear";
+    if !ready(test) {
+        return;
+    }
+    let v = VaultProcess::start(BIN, "tenant-clear", &[]);
+    let exe = tenant_exe(&v.dir);
+    let k5 = software_key(5);
+    program(&v, 5, &k5);
+    let t = Tenant::start(&exe, &v, 5, "A", 2048);
+    let pages = store_pages(t.pid);
+    assert!(pages.len() > 1000, "most pages evicted: {}", pages.len());
+    // The model's page key for KeyID 5, generation 1, opens the page
+    // (positive control); the KeyID's own key does not: the tenant never
+    // held it.
+    let pk = model_page_key(5, &k5, &[true]).expect("page key");
+    assert!(
+        decrypts(&pages, &pk, t.addr, "A"),
+        "the model and the real path agree"
+    );
+    assert!(!decrypts(&pages, &k5, t.addr, "A"));
+    assert!(!pages
+        .iter()
+        .any(|p| p.windows(14).any(|w| w == b"TENANT-A-PAGE-")));
+
+    // Crypto-erase: the clear stops the tenant, and says so on both sides.
+    let (addr, pid) = (t.addr, t.pid);
+    let o = key_cmd(&v, &["clear", "5"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("1 running tenant(s) under KeyID 5 stopped"),
+        "{}",
+        text(&o)
+    );
+    let (code, err) = t.stopped();
+    assert_eq!(code, Some(123), "{err}");
+    assert!(
+        err.contains("KeyID 5 was cleared by uid 0") && err.contains("cannot be decrypted"),
+        "{err}"
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "tenant {pid} is gone"
+    );
+    // The model: no key for a cleared KeyID; programmed again with the same
+    // key, a new page key that the old pages do not decrypt under.
+    assert_eq!(model_page_key(5, &k5, &[true, false]), None);
+    let again = model_page_key(5, &k5, &[true, false, true]).expect("again");
+    assert_ne!(again, pk);
+    assert!(!decrypts(&pages, &again, addr, "A"));
+    // The real table agrees: a cleared KeyID gives no tenant key.
+    let o = Command::new(BIN)
+        .args(["run", "--keyid", "5", "--vault", &v.socket, "true"])
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("KeyID 5 holds no key"), "{}", text(&o));
+    assert!(v.log().contains("tenants_stopped=1"), "{}", v.log());
+}
+
+#[test]
+fn eighteen_tenants_each_readable_under_its_own_keyid_only() {
+    let test = "eighteen_tenants";
+    if !ready(test) {
+        return;
+    }
+    let v = VaultProcess::start(BIN, "tenants18", &[]);
+    let exe = tenant_exe(&v.dir);
+    let keys: Vec<(u16, [u8; 32])> = (1..=18).map(|id| (id, software_key(id))).collect();
+    for (id, k) in &keys {
+        program(&v, *id, k);
+    }
+    let mut tenants: Vec<(u16, String, Tenant)> = (1..=18u16)
+        .map(|id| {
+            let tag = format!("T{id}");
+            let t = Tenant::start(&exe, &v, id, &tag, 512);
+            (id, tag, t)
+        })
+        .collect();
+    // A 19th process under KeyID 1: TME-MK's shared KeyID.
+    tenants.push((1, "S1".into(), Tenant::start(&exe, &v, 1, "S1", 512)));
+    let page_keys: Vec<[u8; 32]> = keys
+        .iter()
+        .map(|(id, k)| model_page_key(*id, k, &[true]).expect("page key"))
+        .collect();
+    for (id, tag, t) in &tenants {
+        let pages = store_pages(t.pid);
+        assert!(pages.len() > 300, "{tag}: {} pages evicted", pages.len());
+        for (j, pk) in page_keys.iter().enumerate() {
+            let mine = j + 1 == usize::from(*id);
+            assert_eq!(
+                decrypts(&pages, pk, t.addr, tag),
+                mine,
+                "{tag} (KeyID {id}) under KeyID {}'s key",
+                j + 1
+            );
+        }
+    }
+    for (id, tag, t) in tenants {
+        let (last, code, err) = t.finish();
+        assert_eq!(
+            (last.as_str(), code),
+            ("ok", Some(0)),
+            "{tag} (KeyID {id}): {err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "host KeyID {id} (software aes-xts-128, generation 1"
+            )),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        v.log().matches("op=keyid-tenant").count(),
+        19,
+        "{}",
+        v.log()
+    );
+}
+
+#[test]
+fn a_vault_gone_stops_its_tenants_and_refusals_name_their_cause() {
+    let test = "tenant_vault_gone";
+    if !ready(test) {
+        return;
+    }
+    let mut v = VaultProcess::start(BIN, "tenant-gone", &[]);
+    let exe = tenant_exe(&v.dir);
+    program(&v, 3, &software_key(3));
+    let o = key_cmd(&v, &["program", "--keyid", "4", "--mode", "no-encrypt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // No-encrypt: refused, then run as asked and reported.
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["run", "--keyid", "4", "--vault", &v.socket])
+            .args(extra)
+            .args([
+                "sh",
+                "-c",
+                "echo ran; env | grep -c MEMVEIL_SHIELD_KEY_FD || true",
+            ])
+            .output()
+            .expect("run")
+    };
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("--accept-no-encrypt"), "{}", text(&o));
+    assert!(o.stdout.is_empty(), "not run: {}", text(&o));
+    let o = run(&["--accept-no-encrypt"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("ran\n0\n"), "{}", text(&o));
+    assert!(text(&o).contains("ran UNPROTECTED"), "{}", text(&o));
+    // A uid that may not program KeyIDs gets no page key.
+    std::fs::set_permissions(&v.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(["run", "--keyid", "3", "--vault", &v.socket, "true"])
+        .output()
+        .expect("setpriv");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("may not run programs under host KeyIDs"),
+        "{}",
+        text(&o)
+    );
+    // The vault goes away under a running tenant: stopped, and said why.
+    let t = Tenant::start(&exe, &v, 3, "G", 256);
+    let vault_pid = v.pid();
+    memveil_sys::process::send_signal(vault_pid, libc::SIGKILL).expect("kill vault");
+    let (code, err) = t.stopped();
+    assert_eq!(code, Some(123), "{err}");
+    assert!(err.contains("went away"), "{err}");
+    // Positive control for the stop: a tenant whose vault stays finishes.
+    v = VaultProcess::start(BIN, "tenant-gone-2", &[]);
+    let exe = tenant_exe(&v.dir);
+    program(&v, 3, &software_key(3));
+    let t = Tenant::start(&exe, &v, 3, "H", 256);
+    let (last, code, err) = t.finish();
+    assert_eq!((last.as_str(), code), ("ok", Some(0)), "{err}");
+}
