@@ -1409,6 +1409,58 @@ fn forked_children_each_run_with_a_shield_of_their_own() {
     );
 }
 
+/// bash forking after a failed `enable -f` (pyenv's `python3` shim does
+/// both): glibc keeps a failed `dlopen`'s error string, allocated in the
+/// protected heap, until the next `dl*` call frees it. The child's fork
+/// handler called `dlsym` (registering its thread) while it still held the
+/// allocator's lock taken before the fork; the free through the preload's
+/// `free` spun on that lock forever, and the command substitution never
+/// returned. Positive control: the same script runs plainly first.
+#[test]
+fn bash_forks_after_a_failed_dlopen_without_hanging() {
+    let test = "bash_forks_after_a_failed_dlopen_without_hanging";
+    if !have(test, &["bash"]) || !root(test) {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("dlerror-fork");
+    let script = dir.path("shim.sh");
+    std::fs::write(
+        &script,
+        "set -e\n\
+         enable -f /nonexistent/memveil-no-such-builtin.so realpath 2>/dev/null || true\n\
+         x=$(echo sub)\n\
+         y=$(echo \"$x\" | tr a-z A-Z)\n\
+         echo \"$x $y\"\n",
+    )
+    .expect("write script");
+    let expected = "sub SUB\n";
+    let bash = which("bash").expect("bash");
+    let plain = run(
+        Command::new(&bash).arg(&script),
+        b"",
+        Duration::from_secs(30),
+    );
+    assert_eq!(code(plain.status), 0, "plain: {}", text(&plain.stderr));
+    assert_eq!(text(&plain.stdout), expected, "plain");
+    let stats = dir.path("stats.json");
+    // `run` panics when the program is not done in time (it hung here).
+    let prot = run(
+        shielded(64, &stats, &[], &bash).arg(&script),
+        b"",
+        Duration::from_secs(30),
+    );
+    assert_eq!(code(prot.status), 0, "protected: {}", text(&prot.stderr));
+    assert_eq!(text(&prot.stdout), expected, "protected");
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    // bash, its command-substitution children and `tr`: each protected.
+    assert!(
+        j["processes"].as_u64().unwrap_or(0) >= 3,
+        "the forked children did not run protected: {j}"
+    );
+}
+
 /// What a scan of a program's page image found: the program reads
 /// "SECRET MARKER" from stdin, spreads the secret, pushes it out of a
 /// 64-page window, writes the marker last and prints "ready PID" (PID: the

@@ -1134,15 +1134,22 @@ extern "C" fn after_fork_child() {
     // and all, and evicts down to its window at once. Pages it still shares
     // with the parent go by write-protection (the parent holds them anyway).
     let old = SHIELD.swap(null_mut(), Ordering::AcqRel);
+    // The locks `before_fork` took go first, before anything here calls
+    // into the C library: the child has one thread, so nothing is half-way
+    // through the heap or the stack list, and a C library call may free
+    // through this library's `free`, which takes LOCK. (`dlsym`, as
+    // `reset_after_fork` calls it, frees the error string a failed `dlopen`
+    // left, such as bash's `enable -f` in pyenv's shims: with LOCK still
+    // held the child spun on it forever.)
+    LOCK.unlock();
+    stacks::fork_child();
     if !old.is_null() {
         // SAFETY: a forked child, the parent's shield (leaked, never freed),
         // never used again: SHIELD no longer points at it.
         unsafe { (*old).abandon_in_forked_child() };
     }
     memveil_shield::reset_after_fork();
-    LOCK.unlock();
     shared::after_fork_child();
-    stacks::fork_child();
     if let Err(e) = protect_region() {
         eprintln!("memveil-shield: refusing to run a forked child unprotected: {e}");
         // SAFETY: _exit ends the child at once; nothing to unwind.
