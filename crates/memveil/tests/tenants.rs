@@ -139,6 +139,14 @@ fn model_page_key(keyid: u16, key: &[u8; 32], programs: &[bool]) -> Option<[u8; 
     Some(k)
 }
 
+/// Whether process `pid` has ended (no such process, or a zombie).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
 struct Tenant {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -152,12 +160,18 @@ struct Tenant {
 
 impl Tenant {
     fn start(exe: &Path, v: &VaultProcess, keyid: u16, tag: &str, pages: usize) -> Tenant {
+        Self::start_with(exe, v, keyid, &[tag, &pages.to_string()])
+    }
+
+    /// The tenant program with `args` (TAG PAGES [daemon]).
+    fn start_with(exe: &Path, v: &VaultProcess, keyid: u16, args: &[&str]) -> Tenant {
+        let tag = args[0];
         let stderr = v.dir.join(format!("{tag}.err"));
         let mut child = Command::new(BIN)
             .args(["run", "--keyid", &keyid.to_string(), "--vault", &v.socket])
             .args(["--window", "64", "--region-gib", &REGION_GIB.to_string()])
             .arg(exe)
-            .args([tag, &pages.to_string()])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).expect("stderr file"))
@@ -324,10 +338,7 @@ fn a_tenants_pages_are_under_its_keyids_page_key_and_a_clear_stops_it() {
         err.contains("KeyID 5 was cleared by uid 0") && err.contains("cannot be decrypted"),
         "{err}"
     );
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "tenant {pid} is gone"
-    );
+    assert!(gone(pid), "tenant {pid} is gone");
     // The model: no key for a cleared KeyID; programmed again with the same
     // key, a new page key that the old pages do not decrypt under.
     assert_eq!(model_page_key(5, &k5, &[true, false]), None);
@@ -457,6 +468,29 @@ fn a_vault_gone_stops_its_tenants_and_refusals_name_their_cause() {
     let (code, err) = t.stopped();
     assert_eq!(code, Some(123), "{err}");
     assert!(err.contains("went away"), "{err}");
+    // A daemon (its parent exits at once) keeps memveil run there, so the
+    // clear still reaches it.
+    let v2 = VaultProcess::start(BIN, "tenant-daemon", &[]);
+    let exe2 = tenant_exe(&v2.dir);
+    program(&v2, 3, &software_key(3));
+    let mut d = Tenant::start_with(&exe2, &v2, 3, &["D", "256", "daemon"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        d.child.try_wait().expect("try_wait").is_none(),
+        "{}",
+        d.err()
+    );
+    assert!(d.err().contains("staying until they end"), "{}", d.err());
+    let daemon = d.pid;
+    let o = key_cmd(&v2, &["clear", "3"]);
+    assert!(
+        text(&o).contains("1 running tenant(s) under KeyID 3 stopped"),
+        "{}",
+        text(&o)
+    );
+    let (code, err) = d.stopped();
+    assert_eq!(code, Some(123), "{err}");
+    assert!(gone(daemon), "daemon {daemon} is gone");
     // Positive control for the stop: a tenant whose vault stays finishes.
     v = VaultProcess::start(BIN, "tenant-gone-2", &[]);
     let exe = tenant_exe(&v.dir);

@@ -606,17 +606,43 @@ fn supervise(
     let mut last_live = Instant::now();
     let mut forwarded = false;
     let mut key_gone = None;
+    let mut waited_for_daemons = false;
+    let mut exited = None;
     let status = loop {
-        if let Some(st) = child.try_wait().context("waiting for the program")? {
-            break st;
+        if exited.is_none() {
+            exited = child.try_wait().context("waiting for the program")?;
+        }
+        if let Some(st) = exited {
+            // A tenant's daemons (a double fork) hold its KeyID's key: this
+            // process stays, so that a clear still stops them, until they end.
+            let left = host
+                .filter(|h| !h.no_encrypt())
+                .map(|h| run_keyid::reported(stats_dir, h.file_id().as_ref()))
+                .unwrap_or_default();
+            if left.is_empty() {
+                break st;
+            }
+            if !waited_for_daemons {
+                waited_for_daemons = true;
+                eprintln!(
+                    "memveil run: {} exited; {} process(es) it left running (pid {left:?}) hold \
+                     its KeyID's key: staying until they end, so a clear of the KeyID still \
+                     stops them",
+                    a.command[0].to_string_lossy(),
+                    left.len()
+                );
+            }
         }
         if let Some(why) = host.and_then(HostKeyId::stop_reason) {
             let n = run_keyid::kill_program(
-                child.id(),
+                exited.is_none().then(|| child.id()),
                 stats_dir,
                 host.and_then(HostKeyId::file_id).as_ref(),
             );
-            let st = child.wait().context("waiting for the stopped program")?;
+            let st = match exited {
+                Some(st) => st,
+                None => child.wait().context("waiting for the stopped program")?,
+            };
             eprintln!(
                 "memveil run: stopped {} ({n} process(es), SIGKILL): {why}; its evicted pages \
                  cannot be decrypted any more",

@@ -168,31 +168,20 @@ impl HostKeyId {
 
 /// Kills (SIGKILL) the program `root` and every process under it, and every
 /// process that reported into `stats_dir` (those a daemon's double fork took
-/// away from `root`) and still holds the page-key file `key` open (a pid
-/// reused by another program since is left alone). Returns how many were
+/// away from `root`) and still holds the page-key file `key` open or was
+/// started with `stats_dir` in its environment (a pid reused by another
+/// program since is left alone). Returns how many were
 /// signalled.
-pub fn kill_program(root: u32, stats_dir: &Path, key: Option<&std::fs::Metadata>) -> usize {
+/// `root` is `None` once the program's main process was reaped (its pid may
+/// belong to another program since).
+pub fn kill_program(root: Option<u32>, stats_dir: &Path, key: Option<&std::fs::Metadata>) -> usize {
     let mut killed = std::collections::BTreeSet::new();
     // New processes may be forked while the others die: look again until a
     // look finds nobody left.
     for _ in 0..20 {
-        let mut pids = descendants(root);
-        pids.push(root);
-        if let Ok(rd) = std::fs::read_dir(stats_dir) {
-            for e in rd.flatten() {
-                let p = e.path();
-                if p.extension().is_some_and(|x| x == "stats") {
-                    if let Some(pid) = p
-                        .file_stem()
-                        .and_then(|s| s.to_str())
-                        .and_then(|s| s.parse().ok())
-                        .filter(|&pid| key.is_some_and(|k| holds(pid, k)))
-                    {
-                        pids.push(pid);
-                    }
-                }
-            }
-        }
+        let mut pids = root.map(descendants).unwrap_or_default();
+        pids.extend(root);
+        pids.extend(reported(stats_dir, key));
         let alive: Vec<u32> = pids
             .into_iter()
             .filter(|&p| !is_zombie(p))
@@ -207,6 +196,22 @@ pub fn kill_program(root: u32, stats_dir: &Path, key: Option<&std::fs::Metadata>
     killed.len()
 }
 
+/// The processes that reported into `stats_dir` and are still alive and
+/// ours: holding the page-key file `key`, or started with `stats_dir` in
+/// their environment.
+pub fn reported(stats_dir: &Path, key: Option<&std::fs::Metadata>) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(stats_dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "stats"))
+        .filter_map(|p| p.file_stem()?.to_str()?.parse().ok())
+        .filter(|&pid| !is_zombie(pid))
+        .filter(|&pid| key.is_some_and(|k| holds(pid, k)) || ours(pid, stats_dir))
+        .collect()
+}
+
 /// Whether process `pid` has the file `key` open.
 fn holds(pid: u32, key: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt as _;
@@ -216,6 +221,16 @@ fn holds(pid: u32, key: &std::fs::Metadata) -> bool {
         .flatten()
         .filter_map(|e| std::fs::metadata(e.path()).ok())
         .any(|m| m.ino() == key.ino() && m.dev() == key.dev())
+}
+
+/// Whether process `pid` was started with `stats_dir` as its shield's
+/// statistics directory (its environment as at exec).
+fn ours(pid: u32, stats_dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut want = b"MEMVEIL_SHIELD_STATS_DIR=".to_vec();
+    want.extend_from_slice(stats_dir.as_os_str().as_bytes());
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == want.as_slice()))
 }
 
 /// `/proc/PID/stat`'s state and parent: (state, ppid).
@@ -281,7 +296,7 @@ mod tests {
         // test's own pid) is left alone.
         std::fs::write(dir.join(format!("{}.stats", std::process::id())), b"").expect("stats");
         let me = std::fs::metadata("/proc/self/exe").expect("a file this test does not hold");
-        let n = kill_program(root, &dir, Some(&me));
+        let n = kill_program(Some(root), &dir, Some(&me));
         assert!(n >= 3, "sh and its two sleeps signalled: {n}");
         let st = child.wait().expect("wait");
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
