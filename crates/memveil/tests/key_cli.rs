@@ -4,7 +4,7 @@
 //! in depth by `crates/vault/tests/keyids.rs`.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use memveil_testkit::{skip, Need};
 
@@ -14,16 +14,6 @@ type Vault = memveil_testkit::VaultProcess;
 
 fn vault(tag: &str) -> Vault {
     Vault::start(BIN, &format!("key-cli-{tag}"), &[])
-}
-
-fn key(v: &Vault, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("key")
-        .args(args)
-        .args(["--socket", &v.socket])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run memveil key")
 }
 
 fn text(o: &Output) -> String {
@@ -41,7 +31,7 @@ fn code(o: &Output) -> i32 {
 /// Runs `memveil key ARGS`, checks its exit status and that its output
 /// says `says`; returns the output.
 fn expect(v: &Vault, args: &[&str], exit: i32, says: &str) -> String {
-    let o = key(v, args);
+    let o = v.key(args);
     let t = text(&o);
     assert_eq!(code(&o), exit, "{args:?}: {t}");
     assert!(t.contains(says), "{args:?}: {t}");
@@ -78,7 +68,7 @@ fn help_explains_the_tme_mk_analogy_and_the_exit_codes() {
 #[test]
 fn program_clear_status_and_pconfig_statuses_as_exit_codes() {
     let v = vault("verbs");
-    let o = key(&v, &["program", "--keyid", "5", "--mode", "random"]);
+    let o = v.key(&["program", "--keyid", "5", "--mode", "random"]);
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert!(
         text(&o).contains("KeyID 5: PROG_SUCCESS (0) mode=random alg=aes-xts-128 generation=1"),
@@ -119,7 +109,7 @@ fn program_clear_status_and_pconfig_statuses_as_exit_codes() {
     expect(&v, &args, 0, "mode=software alg=aes-xts-256");
     expect(&v, &["clear", "5"], 0, "mode=clear alg=- generation=2");
 
-    let o = key(&v, &["status"]);
+    let o = v.key(&["status"]);
     assert_eq!(code(&o), 0, "{}", text(&o));
     let t = text(&o);
     assert!(
@@ -131,10 +121,10 @@ fn program_clear_status_and_pconfig_statuses_as_exit_codes() {
     assert!(rows[1]
         .split_whitespace()
         .eq(["2", "software", "aes-xts-256", "1", "0"]));
-    let o = key(&v, &["status", "--all"]);
+    let o = v.key(&["status", "--all"]);
     assert_eq!(text(&o).lines().count(), 2 + 64);
 
-    let o = key(&v, &["status", "--json"]);
+    let o = v.key(&["status", "--json"]);
     assert_eq!(code(&o), 0, "{}", text(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(j["max_keyid"], 63);
@@ -149,7 +139,7 @@ fn program_clear_status_and_pconfig_statuses_as_exit_codes() {
     let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
     assert!(hex.contains(&hex[40..56]));
     for args in [&["status", "--all"][..], &["status", "--json"]] {
-        let o = key(&v, args);
+        let o = v.key(args);
         for w in k.windows(8) {
             assert!(!o.stdout.windows(8).any(|x| x == w), "{args:?}");
         }
@@ -219,7 +209,7 @@ fn usage_mistakes_and_an_absent_vault_are_clear_errors() {
         "invalid value",
     );
     // Nothing above reached the table (positive control below: it can).
-    let o = key(&v, &["status", "--json"]);
+    let o = v.key(&["status", "--json"]);
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(j["keyids"][1]["generation"], 0);
     expect(
@@ -282,6 +272,6 @@ fn nobody_is_refused_with_exit_4_but_reads_the_status() {
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert!(text(&o).contains("0 programmed"), "{}", text(&o));
     // Positive control: root may.
-    let o = key(&v, &["program", "--keyid", "3", "--mode", "random"]);
+    let o = v.key(&["program", "--keyid", "3", "--mode", "random"]);
     assert_eq!(code(&o), 0, "{}", text(&o));
 }

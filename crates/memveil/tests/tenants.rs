@@ -76,16 +76,6 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn key_cmd(v: &VaultProcess, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("key")
-        .args(args)
-        .args(["--socket", &v.socket])
-        .stdin(Stdio::null())
-        .output()
-        .expect("memveil key")
-}
-
 /// A software key for KeyID `keyid`: distinct halves, distinct per KeyID.
 fn software_key(keyid: u16) -> [u8; 32] {
     let [lo, _] = keyid.to_le_bytes();
@@ -109,7 +99,7 @@ fn program(v: &VaultProcess, keyid: u16, key: &[u8; 32]) {
         "--key-file",
         &f.display().to_string(),
     ];
-    let o = key_cmd(v, &args);
+    let o = v.key(&args);
     assert!(o.status.success(), "{}", text(&o));
     let _ = std::fs::remove_file(f);
 }
@@ -325,7 +315,7 @@ fn a_tenants_pages_are_under_its_keyids_page_key_and_a_clear_stops_it() {
 
     // Crypto-erase: the clear stops the tenant, and says so on both sides.
     let (addr, pid) = (t.addr, t.pid);
-    let o = key_cmd(&v, &["clear", "5"]);
+    let o = v.key(&["clear", "5"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         text(&o).contains("1 running tenant(s) under KeyID 5 stopped"),
@@ -424,7 +414,7 @@ fn a_vault_gone_stops_its_tenants_and_refusals_name_their_cause() {
     let mut v = VaultProcess::start(BIN, "tenant-gone", &[]);
     let exe = tenant_exe(&v.dir);
     program(&v, 3, &software_key(3));
-    let o = key_cmd(&v, &["program", "--keyid", "4", "--mode", "no-encrypt"]);
+    let o = v.key(&["program", "--keyid", "4", "--mode", "no-encrypt"]);
     assert!(o.status.success(), "{}", text(&o));
     // No-encrypt: refused, then run as asked and reported.
     let run = |extra: &[&str]| {
@@ -482,7 +472,7 @@ fn a_vault_gone_stops_its_tenants_and_refusals_name_their_cause() {
     );
     assert!(d.err().contains("staying until they end"), "{}", d.err());
     let daemon = d.pid;
-    let o = key_cmd(&v2, &["clear", "3"]);
+    let o = v2.key(&["clear", "3"]);
     assert!(
         text(&o).contains("1 running tenant(s) under KeyID 3 stopped"),
         "{}",

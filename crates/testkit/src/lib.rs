@@ -155,6 +155,7 @@ pub fn first_line(out: std::process::ChildStdout, limit: std::time::Duration) ->
 /// (and its scratch directory removed) on drop.
 pub struct VaultProcess {
     child: std::process::Child,
+    bin: String,
     /// Scratch directory (socket, stderr log, files the test writes).
     pub dir: std::path::PathBuf,
     /// The control socket.
@@ -185,7 +186,12 @@ impl VaultProcess {
             .expect("spawn vault");
         let out = child.stdout.take().expect("stdout");
         let line = first_line(out, std::time::Duration::from_secs(60));
-        let v = Self { child, dir, socket };
+        let v = Self {
+            child,
+            bin: bin.to_owned(),
+            dir,
+            socket,
+        };
         assert!(
             line.starts_with("memveil-vault ready"),
             "{line:?}\n{}",
@@ -198,6 +204,21 @@ impl VaultProcess {
     #[must_use]
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("vault.err")).unwrap_or_default()
+    }
+
+    /// Runs `memveil key ARGS --socket` on this vault (stdin closed).
+    ///
+    /// # Panics
+    /// When the binary cannot be started.
+    #[must_use]
+    pub fn key(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(&self.bin)
+            .arg("key")
+            .args(args)
+            .args(["--socket", &self.socket])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run memveil key")
     }
 
     /// The vault's pid.
