@@ -287,7 +287,7 @@ fn programs(opts: &BenchOpts, dir: &Path) -> Result<(Vec<Program>, Vec<String>),
 
 /// Compiles one of the suite's C programs (`src` saved as `NAME.c`) with
 /// the C compiler of build-essential.
-fn compile(dir: &Path, name: &str, src: &str) -> Result<PathBuf, String> {
+pub(crate) fn compile(dir: &Path, name: &str, src: &str) -> Result<PathBuf, String> {
     let file = dir.join(format!("{name}.c"));
     std::fs::write(&file, src).map_err(|e| format!("{}: {e}", file.display()))?;
     let exe = dir.join(name);
