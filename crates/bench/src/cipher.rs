@@ -35,7 +35,7 @@ fn ossl(e: &openssl::error::ErrorStack) -> BenchError {
 }
 
 /// Distinct XTS halves, no structure worth noticing.
-const KEY: [u8; 64] = {
+pub(crate) const KEY: [u8; 64] = {
     let mut k = [0u8; 64];
     let mut i = 0u8;
     while i < 64 {

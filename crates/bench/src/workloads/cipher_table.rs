@@ -13,7 +13,7 @@ use memveil_cipher::{Aes, Gcm, Xts};
 use openssl::cipher::Cipher;
 use openssl::cipher_ctx::CipherCtx;
 
-use crate::cipher::{interleaved, Evp};
+use crate::cipher::{interleaved, Evp, KEY};
 use crate::{BenchError, BenchOpts, Figure};
 
 fn err(msg: impl Into<String>) -> BenchError {
@@ -30,21 +30,37 @@ fn ossl(e: &openssl::error::ErrorStack) -> BenchError {
 const BUF: usize = 1 << 20;
 const UNIT: usize = 4096;
 
-/// Distinct key bytes, XTS halves unequal.
-const KEY: [u8; 64] = {
-    let mut k = [0u8; 64];
-    let mut i = 0u8;
-    while i < 64 {
-        k[i as usize] = i.wrapping_mul(53).wrapping_add(7);
-        i += 1;
-    }
-    k
-};
-
 /// One row: encrypt and decrypt of ours and OpenSSL's, ns per buffer.
 struct Times {
     ours: (f64, f64),
     theirs: (f64, f64),
+}
+
+/// Times ours and OpenSSL's encryption and decryption (`true`: encrypt)
+/// over interleaved rounds; an error either recorded in `failed` fails the row.
+fn four(
+    rounds: usize,
+    ours: &dyn Fn(bool),
+    theirs: &dyn Fn(bool),
+    failed: &RefCell<Option<String>>,
+) -> Result<Times, BenchError> {
+    let t = interleaved(
+        rounds,
+        2,
+        &mut [
+            &mut || ours(true),
+            &mut || ours(false),
+            &mut || theirs(true),
+            &mut || theirs(false),
+        ],
+    );
+    if let Some(e) = failed.borrow_mut().take() {
+        return Err(err(e));
+    }
+    Ok(Times {
+        ours: (t[0], t[1]),
+        theirs: (t[2], t[3]),
+    })
 }
 
 /// XTS over the buffer in 4 KiB units, `bytes` per half key.
@@ -78,23 +94,12 @@ fn xts(rounds: usize, bytes: usize) -> Result<Times, BenchError> {
             *failed.borrow_mut() = Some(e.to_string());
         }
     };
-    let t = interleaved(
+    four(
         rounds,
-        2,
-        &mut [
-            &mut || ours_run(true),
-            &mut || ours_run(false),
-            &mut || evp(&oe),
-            &mut || evp(&od),
-        ],
-    );
-    if let Some(e) = failed.into_inner() {
-        return Err(err(e));
-    }
-    Ok(Times {
-        ours: (t[0], t[1]),
-        theirs: (t[2], t[3]),
-    })
+        &ours_run,
+        &|enc| evp(if enc { &oe } else { &od }),
+        &failed,
+    )
 }
 
 /// CBC (no padding: whole blocks) or CTR over the buffer.
@@ -132,23 +137,12 @@ fn block_mode(rounds: usize, bytes: usize, cbc: bool) -> Result<Times, BenchErro
             *failed.borrow_mut() = Some(format!("OpenSSL: {x}"));
         }
     };
-    let t = interleaved(
+    four(
         rounds,
-        2,
-        &mut [
-            &mut || ours(true),
-            &mut || ours(false),
-            &mut || evp(&oe),
-            &mut || evp(&od),
-        ],
-    );
-    if let Some(e) = failed.into_inner() {
-        return Err(err(e));
-    }
-    Ok(Times {
-        ours: (t[0], t[1]),
-        theirs: (t[2], t[3]),
-    })
+        &ours,
+        &|enc| evp(if enc { &oe } else { &od }),
+        &failed,
+    )
 }
 
 /// GCM: seal, and seal then open (decryption = the pair less the seal).

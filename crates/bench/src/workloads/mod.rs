@@ -35,6 +35,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::shield::{in_path, median};
+use crate::shield_suite::{geomean, Mode, Rng};
 use crate::{BenchError, BenchOpts, Figure, Section};
 
 fn err(msg: impl Into<String>) -> BenchError {
@@ -60,44 +61,6 @@ pub const NAMES: &[&str] = &[
 /// (DESIGN.md §1: 0-2.2% on Redis/memtier, nginx TLS, fio 4K on ramdisks,
 /// LINPACK, BERT; NTttcp among its workloads).
 const TME_MK: &str = "TME-MK (hardware): 0-2.2% overhead across the article's workloads";
-
-/// How a workload's programs run.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Mode {
-    Plain,
-    /// `memveil run` at its defaults.
-    Default,
-    /// `memveil run --window 4096`.
-    Window4096,
-}
-
-impl Mode {
-    const ALL: [Mode; 3] = [Mode::Plain, Mode::Default, Mode::Window4096];
-
-    fn label(self) -> &'static str {
-        match self {
-            Mode::Plain => "plain",
-            Mode::Default => "memveil run",
-            Mode::Window4096 => "memveil run --window 4096",
-        }
-    }
-
-    /// The flags `memveil run` gets for this mode.
-    pub(crate) fn flags(self) -> &'static [&'static str] {
-        match self {
-            Mode::Window4096 => &["--window", "4096"],
-            Mode::Plain | Mode::Default => &[],
-        }
-    }
-
-    fn index(self) -> usize {
-        match self {
-            Mode::Plain => 0,
-            Mode::Default => 1,
-            Mode::Window4096 => 2,
-        }
-    }
-}
 
 /// Durations and repetitions of one run.
 #[derive(Clone, Copy, Debug)]
@@ -173,7 +136,7 @@ impl Runner<'_> {
         if !out.status.success() {
             return Err(format!(
                 "{what} ({}) failed ({}): {} {}",
-                self.mode.label(),
+                self.mode.name(),
                 out.status,
                 tail(&String::from_utf8_lossy(&out.stdout)),
                 tail(&String::from_utf8_lossy(&out.stderr)),
@@ -257,17 +220,6 @@ fn hash(s: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     h.write(s.as_bytes());
     h.finish()
-}
-
-/// xorshift64: deterministic inputs.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 // ---------------------------------------------------------------- workloads
@@ -810,7 +762,7 @@ fn measure(
                 opts.say(&format!(
                     "workloads: {} ({}), round {}/{}",
                     w.name,
-                    mode.label(),
+                    mode.name(),
                     round + 1,
                     plan.rounds
                 ));
@@ -824,7 +776,7 @@ fn measure(
                     Ok(s) => got[mode.index()] = Some(s),
                     Err(e) => {
                         opts.say(&format!("workloads: {}: {e}", w.name));
-                        row.problem = Some(format!("{}: {e}", mode.label()));
+                        row.problem = Some(format!("{}: {e}", mode.name()));
                         break 'rounds;
                     }
                 }
@@ -832,11 +784,11 @@ fn measure(
             let [Some(plain), Some(def), Some(fixed)] = got else {
                 continue;
             };
-            for (s, m) in [(&def, Mode::Default), (&fixed, Mode::Window4096)] {
+            for (s, m) in [(&def, Mode::Default), (&fixed, Mode::Fixed)] {
                 if s.check != plain.check {
                     row.problem = Some(format!(
                         "{}: the output differs from the plain run's",
-                        m.label()
+                        m.name()
                     ));
                     break 'rounds;
                 }
@@ -848,16 +800,6 @@ fn measure(
         rows.push(row);
     }
     rows
-}
-
-/// The geometric mean (0 when any is 0 or there is none).
-fn geomean(v: &[f64]) -> f64 {
-    if v.is_empty() || v.iter().any(|x| *x <= 0.0) {
-        return 0.0;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let n = v.len() as f64;
-    (v.iter().map(|x| x.ln()).sum::<f64>() / n).exp()
 }
 
 fn range(v: &[f64]) -> String {
@@ -885,7 +827,7 @@ fn report(
     for r in rows {
         let plain = median(&mut r.values[0].clone());
         let mut cells = Vec::new();
-        for (j, (mode, suffix)) in [(Mode::Default, ""), (Mode::Window4096, "_w4096")]
+        for (j, (mode, suffix)) in [(Mode::Default, ""), (Mode::Fixed, "_w4096")]
             .into_iter()
             .enumerate()
         {
@@ -1189,7 +1131,7 @@ mod tests {
         };
         // The upper median: of two rounds, the higher of each side.
         assert!((r.ratio(Mode::Default) - 9.0 / 12.0).abs() < 1e-12);
-        assert_eq!(r.per_round(Mode::Window4096), vec![0.5, 0.5]);
+        assert_eq!(r.per_round(Mode::Fixed), vec![0.5, 0.5]);
         r.problem = Some("differs".into());
         assert_eq!(r.ratio(Mode::Default), 0.0);
     }
