@@ -1110,6 +1110,19 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_tool_is_a_skip_naming_the_package() {
+        let why = need("memveil-no-such-tool", "some-package").expect_err("not in PATH");
+        assert!(
+            why.contains("apt-get install some-package") && why.contains("scripts/install.sh"),
+            "{why}"
+        );
+        assert!(
+            need("sh", "dash").is_ok(),
+            "the positive control: sh is in PATH"
+        );
+    }
+
+    #[test]
     fn geomean_is_zero_when_a_workload_failed() {
         assert!((geomean(&[1.0, 0.25]) - 0.5).abs() < 1e-12);
         assert_eq!(geomean(&[1.0, 0.0]), 0.0);
