@@ -35,7 +35,7 @@ fn ossl(e: &openssl::error::ErrorStack) -> BenchError {
 }
 
 /// Distinct XTS halves, no structure worth noticing.
-const KEY: [u8; 64] = {
+pub(crate) const KEY: [u8; 64] = {
     let mut k = [0u8; 64];
     let mut i = 0u8;
     while i < 64 {
@@ -47,7 +47,7 @@ const KEY: [u8; 64] = {
 
 /// The fastest time of one call of each closure, in nanoseconds, over
 /// `rounds` interleaved rounds of `inner` calls each.
-fn interleaved(rounds: usize, inner: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+pub(crate) fn interleaved(rounds: usize, inner: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
     let mut best = vec![f64::MAX; fs.len()];
     for _ in 0..rounds {
         for (b, f) in best.iter_mut().zip(fs.iter_mut()) {
@@ -66,13 +66,17 @@ fn interleaved(rounds: usize, inner: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<
 /// OpenSSL EVP over one buffer in place: a context initialised once with
 /// the key, re-initialised per message with the IV only (as a careful caller
 /// does).
-struct Evp {
+pub(crate) struct Evp {
     ctx: CipherCtx,
     enc: bool,
 }
 
 impl Evp {
-    fn new(c: &openssl::cipher::CipherRef, key: &[u8], enc: bool) -> Result<Self, BenchError> {
+    pub(crate) fn new(
+        c: &openssl::cipher::CipherRef,
+        key: &[u8],
+        enc: bool,
+    ) -> Result<Self, BenchError> {
         let mut ctx = CipherCtx::new().map_err(|e| ossl(&e))?;
         if enc {
             ctx.encrypt_init(Some(c), Some(key), None)
@@ -83,14 +87,37 @@ impl Evp {
         Ok(Self { ctx, enc })
     }
 
-    fn run(&mut self, iv: &[u8], buf: &mut [u8]) -> Result<(), openssl::error::ErrorStack> {
+    /// Without block padding (CBC over whole blocks, as a disk does), so an
+    /// update in place returns every block it was given.
+    #[must_use]
+    pub(crate) fn without_padding(mut self) -> Self {
+        self.ctx.set_padding(false);
+        self
+    }
+
+    pub(crate) fn run(
+        &mut self,
+        iv: &[u8],
+        buf: &mut [u8],
+    ) -> Result<(), openssl::error::ErrorStack> {
+        let n = buf.len();
+        self.run_in(iv, buf, n)
+    }
+
+    /// [`Evp::run`] over the first `len` bytes of `buf` (for a block mode,
+    /// `buf` holds one block more: the room OpenSSL's update asks for).
+    pub(crate) fn run_in(
+        &mut self,
+        iv: &[u8],
+        buf: &mut [u8],
+        len: usize,
+    ) -> Result<(), openssl::error::ErrorStack> {
         if self.enc {
             self.ctx.encrypt_init(None, None, Some(iv))?;
         } else {
             self.ctx.decrypt_init(None, None, Some(iv))?;
         }
-        let n = buf.len();
-        self.ctx.cipher_update_inplace(buf, n)?;
+        self.ctx.cipher_update_inplace(buf, len)?;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`, `disk`) has a module with
+//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`, `disk`, and `workloads`,
+//! which only `--only` runs) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
 //! are shared and noisy; the report records value, baseline and ratio.
@@ -20,6 +21,7 @@ pub mod shield;
 mod shield_suite;
 pub mod timing;
 pub mod vault;
+pub mod workloads;
 
 pub use report::{write_report, Figure, Plot, Section, Series};
 
@@ -93,10 +95,14 @@ pub enum BenchError {
     },
 }
 
-/// The parts `--only` accepts, in run order.
+/// The parts a run without `--only` runs, in run order.
 pub const PARTS: &[&str] = &[
     "cipher", "engine", "vault", "pkcs11", "rng", "shield", "disk",
 ];
+
+/// Parts only `--only` runs: `workloads` (the articles' workloads with real
+/// tools, plain against `memveil run`: about 10 minutes at the default size).
+pub const EXTRA_PARTS: &[&str] = &["workloads"];
 
 /// Runs one part by name.
 ///
@@ -111,9 +117,18 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
         "rng" => rng::run(opts),
         "shield" => shield::run(opts),
         "disk" => disk::run(opts),
+        "workloads" => workloads::run(opts),
         other => Err(BenchError::Part {
             part: "bench",
-            msg: format!("unknown part {other:?}; parts are: {}", PARTS.join(", ")),
+            msg: format!(
+                "unknown part {other:?}; parts are: {}",
+                PARTS
+                    .iter()
+                    .chain(EXTRA_PARTS)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }),
     }
 }

@@ -27,7 +27,7 @@ pub struct Site {
 
 /// A free loopback port (bound and released: another process could take it
 /// before nginx does, which then fails to start and says so).
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -254,19 +254,18 @@ pub fn s_time(port: u16, reuse: bool, secs: u32) -> Result<f64, String> {
 }
 
 /// Starts nginx on `site`, plainly or under `memveil run` at its defaults
-/// (shared memory let through: nginx maps its accept-mutex zone shared).
-fn start(site: &Site, memveil: Option<&Path>) -> Result<Child, String> {
+/// (shared memory let through: nginx maps its accept-mutex zone shared)
+/// with `run_args` added (e.g. `--window 4096`).
+pub(crate) fn start(
+    site: &Site,
+    memveil: Option<&Path>,
+    run_args: &[&str],
+) -> Result<Child, String> {
     let mut cmd = match memveil {
         Some(m) => {
             let mut c = Command::new(m);
-            c.args([
-                "run",
-                "--quiet",
-                "--shared-memory",
-                "unprotected",
-                "--",
-                "nginx",
-            ]);
+            c.args(["run", "--quiet", "--shared-memory", "unprotected"]);
+            c.args(run_args).args(["--", "nginx"]);
             c
         }
         None => Command::new("nginx"),
@@ -307,7 +306,7 @@ pub(crate) fn figures(
                 if protected { "memveil run" } else { "plain" },
                 round + 1
             ));
-            let mut server = start(&site, protected.then_some(memveil))?;
+            let mut server = start(&site, protected.then_some(memveil), &[])?;
             let measured = s_time(site.tls_port, false, secs)
                 .and_then(|new| Ok((new, s_time(site.tls_port, true, secs)?)));
             site.stop(&mut server);

@@ -603,7 +603,7 @@ fn triad_run(
 
 /// Where the `memveil` executable is: this executable when it is `memveil`,
 /// else a `memveil` beside it.
-fn memveil_exe() -> Option<PathBuf> {
+pub(crate) fn memveil_exe() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     if exe.file_name().is_some_and(|n| n == "memveil") {
         return Some(exe);
@@ -630,10 +630,10 @@ fn tail(path: &Path) -> String {
 /// A redis-server (plain or under `memveil run`) on a Unix socket, stopped
 /// on drop: SIGTERM, then SIGKILL of the server (by its pid file) and of the
 /// child after 10 s.
-struct Server {
+pub(crate) struct Server {
     child: Option<Child>,
     dir: PathBuf,
-    sock: PathBuf,
+    pub(crate) sock: PathBuf,
     log: PathBuf,
 }
 
@@ -641,7 +641,7 @@ impl Server {
     /// `cpu`: the CPU the server (and under `memveil run` its fault handler)
     /// is pinned to: `memveil run --cpu N`, or `taskset -c N` for the plain
     /// server.
-    fn start(
+    pub(crate) fn start(
         redis: &Path,
         memveil: Option<&Path>,
         dir: &Path,
@@ -733,7 +733,7 @@ impl Server {
     }
 
     /// Stops the server; returns whether it exited on SIGTERM.
-    fn stop(&mut self) -> bool {
+    pub(crate) fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
             return true;
         };
@@ -777,7 +777,7 @@ fn pinned_command(program: &Path, cpu: Option<usize>) -> Command {
 
 /// Runs redis-benchmark against `sock` (pinned to `cpu` if given); returns
 /// (SET, GET) requests/s.
-fn redis_benchmark(
+pub(crate) fn redis_benchmark(
     bench: &Path,
     sock: &Path,
     args: &[&str],
@@ -1450,7 +1450,7 @@ fn redis_part(
 }
 
 /// A fresh temporary directory name for one part of the bench.
-fn scratch_dir(what: &str) -> PathBuf {
+pub(crate) fn scratch_dir(what: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "memveil-bench-{what}-{}-{}",
         std::process::id(),

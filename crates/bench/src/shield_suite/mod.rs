@@ -25,9 +25,9 @@ use std::time::Instant;
 use crate::shield::{err, in_path, median};
 use crate::{BenchError, BenchOpts, Figure};
 
-/// How a program is run.
+/// How a program is run (the suite's and the workloads part's modes).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
+pub(crate) enum Mode {
     Plain,
     /// `memveil run` at its defaults.
     Default,
@@ -36,13 +36,30 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 3] = [Mode::Plain, Mode::Default, Mode::Fixed];
+    pub(crate) const ALL: [Mode; 3] = [Mode::Plain, Mode::Default, Mode::Fixed];
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Plain => "plain",
             Mode::Default => "memveil run",
             Mode::Fixed => "memveil run --window 4096",
+        }
+    }
+
+    /// The flags `memveil run` gets for this mode.
+    pub(crate) fn flags(self) -> &'static [&'static str] {
+        match self {
+            Mode::Fixed => &["--window", "4096"],
+            Mode::Plain | Mode::Default => &[],
+        }
+    }
+
+    /// The mode's place in [`Mode::ALL`].
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Mode::Plain => 0,
+            Mode::Default => 1,
+            Mode::Fixed => 2,
         }
     }
 }
@@ -120,9 +137,9 @@ pub(crate) struct RedisLarge {
 const FLOOR: u64 = memveil_shield::DEFAULT_WINDOW as u64;
 
 /// xorshift64: deterministic inputs.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -287,7 +304,7 @@ fn programs(opts: &BenchOpts, dir: &Path) -> Result<(Vec<Program>, Vec<String>),
 
 /// Compiles one of the suite's C programs (`src` saved as `NAME.c`) with
 /// the C compiler of build-essential.
-fn compile(dir: &Path, name: &str, src: &str) -> Result<PathBuf, String> {
+pub(crate) fn compile(dir: &Path, name: &str, src: &str) -> Result<PathBuf, String> {
     let file = dir.join(format!("{name}.c"));
     std::fs::write(&file, src).map_err(|e| format!("{}: {e}", file.display()))?;
     let exe = dir.join(name);
@@ -421,9 +438,7 @@ fn run_once(p: &Program, mode: Mode, memveil: &Path, dir: &Path) -> Result<Outco
         Mode::Default | Mode::Fixed => {
             let mut c = Command::new(memveil);
             c.args(["run", "--quiet", "--stats-json"]).arg(&json);
-            if mode == Mode::Fixed {
-                c.args(["--window", "4096"]);
-            }
+            c.args(mode.flags());
             c.arg("--").args(&p.argv);
             c
         }
@@ -478,8 +493,7 @@ pub(crate) fn run(
                     round + 1
                 ));
                 let o = run_once(p, mode, memveil, dir)?;
-                let i = Mode::ALL.iter().position(|m| *m == mode).unwrap_or(0);
-                got[i] = Some(o);
+                got[mode.index()] = Some(o);
             }
             let [Some(plain), Some(def), Some(fix)] = got else {
                 continue;
@@ -532,7 +546,8 @@ pub(crate) fn run(
     Ok((rows, missing))
 }
 
-fn geomean(v: &[f64]) -> f64 {
+/// The geometric mean (0 when any is 0 or there is none).
+pub(crate) fn geomean(v: &[f64]) -> f64 {
     if v.is_empty() || v.iter().any(|x| *x <= 0.0) {
         return 0.0;
     }

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 /// Flags of `memveil bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run only this part (repeatable). Parts: cipher, engine, vault, pkcs11, rng, shield, disk.
+    /// Run only this part (repeatable). Parts: cipher, engine, vault, pkcs11, rng, shield, disk
+    /// (the default run: all of these), and workloads (only when named: the TME-MK and AMD SME
+    /// articles' workloads, fio, iperf3, HPL, redis, nginx TLS, Tesseract, STREAM, plain against
+    /// `memveil run` and `--window 4096`, and a cryptsetup-style cipher table; about 10 minutes).
     #[arg(long)]
     only: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run.
