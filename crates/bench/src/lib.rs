@@ -42,6 +42,9 @@ pub struct BenchOpts {
     pub size: Size,
     /// Where progress lines go (stderr in the CLI).
     pub progress: Box<dyn Fn(&str) + Send + Sync>,
+    /// The workloads part runs only these (all when empty; then the
+    /// cipher table too).
+    pub workloads: Vec<String>,
     started: Instant,
 }
 
@@ -51,6 +54,7 @@ impl BenchOpts {
         Self {
             size,
             progress,
+            workloads: Vec::new(),
             started: Instant::now(),
         }
     }

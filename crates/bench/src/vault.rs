@@ -48,12 +48,9 @@ impl Drop for Daemon {
 }
 
 pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
-    let exe = std::env::current_exe().map_err(|e| fail(format!("current_exe: {e}")))?;
-    if exe.file_name().is_none_or(|n| n != "memveil") {
-        return Err(fail(
-            "the vault bench starts the vault from the memveil binary; run it through `memveil bench`",
-        ));
-    }
+    let exe = crate::shield::memveil_exe().ok_or_else(|| {
+        fail("the vault bench starts the vault from the memveil binary; run it through `memveil bench`")
+    })?;
     let dir = std::env::temp_dir().join(format!("memveil-bench-vault-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;

@@ -163,7 +163,7 @@ fn text_file(path: &Path, bytes: usize) -> Result<(), BenchError> {
     std::fs::write(path, out).map_err(|e| err(format!("{}: {e}", path.display())))
 }
 
-const PYTHON: &str = "import hashlib, json, sys\n\
+pub(crate) const PYTHON: &str = "import hashlib, json, sys\n\
 n = int(sys.argv[1])\n\
 xs = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(n)]\n\
 xs.sort()\n\

@@ -13,6 +13,12 @@ pub struct Args {
     /// `memveil run` and `--window 4096`, and a cryptsetup-style cipher table; about 10 minutes).
     #[arg(long)]
     only: Vec<String>,
+    /// With `--only workloads`: run only this workload (repeatable; without it all of them and
+    /// the cipher table). Workloads: fio_randread, fio_randwrite, iperf3, hpl, redis, nginx_tls,
+    /// tesseract, stream, tenants18 (18 copies of a python3 job at once, as 18 tenants of their
+    /// own KeyIDs of a vault started for it).
+    #[arg(long, value_name = "NAME")]
+    workload: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run.
     #[arg(long)]
     full: bool,
@@ -27,7 +33,8 @@ pub struct Args {
 /// Runs `memveil bench`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let size = if args.full { Size::Full } else { Size::Small };
-    let opts = BenchOpts::new(size, Box::new(|m| eprintln!("{m}")));
+    let mut opts = BenchOpts::new(size, Box::new(|m| eprintln!("{m}")));
+    opts.workloads.clone_from(&args.workload);
     let parts: Vec<String> = if args.only.is_empty() {
         PARTS.iter().map(|s| (*s).to_owned()).collect()
     } else {
