@@ -24,7 +24,7 @@
 //! A workload whose tool is missing is a counted skip with the package to
 //! install; one that fails or gives another output under `memveil run` gets
 //! ratio 0 (which the geometric mean then shows). Adding a workload is one
-//! more constructor in [`workloads`].
+//! more constructor in `workloads()`.
 
 mod cipher_table;
 
