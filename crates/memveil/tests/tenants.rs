@@ -459,28 +459,75 @@ fn a_vault_gone_stops_its_tenants_and_refusals_name_their_cause() {
     assert_eq!(code, Some(123), "{err}");
     assert!(err.contains("went away"), "{err}");
     // A daemon (its parent exits at once) keeps memveil run there, so the
-    // clear still reaches it.
-    let v2 = VaultProcess::start(BIN, "tenant-daemon", &[]);
+    // clear still reaches it; so does a process the preload never reached
+    // that inherited the key file (env -i setsid -f). The vault allows the
+    // operator 2 connections: its 2 tenants do not lock the clear out.
+    let v2 = VaultProcess::start(BIN, "tenant-daemon", &["--max-connections", "2"]);
     let exe2 = tenant_exe(&v2.dir);
     program(&v2, 3, &software_key(3));
     let mut d = Tenant::start_with(&exe2, &v2, 3, &["D", "256", "daemon"]);
-    std::thread::sleep(Duration::from_millis(500));
+    let mut bare = Command::new(BIN)
+        .args(["run", "--keyid", "3", "--vault", &v2.socket, "--"])
+        .args(["sh", "-c", "env -i setsid -f sleep 120"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("memveil run");
+    std::thread::sleep(Duration::from_millis(1500));
     assert!(
         d.child.try_wait().expect("try_wait").is_none(),
         "{}",
         d.err()
     );
     assert!(d.err().contains("staying until they end"), "{}", d.err());
+    assert!(
+        bare.try_wait().expect("try_wait").is_none(),
+        "the env -i daemon holds the key"
+    );
     let daemon = d.pid;
     let o = v2.key(&["clear", "3"]);
     assert!(
-        text(&o).contains("1 running tenant(s) under KeyID 3 stopped"),
+        text(&o).contains("2 running tenant(s) under KeyID 3 stopped"),
         "{}",
         text(&o)
     );
     let (code, err) = d.stopped();
     assert_eq!(code, Some(123), "{err}");
     assert!(gone(daemon), "daemon {daemon} is gone");
+    let o = bare.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(123), "{}", text(&o));
+
+    // memveil run killed under its tenant: the tenant stops itself.
+    program(&v2, 4, &software_key(4));
+    let mut k = Tenant::start(&exe2, &v2, 4, "K", 64);
+    let victim = k.pid;
+    k.child.kill().expect("kill memveil run");
+    let _ = k.child.wait();
+    let mut ended = false;
+    for _ in 0..100 {
+        if gone(victim) {
+            ended = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        ended,
+        "tenant {victim} outlived its memveil run: {}",
+        k.err()
+    );
+
+    // --user: the key is fetched as the operator, the program runs as the
+    // user, under the KeyID.
+    let o = Command::new(BIN)
+        .args([
+            "run", "--keyid", "4", "--vault", &v2.socket, "--user", "nobody", "--",
+        ])
+        .args(["sh", "-c", "id -u"])
+        .output()
+        .expect("run --user");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).starts_with("65534\n"), "{}", text(&o));
+    assert!(text(&o).contains("host KeyID 4 (software"), "{}", text(&o));
     // Positive control for the stop: a tenant whose vault stays finishes.
     v = VaultProcess::start(BIN, "tenant-gone-2", &[]);
     let exe = tenant_exe(&v.dir);

@@ -23,7 +23,8 @@
 //! keeps), `MEMVEIL_SHIELD_MAX_PLAINTEXT` (an adaptive window's bound, as
 //! `memveil run --max-plaintext`: `25%` or a size), `MEMVEIL_SHIELD_KEYID`,
 //! `MEMVEIL_SHIELD_KEY_FD` (the inherited page-key file of a host KeyID,
-//! `memveil run --keyid`),
+//! `memveil run --keyid`) with `MEMVEIL_SHIELD_SUPERVISOR` (the pid of that
+//! `memveil run`: its end stops the process, exit 123),
 //! `MEMVEIL_SHIELD_STATS_DIR` (one `PID.stats` file per process),
 //! `MEMVEIL_SHIELD_SPIN_US`, `MEMVEIL_SHIELD_REGION_GIB`,
 //! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`,
@@ -1199,9 +1200,13 @@ fn page_key(keyid: u16, cfg: &Config) -> Result<Option<std::sync::Arc<PageKey>>,
         return Ok(None);
     };
     let fd = i32::try_from(fd).map_err(|_| format!("MEMVEIL_SHIELD_KEY_FD {fd} out of range"))?;
-    PageKey::from_fd(fd, keyid, cfg.policy)
-        .map(|k| Some(std::sync::Arc::new(k)))
-        .map_err(|e| e.to_string())
+    let key = PageKey::from_fd(fd, keyid, cfg.policy).map_err(|e| e.to_string())?;
+    // A tenant stops when memveil run, which would stop it on a clear, is gone.
+    let supervisor = env_usize(c"MEMVEIL_SHIELD_SUPERVISOR")
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or("MEMVEIL_SHIELD_KEY_FD without MEMVEIL_SHIELD_SUPERVISOR")?;
+    memveil_shield::watch_supervisor(supervisor).map_err(|e| e.to_string())?;
+    Ok(Some(std::sync::Arc::new(key)))
 }
 
 /// Creates this process's shield (fresh keys, its own handler and counters

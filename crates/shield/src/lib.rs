@@ -51,7 +51,7 @@ mod state;
 mod stats;
 mod threads;
 
-pub use pagekey::{inheritable, page_key_file, PageKey};
+pub use pagekey::{inheritable, page_key_file, watch_supervisor, PageKey};
 pub use policy::{Bound, RUN_MAX};
 pub use shared::{
     parse_shared_policy, SharedConfig, SharedKind, SharedMode, SharedShield, MAX_MAPPINGS,

@@ -36,6 +36,15 @@ impl std::fmt::Debug for PageKey {
     }
 }
 
+/// Bytes read from a key file: the length byte and the longest key.
+const PAGE_KEY_FILE: usize = 65;
+
+/// A zeroed `struct stat` for `fstat` to fill.
+fn unsafe_zeroed_stat() -> libc::stat {
+    // SAFETY: `struct stat` is plain integers, for which all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
 fn bad(fd: RawFd, why: impl std::fmt::Display) -> ShieldError {
     ShieldError::PageKey(format!(
         "the page key of the host KeyID (descriptor {fd}, from memveil run --keyid): {why}"
@@ -51,6 +60,29 @@ impl PageKey {
     /// leaves its children without their key), and the errors of secret
     /// memory.
     pub fn from_fd(fd: RawFd, keyid: u16, policy: Policy) -> Result<Self, ShieldError> {
+        // Only a file of exactly one page is a key file: an empty or short
+        // file at this number (the program closed the descriptor and opened
+        // another) would fault on the read below.
+        let mut st: libc::stat = unsafe_zeroed_stat();
+        // SAFETY: fstat writes one `struct stat` into `st`, which it is.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(bad(
+                fd,
+                format!(
+                    "{} (was the descriptor closed by the program?)",
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+        if usize::try_from(st.st_size).ok() != Some(PAGE) {
+            return Err(bad(
+                fd,
+                format!(
+                    "not a key file ({} bytes, not {PAGE}): the program reused the descriptor",
+                    st.st_size
+                ),
+            ));
+        }
         // SAFETY: a fresh read-only shared mapping of the file chosen by the
         // kernel; it replaces nothing and is unmapped below.
         let p = unsafe {
@@ -73,23 +105,35 @@ impl PageKey {
             ));
         }
         let pool = SecretPool::new(4096, policy);
-        // SAFETY: `p` is one readable page of the key file, mapped above.
-        let page = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), PAGE) };
-        let n = usize::from(page[0]);
         let r = match pool {
             Err(e) => Err(e.into()),
-            Ok(_) if n != 32 && n != 64 => Err(bad(fd, format!("key length {n}, not 32 or 64"))),
             Ok(pool) => pool
-                .alloc_bytes(n)
+                .alloc_bytes(PAGE_KEY_FILE)
                 .map(|mut raw| {
-                    raw.copy_from_slice(&page[1..=n]);
+                    // SAFETY: `p` maps the file's first page, readable (the
+                    // file is exactly one page: checked above); the copy is a
+                    // raw one, as a writer elsewhere may change the bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            p.cast::<u8>(),
+                            raw.as_mut_ptr(),
+                            PAGE_KEY_FILE,
+                        );
+                    }
                     (raw, pool)
                 })
                 .map_err(ShieldError::from),
         };
         // SAFETY: unmapping the page mapped above; `page` is not used again.
         let _ = unsafe { uffd::unmap_direct(p.cast(), PAGE) };
-        let (raw, pool) = r?;
+        let (file, pool) = r?;
+        let n = usize::from(file[0]);
+        if n != 32 && n != 64 {
+            return Err(bad(fd, format!("key length {n}, not 32 or 64")));
+        }
+        let mut raw = pool.alloc_bytes(n)?;
+        raw.copy_from_slice(&file[1..=n]);
+        drop(file);
         if raw[..n / 2] == raw[n / 2..] {
             return Err(bad(fd, "equal XTS halves"));
         }
@@ -111,6 +155,34 @@ impl PageKey {
         let h = self.raw.len() / 2;
         // `from_fd` checked the length (32 or 64) and the distinct halves.
         Ok(pool.alloc(|| Xts::new(&self.raw[..h], &self.raw[h..]).expect("checked by from_fd"))?)
+    }
+}
+
+/// Stops this process, with a message and exit status 123, once `memveil
+/// run` (process `supervisor`), which would stop it when KeyID `keyid` is
+/// cleared, has ended: a tenant never outlives the process that answers for
+/// it (killed, or crashed). At start-up and in every forked child.
+///
+/// # Errors
+/// `pidfd_open` or the thread could not be started; a supervisor already
+/// gone is [`ShieldError::PageKey`].
+pub fn watch_supervisor(supervisor: u32) -> Result<(), ShieldError> {
+    let started = crate::shared::when_gone(supervisor, "spawn supervisor watchdog", || {
+        const MSG: &[u8] = b"memveil-shield: memveil run, which answers for this tenant of a host \
+KeyID, is gone: stopping (exit 123), as a clear of the KeyID could not stop it any more\n";
+        // SAFETY: a static buffer to stderr, then _exit: nothing allocates
+        // or unwinds.
+        unsafe {
+            let _ = libc::write(2, MSG.as_ptr().cast(), MSG.len());
+            libc::_exit(123);
+        }
+    })?;
+    if started {
+        Ok(())
+    } else {
+        Err(ShieldError::PageKey(format!(
+            "memveil run (pid {supervisor}), which answers for this tenant, is gone"
+        )))
     }
 }
 
@@ -224,5 +296,9 @@ mod tests {
         let zero = memveil_sys::ipc::memfd_sealed("not-a-key", PAGE as u64).expect("memfd");
         let e = PageKey::from_fd(zero.as_raw_fd(), 7, policy).expect_err("zero");
         assert!(e.to_string().contains("key length 0"), "{e}");
+        // An empty file at the number (it used to fault): refused by size.
+        let empty = memveil_sys::ipc::memfd_sealed("empty", 0).expect("memfd");
+        let e = PageKey::from_fd(empty.as_raw_fd(), 7, policy).expect_err("empty");
+        assert!(e.to_string().contains("not a key file (0 bytes"), "{e}");
     }
 }

@@ -269,6 +269,48 @@ fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
+/// Runs `f` on a thread of its own (a [`HandlerStack`], started through the
+/// start hook) once process `pid` has ended, watched through a pidfd.
+/// Returns `false`, starting nothing, when `pid` is already gone.
+///
+/// # Errors
+/// `pidfd_open` or the thread could not be started.
+pub(crate) fn when_gone(
+    pid: u32,
+    what: &'static str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<bool, ShieldError> {
+    let pid = libc::pid_t::try_from(pid).unwrap_or(-1);
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        if errno_of(&e) == libc::ESRCH {
+            return Ok(false);
+        }
+        return Err(os("pidfd_open")(e));
+    }
+    // SAFETY: a descriptor the kernel just returned, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(RawFd::try_from(fd).unwrap_or(-1)) };
+    let t = stack_thread::spawn(HandlerStack::new()?, move || {
+        if let Some(hook) = START_HOOK.get() {
+            hook();
+        }
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; retried on EINTR.
+        while unsafe { libc::poll(&mut p, 1, -1) } <= 0 {}
+        f();
+    })
+    .map_err(os(what))?;
+    // The watchdog lives as long as the process.
+    std::mem::forget(t);
+    Ok(true)
+}
+
 impl crate::Shield {
     /// Starts protection of shared anonymous memory created by this process
     /// (see [`SharedShield`]), counted in this shield's statistics.
@@ -557,36 +599,13 @@ impl SharedShield {
     /// # Errors
     /// `pidfd_open` or the thread could not be started.
     pub fn watch_creator(&self) -> Result<(), ShieldError> {
-        let pid = libc::pid_t::try_from(self.inner.creator).unwrap_or(-1);
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            if errno_of(&e) == libc::ESRCH {
-                self.inner.creator_gone();
-                return Ok(());
-            }
-            return Err(os("pidfd_open")(e));
-        }
-        // SAFETY: a descriptor the kernel just returned, owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(RawFd::try_from(fd).unwrap_or(-1)) };
         let inner = Arc::clone(&self.inner);
-        let t = stack_thread::spawn(HandlerStack::new()?, move || {
-            if let Some(hook) = START_HOOK.get() {
-                hook();
-            }
-            let mut p = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; retried on EINTR.
-            while unsafe { libc::poll(&mut p, 1, -1) } <= 0 {}
+        let gone = Arc::clone(&self.inner);
+        if !when_gone(self.inner.creator, "shared-memory watchdog", move || {
             inner.creator_gone();
-        })
-        .map_err(os("spawn shared-memory watchdog"))?;
-        // The watchdog lives as long as the process.
-        std::mem::forget(t);
+        })? {
+            gone.creator_gone();
+        }
         Ok(())
     }
 

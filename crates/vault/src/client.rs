@@ -655,6 +655,12 @@ impl Tenant {
         }
     }
 
+    /// Wipes this process's copy of the page key (once it is handed on);
+    /// [`Tenant::key`] is zeros from then on.
+    pub fn wipe_key(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.key[..]);
+    }
+
     /// Waits for the vault's stop notice (or its end).
     #[must_use]
     pub fn wait_stop(&mut self) -> TenantStop {

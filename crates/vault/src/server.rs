@@ -337,8 +337,10 @@ impl Server {
             };
             let sh = Arc::clone(&self.shared);
             match stack_thread::spawn(Box::new(SecretStack(region)), move || {
-                serve_conn(&sh, stream, cred);
-                sh.ledger.give_back(cred.uid, Resource::Connection);
+                // A tenant's connection gave its slot back when it became one.
+                if !serve_conn(&sh, stream, cred) {
+                    sh.ledger.give_back(cred.uid, Resource::Connection);
+                }
             }) {
                 Ok(t) => conns.push(t),
                 Err(e) => {
@@ -501,12 +503,14 @@ fn frame_pool_bytes() -> usize {
     memveil_secmem::pool_footprint(proto::MAX_REQUEST)
 }
 
-fn serve_conn(sh: &Arc<Shared>, stream: UnixStream, cred: PeerCred) {
+/// Serves one connection; `true` when it became a tenant's (and gave its
+/// connection slot back then).
+fn serve_conn(sh: &Arc<Shared>, stream: UnixStream, cred: PeerCred) -> bool {
     // Request frames (import carries key bytes) land in secret memory,
     // counted against this uid's share of the pool.
     if let Err(msg) = sh.ledger.take(cred.uid, Resource::Pool(frame_pool_bytes())) {
         refuse(&stream, &cred, ErrorCode::Quota, &msg);
-        return;
+        return false;
     }
     let frame = match sh.pool.alloc_bytes(proto::MAX_REQUEST) {
         Ok(b) => b,
@@ -515,7 +519,7 @@ fn serve_conn(sh: &Arc<Shared>, stream: UnixStream, cred: PeerCred) {
             refuse(&stream, &cred, ErrorCode::Internal, &msg);
             sh.ledger
                 .give_back(cred.uid, Resource::Pool(frame_pool_bytes()));
-            return;
+            return false;
         }
     };
     sh.clients.fetch_add(1, Ordering::SeqCst);
@@ -523,7 +527,7 @@ fn serve_conn(sh: &Arc<Shared>, stream: UnixStream, cred: PeerCred) {
         "client connected uid={} pid={}",
         cred.uid, cred.pid
     ));
-    serve_frames(sh, stream, cred, frame);
+    let tenant = serve_frames(sh, stream, cred, frame);
     sh.ledger
         .give_back(cred.uid, Resource::Pool(frame_pool_bytes()));
     sh.clients.fetch_sub(1, Ordering::SeqCst);
@@ -531,6 +535,7 @@ fn serve_conn(sh: &Arc<Shared>, stream: UnixStream, cred: PeerCred) {
         "client gone uid={} pid={}",
         cred.uid, cred.pid
     ));
+    tenant
 }
 
 fn serve_frames(
@@ -538,7 +543,8 @@ fn serve_frames(
     mut stream: UnixStream,
     cred: PeerCred,
     mut frame: memveil_secmem::SecretBox<[u8]>,
-) {
+) -> bool {
+    let mut tenant = false;
     let mut c = Conn {
         cred,
         areas: Arc::default(),
@@ -573,10 +579,16 @@ fn serve_frames(
         let reply = match proto::decode_request(&frame[..n]) {
             Ok(Request::TenantKey { keyid }) => match tenant_key(sh, &c.cred, &mut stream, keyid) {
                 Ok(Some(id)) => {
+                    // Tenants do not count against the operator's connection
+                    // limit: 64 running tenants must not lock `memveil key
+                    // clear` out (only KeyID administrators become tenants).
+                    sh.ledger.give_back(cred.uid, Resource::Connection);
+                    tenant = true;
                     hold_tenant(sh, &stream, id);
                     break;
                 }
-                Ok(None) => continue,
+                // The key went out half-way: the framing is lost.
+                Ok(None) => break,
                 Err(reply) => reply,
             },
             Ok(req) => handle(sh, &mut c, req),
@@ -604,6 +616,7 @@ fn serve_frames(
         sh.ledger
             .give_back(cred.uid, Resource::Area(m.len() as u64));
     }
+    tenant
 }
 
 fn seal_all(sh: &Shared, t: &KeyTable) -> Result<(), Reply> {
@@ -976,8 +989,8 @@ fn program_keyid(sh: &Shared, cred: &PeerCred, req: &KeyProgram<'_>) -> Reply {
 
 /// `TenantKey`: derives the KeyID's page key into secret memory, sends it,
 /// and registers the connection as the tenant's. `Ok(Some(id))`: a tenant
-/// now; `Ok(None)`: the reply could not be sent (the caller reads on);
-/// `Err`: the refusal to send.
+/// now; `Ok(None)`: the reply could not be sent whole (the caller closes the
+/// connection); `Err`: the refusal to send.
 fn tenant_key(
     sh: &Shared,
     cred: &PeerCred,
@@ -1027,13 +1040,22 @@ fn tenant_key(
         Ok((keyid, state.generation, state))
     });
     let (id, state) = derived.inspect_err(|_| audit("refused"))?;
+    if id == 0 {
+        // No second handle on the connection: it could never be told to
+        // stop, so it gets no key.
+        audit("no-handle");
+        return Err(err(
+            ErrorCode::Internal,
+            "the vault could not keep a handle on this connection to stop the tenant later (out of descriptors?); no key given, retry",
+        ));
+    }
     let frame = proto::encode_reply(&Reply::TenantKey(state));
     let sent = crate::client::write_all_vectored(
         stream,
         &mut [io::IoSlice::new(&frame), io::IoSlice::new(&key)],
     );
     drop(key);
-    if sent.is_err() || id == 0 {
+    if sent.is_err() {
         sh.tenants.remove(id);
         audit("connection-lost");
         return Ok(None);

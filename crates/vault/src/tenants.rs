@@ -87,7 +87,7 @@ impl Tenants {
                 Ok((id, t))
             }
             // Without a second handle it cannot be told to stop: not a
-            // tenant (id 0), and the caller drops the connection.
+            // tenant (id 0), and the caller refuses it the key.
             Err(_) => Ok((0, t)),
         }
     }
@@ -120,19 +120,27 @@ impl Tenants {
             generation,
             message: message.to_owned(),
         });
-        let mut g = self.lock();
+        // The tenants to tell, with handles of their own: the writes (up to
+        // 1 s each for a stuck one) happen without the registry's lock.
+        let to_tell: Vec<(u64, i32, Option<UnixStream>)> = self
+            .lock()
+            .1
+            .iter()
+            .filter(|t| t.keyid == keyid && t.generation < generation)
+            .map(|t| (t.id, t.pid, t.stream.try_clone().ok()))
+            .collect();
         let mut told = Vec::new();
-        for t in
-            g.1.iter_mut()
-                .filter(|t| t.keyid == keyid && t.generation < generation)
-        {
-            let _ = t.stream.set_write_timeout(Some(Duration::from_secs(1)));
-            // A tenant that cannot be written to is gone or stuck: it is
-            // waited for all the same, and named if it stays.
-            let _ = t.stream.write_all(&frame);
-            told.push((t.id, t.pid));
+        for (id, pid, stream) in to_tell {
+            if let Some(mut s) = stream {
+                let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                // A tenant that cannot be written to is gone or stuck: it
+                // is waited for all the same, and named if it stays.
+                let _ = s.write_all(&frame);
+            }
+            told.push((id, pid));
         }
         let deadline = Instant::now() + wait;
+        let mut g = self.lock();
         loop {
             let left: Vec<i32> = told
                 .iter()

@@ -433,7 +433,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         .map(|p| std::fs::File::create(p).with_context(|| format!("creating {}", p.display())))
         .transpose()?;
     // Asked for as the operator, before --user gives that up.
-    let host = match a.keyid {
+    let mut host = match a.keyid {
         Some(k) => Some(HostKeyId::fetch(
             &a.vault
                 .clone()
@@ -456,6 +456,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
                 preload.display()
             )
         })?;
+    }
+    if let Some(h) = host.as_mut() {
+        h.watch()?;
     }
     // As the user, with what it kept: the check proves that its fault
     // handler may serve faults inside system calls.
@@ -558,12 +561,19 @@ fn supervise(
     let mut cmd = Command::new(&a.command[0]);
     if host.is_some_and(HostKeyId::no_encrypt) {
         // KEYID_NO_ENCRYPT, accepted: the program runs as it is.
-        cmd.env_remove("MEMVEIL_SHIELD_KEY_FD");
     } else {
         cmd.env("LD_PRELOAD", ld);
     }
-    if let Some(fd) = host.and_then(HostKeyId::fd) {
-        cmd.env("MEMVEIL_SHIELD_KEY_FD", fd.to_string());
+    match host.and_then(HostKeyId::fd) {
+        Some(fd) => {
+            cmd.env("MEMVEIL_SHIELD_KEY_FD", fd.to_string())
+                .env("MEMVEIL_SHIELD_SUPERVISOR", std::process::id().to_string());
+        }
+        // A memveil run inside a tenant: fresh keys, not the outer tenant's.
+        None => {
+            cmd.env_remove("MEMVEIL_SHIELD_KEY_FD")
+                .env_remove("MEMVEIL_SHIELD_SUPERVISOR");
+        }
     }
     cmd.args(&a.command[1..])
         .env(
@@ -608,16 +618,20 @@ fn supervise(
     let mut key_gone = None;
     let mut waited_for_daemons = false;
     let mut exited = None;
+    let mut tick = 0u64;
+    let mut left = Vec::new();
     let status = loop {
         if exited.is_none() {
             exited = child.try_wait().context("waiting for the program")?;
         }
-        if let Some(st) = exited {
-            // A tenant's daemons (a double fork) hold its KeyID's key: this
-            // process stays, so that a clear still stops them, until they end.
-            let left = host
+        tick += 1;
+        // A tenant's daemons (a double fork, or anything that inherited the
+        // key file) hold its KeyID's key: this process stays, so that a
+        // clear still stops them, until they end (looked for once a second).
+        if let (Some(st), true) = (exited, left.is_empty() || tick.is_multiple_of(20)) {
+            left = host
                 .filter(|h| !h.no_encrypt())
-                .map(|h| run_keyid::reported(stats_dir, h.file_id().as_ref()))
+                .map(|h| run_keyid::left_running(stats_dir, h.file_id().as_ref()))
                 .unwrap_or_default();
             if left.is_empty() {
                 break st;
@@ -652,7 +666,16 @@ fn supervise(
             break st;
         }
         if stop.load(Ordering::Relaxed) && !forwarded {
-            let _ = memveil_sys::process::send_signal(child.id(), libc::SIGTERM);
+            // To the program, or once it is reaped (its pid may be another's
+            // by now) to the processes it left holding the key.
+            let to = if exited.is_none() {
+                vec![child.id()]
+            } else {
+                left.clone()
+            };
+            for pid in to {
+                let _ = memveil_sys::process::send_signal(pid, libc::SIGTERM);
+            }
             forwarded = true;
         }
         let s = StatsFile::read_dir(stats_dir).unwrap_or_default();

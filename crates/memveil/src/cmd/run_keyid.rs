@@ -28,6 +28,9 @@ pub struct HostKeyId {
     level: Option<Level>,
     /// Why the program must stop, once the vault said so.
     stop: Arc<Mutex<Option<String>>>,
+    /// The vault connection, until [`HostKeyId::watch`] hands it to the
+    /// watcher thread.
+    tenant: Option<memveil_vault::client::Tenant>,
 }
 
 impl HostKeyId {
@@ -64,12 +67,33 @@ impl HostKeyId {
         } else {
             let (fd, level) = memveil_shield::page_key_file(tenant.key(), policy)
                 .with_context(|| format!("--keyid {keyid}"))?;
+            // The program's copy is the file's; this process needs none.
+            tenant.wipe_key();
             memveil_shield::inheritable(fd.as_fd())
                 .context("letting the program inherit the page-key file")?;
             (Some(fd), Some(level))
         };
-        let stop = Arc::new(Mutex::new(None));
-        let said = Arc::clone(&stop);
+        Ok(Self {
+            keyid,
+            state,
+            file,
+            level,
+            stop: Arc::new(Mutex::new(None)),
+            tenant: Some(tenant),
+        })
+    }
+
+    /// Starts watching for the vault's stop notice (after `--user`: a
+    /// process that changes users must have one thread).
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub fn watch(&mut self) -> anyhow::Result<()> {
+        let Some(mut tenant) = self.tenant.take() else {
+            return Ok(());
+        };
+        let keyid = self.keyid;
+        let said = Arc::clone(&self.stop);
         std::thread::Builder::new()
             .name("keyid-watch".into())
             .spawn(move || {
@@ -87,13 +111,7 @@ impl HostKeyId {
                 std::mem::forget(tenant);
             })
             .context("starting the KeyID watcher thread")?;
-        Ok(Self {
-            keyid,
-            state,
-            file,
-            level,
-            stop,
-        })
+        Ok(())
     }
 
     /// The KeyID.
@@ -181,7 +199,7 @@ pub fn kill_program(root: Option<u32>, stats_dir: &Path, key: Option<&std::fs::M
     for _ in 0..20 {
         let mut pids = root.map(descendants).unwrap_or_default();
         pids.extend(root);
-        pids.extend(reported(stats_dir, key));
+        pids.extend(left_running(stats_dir, key));
         let alive: Vec<u32> = pids
             .into_iter()
             .filter(|&p| !is_zombie(p))
@@ -196,20 +214,39 @@ pub fn kill_program(root: Option<u32>, stats_dir: &Path, key: Option<&std::fs::M
     killed.len()
 }
 
-/// The processes that reported into `stats_dir` and are still alive and
-/// ours: holding the page-key file `key`, or started with `stats_dir` in
-/// their environment.
-pub fn reported(stats_dir: &Path, key: Option<&std::fs::Metadata>) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir(stats_dir) else {
-        return Vec::new();
-    };
-    rd.flatten()
+/// The live processes that hold the program's KeyID key, other than this
+/// one: every process with the page-key file `key` open (a scan of every
+/// process's descriptors: those the preload never reached, e.g. a daemon
+/// started with `env -i`, included), and those that reported into
+/// `stats_dir` and were started with it in their environment (they read
+/// the key, even if they closed the file since).
+pub fn left_running(stats_dir: &Path, key: Option<&std::fs::Metadata>) -> Vec<u32> {
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir(stats_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "stats"))
         .filter_map(|p| p.file_stem()?.to_str()?.parse().ok())
-        .filter(|&pid| !is_zombie(pid))
-        .filter(|&pid| key.is_some_and(|k| holds(pid, k)) || ours(pid, stats_dir))
-        .collect()
+        .filter(|&pid| ours(pid, stats_dir))
+        .collect();
+    if let Some(k) = key {
+        pids.extend(all_pids().filter(|&pid| holds(pid, k)));
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids.retain(|&pid| pid != me && !is_zombie(pid));
+    pids
+}
+
+/// Every process id in `/proc`.
+fn all_pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
 }
 
 /// Whether process `pid` has the file `key` open.
@@ -251,11 +288,7 @@ fn is_zombie(pid: u32) -> bool {
 
 /// Every process whose chain of parents reaches `root`.
 fn descendants(root: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    let parents: Vec<(u32, u32)> = all_pids()
         .filter_map(|pid| stat(pid).map(|(_, ppid)| (pid, ppid)))
         .collect();
     let mut out = vec![root];
