@@ -285,6 +285,12 @@ impl ProgramError {
 /// 32 bytes).
 pub const PAGE_KEY_LEN: usize = 64;
 
+/// The XTS data unit of a page-key derivation, ORed with the generation: a
+/// space no memory under the key uses (the engine tweaks pages with their
+/// physical address, below 2^52), so no page of memory ever encrypts under
+/// the unit a page key comes from.
+const PAGE_KEY_UNIT: u128 = 1 << 127;
+
 /// The label a tenant page key is derived from (64 bytes: four AES blocks).
 const PAGE_KEY_LABEL: &[u8; 48] = b"memveil tenant page key v1 (memveil run --keyid)";
 
@@ -563,7 +569,8 @@ impl KeyTable {
     /// The page key of a process that runs under `keyid` (`memveil run
     /// --keyid`), written into `out` (secret memory of the caller's), and the
     /// KeyID's state. It is the KeyID's own XTS encryption of a fixed label
-    /// naming the KeyID and its generation, with the generation as data unit:
+    /// naming the KeyID and its generation, with the generation (in a unit
+    /// space no memory uses) as data unit:
     /// every process under the KeyID gets the same key (TME-MK's shared
     /// KeyID), a new program or clear gives a new one, and no byte of the
     /// table's key leaves it (recovering it from a page key is breaking AES).
@@ -598,7 +605,7 @@ impl KeyTable {
         out[58..].fill(0);
         // 64 bytes is always a valid XTS unit; were it refused, the label
         // itself would go out as the key, so that is no outcome to ignore.
-        key.encrypt_unit(u128::from(state.generation), out)
+        key.encrypt_unit(PAGE_KEY_UNIT | u128::from(state.generation), out)
             .expect("a 64-byte unit is valid XTS");
         Ok(state)
     }
@@ -817,7 +824,7 @@ mod tests {
         want[50..58].copy_from_slice(&1u64.to_le_bytes());
         Xts::new(&k1, &k2)
             .expect("xts")
-            .encrypt_unit(1, &mut want)
+            .encrypt_unit(PAGE_KEY_UNIT | 1, &mut want)
             .expect("unit");
         assert_eq!(a, want);
         // Reprogrammed with the same key: a new generation, a new page key.
