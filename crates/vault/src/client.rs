@@ -234,13 +234,7 @@ impl Client {
     }
 
     fn read_reply(&mut self) -> Result<Reply, ClientError> {
-        let mut h = [0u8; 4];
-        self.sock.read_exact(&mut h)?;
-        let n = proto::frame_len(h, proto::MAX_REPLY)?;
-        let mut b = vec![0u8; n];
-        self.sock.read_exact(&mut b)?;
-        let r = proto::decode_reply(&b)?;
-        match r {
+        match read_frame(&mut self.sock)? {
             Reply::Error { code, message } => Err(ClientError::Refused { code, message }),
             r => Ok(r),
         }
@@ -664,18 +658,7 @@ impl Tenant {
     /// Waits for the vault's stop notice (or its end).
     #[must_use]
     pub fn wait_stop(&mut self) -> TenantStop {
-        let mut h = [0u8; 4];
-        let r = self
-            .sock
-            .read_exact(&mut h)
-            .map_err(ClientError::from)
-            .and_then(|()| {
-                let n = proto::frame_len(h, proto::MAX_REPLY)?;
-                let mut b = vec![0u8; n];
-                self.sock.read_exact(&mut b)?;
-                Ok(proto::decode_reply(&b)?)
-            });
-        match r {
+        match read_frame(&mut self.sock) {
             Ok(Reply::TenantStop {
                 generation,
                 message,
@@ -735,6 +718,16 @@ impl Client {
             key,
         })
     }
+}
+
+/// Reads one reply frame and decodes it (an `Error` reply stays a reply).
+fn read_frame(sock: &mut UnixStream) -> Result<Reply, ClientError> {
+    let mut h = [0u8; 4];
+    sock.read_exact(&mut h)?;
+    let n = proto::frame_len(h, proto::MAX_REPLY)?;
+    let mut b = vec![0u8; n];
+    sock.read_exact(&mut b)?;
+    Ok(proto::decode_reply(&b)?)
 }
 
 /// A vault built before the host key table answers its requests as an
