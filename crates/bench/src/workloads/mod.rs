@@ -117,11 +117,22 @@ impl Runner<'_> {
     /// [`Runner::run_flags`] when protected), inside `timeout`, which stops
     /// the whole process tree after [`LIMIT`].
     pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        self.command_with(program, &[])
+    }
+
+    /// [`Runner::command`] with `flags` for `memveil run` ahead of the
+    /// workload's and the mode's (not used when plain).
+    pub(crate) fn command_with(
+        &self,
+        program: impl AsRef<std::ffi::OsStr>,
+        flags: &[&str],
+    ) -> Command {
         let mut c = Command::new("timeout");
         c.args(["-k", "5", &LIMIT.as_secs().to_string()]);
         if let Some(m) = self.memveil() {
             c.arg(m)
                 .args(["run", "--quiet"])
+                .args(flags)
                 .args(self.run_flags())
                 .arg("--");
         }
@@ -695,21 +706,15 @@ fn tenants18(plan: Plan, dir: &Path) -> Result<Workload, String> {
             let t = Instant::now();
             let children: Vec<Child> = (1..=TENANTS)
                 .map(|keyid| {
-                    let mut c = match (r.memveil(), &vault) {
-                        (Some(m), Some(v)) => {
-                            let mut c = Command::new(m);
-                            c.args(["run", "--quiet", "--keyid", &keyid.to_string(), "--vault"])
-                                .arg(&v.socket)
-                                .args(r.run_flags())
-                                .arg("--")
-                                .arg(python);
-                            c
-                        }
-                        _ => Command::new(python),
-                    };
-                    c.arg(&script)
+                    let id = keyid.to_string();
+                    let socket = vault
+                        .as_ref()
+                        .map(|v| v.socket.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let tenant = ["--keyid", id.as_str(), "--vault", socket.as_str()];
+                    r.command_with(python, if vault.is_some() { &tenant } else { &[] })
+                        .arg(&script)
                         .arg(n.to_string())
-                        .stdin(Stdio::null())
                         .stdout(Stdio::piped())
                         .stderr(Stdio::piped())
                         .spawn()
