@@ -465,6 +465,20 @@ fn window_flags_bound_the_plaintext_and_the_summary_advises() {
         err.contains("faults took about"),
         "no advice although faults dominated: {err}"
     );
+    // The advice comes from the refault ages: every decrypting fault is
+    // counted in one bucket, and the line names a measured setting.
+    let ages: u64 = j["refault_ages"]
+        .as_array()
+        .map_or(0, |a| a.iter().filter_map(serde_json::Value::as_u64).sum());
+    assert_eq!(ages, n("faults_in"), "refault ages do not add up: {j}");
+    assert!(n("max_data") > 256, "{j}");
+    assert!(
+        (err.contains("--max-plaintext ") && err.contains("of the pages that came back"))
+            || err.contains("only a window holding all of it")
+            || err.contains("first touches of fresh memory"),
+        "the advice names no measured setting: {err}"
+    );
+    assert!(!err.contains("--cpu N"), "{err}");
 }
 
 fn sqlite_create_script() -> String {

@@ -422,6 +422,7 @@ impl Inner {
         c.evicted.store(st.evicted as u64, Ordering::Relaxed);
         c.max_resident
             .fetch_max(st.resident as u64, Ordering::Relaxed);
+        c.max_data.fetch_max(data as u64, Ordering::Relaxed);
     }
 
     /// Moves the handler to the CPU thread `tid` last ran on when that is
@@ -578,8 +579,9 @@ impl Inner {
                 if st.window.fault(age, data) {
                     c.near_misses.fetch_add(1, Ordering::Relaxed);
                 }
-                if evicted {
+                if let Some(age) = age {
                     c.faults_in.fetch_add(1, Ordering::Relaxed);
+                    c.refault_ages[crate::age_bucket(age)].fetch_add(1, Ordering::Relaxed);
                 } else {
                     c.zero_fills.fetch_add(1, Ordering::Relaxed);
                 }

@@ -57,7 +57,7 @@ pub use shared::{
     parse_shared_policy, SharedConfig, SharedKind, SharedMode, SharedShield, MAX_MAPPINGS,
     MAX_VIEWS,
 };
-pub use stats::{Counters, Snapshot, StatsFile};
+pub use stats::{age_bucket, age_bucket_end, Counters, Snapshot, StatsFile, AGE_BUCKETS};
 pub use threads::{register_thread, reset_after_fork, unregister_thread};
 
 use std::io;

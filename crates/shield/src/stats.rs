@@ -10,7 +10,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memveil_sys::uffd;
 
-const MAGIC: u64 = 0x6d76_7368_6c64_0004; // "mvshld" v4
+const MAGIC: u64 = 0x6d76_7368_6c64_0005; // "mvshld" v5
+
+/// Buckets of [`Counters::refault_ages`]: bucket 0 counts refaults of pages
+/// that left the window fewer than 256 evictions before, bucket `k` (1 to
+/// 14) those that left `[2^(k+7), 2^(k+8))` evictions before, the last all
+/// older ones.
+pub const AGE_BUCKETS: usize = 16;
+
+/// The bucket of [`Counters::refault_ages`] a refault `age` evictions
+/// after its page left the window counts in.
+#[must_use]
+pub fn age_bucket(age: u32) -> usize {
+    match age.checked_ilog2() {
+        Some(l) if l >= 8 => (l as usize - 7).min(AGE_BUCKETS - 1),
+        _ => 0,
+    }
+}
+
+/// The first age past bucket `k` of [`Counters::refault_ages`] (`None` for
+/// the last, which has no end): a window larger by that many pages would
+/// have kept every page refaulted in buckets `0..=k`, replacement being
+/// close to least-recently-used.
+#[must_use]
+pub fn age_bucket_end(k: usize) -> Option<u64> {
+    (k + 1 < AGE_BUCKETS).then(|| 1u64 << (k + 8))
+}
 
 /// The counters, as laid out in the shared file (all little-endian u64).
 #[repr(C)]
@@ -94,6 +119,12 @@ pub struct Counters {
     /// The most processes whose views of this process's shared memory the
     /// handler served at once (this one and its forked descendants).
     pub shared_views: AtomicU64,
+    /// The most pages holding data (plaintext and ciphertext) at once.
+    pub max_data: AtomicU64,
+    /// Decrypting faults by how many evictions ago the page left the window
+    /// (see [`age_bucket`]): how much larger a window would have had to be
+    /// to keep it.
+    pub refault_ages: [AtomicU64; AGE_BUCKETS],
 }
 
 /// A copy of the counters at one moment.
@@ -169,6 +200,11 @@ pub struct Snapshot {
     pub shared_evictions: u64,
     /// Process views of protected shared memory served.
     pub shared_views: u64,
+    /// The most pages holding data at once (summed over processes).
+    pub max_data: u64,
+    /// Decrypting faults by how long ago their page left the window (see
+    /// [`age_bucket`]).
+    pub refault_ages: [u64; AGE_BUCKETS],
 }
 
 impl Snapshot {
@@ -244,6 +280,10 @@ impl Snapshot {
         self.shared_faults_in += o.shared_faults_in;
         self.shared_evictions += o.shared_evictions;
         self.shared_views += o.shared_views;
+        self.max_data += o.max_data;
+        for (a, b) in self.refault_ages.iter_mut().zip(o.refault_ages) {
+            *a += b;
+        }
     }
 }
 
@@ -285,6 +325,8 @@ impl Counters {
             shared_faults_in: g(&self.shared_faults_in),
             shared_evictions: g(&self.shared_evictions),
             shared_views: g(&self.shared_views),
+            max_data: g(&self.max_data),
+            refault_ages: std::array::from_fn(|k| g(&self.refault_ages[k])),
         }
     }
 }

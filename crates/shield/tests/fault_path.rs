@@ -187,3 +187,54 @@ fn a_fixed_window_stays_fixed_under_the_same_load() {
         "a 64-page window thrashes on 200 pages: {st:?}"
     );
 }
+
+#[test]
+fn refault_ages_tell_how_much_larger_a_window_would_have_kept_a_page() {
+    // Page-by-page sweeps (no readahead) over 1000 pages through a fixed
+    // 64-page window: every page that comes back left the window about
+    // 1000 - 64 evictions before (give or take an eviction batch), so the
+    // refaults land in the [512, 1024) bucket and nowhere else; the same
+    // sweeps over 200 pages land below 256. The two are each other's
+    // control: a histogram that did not follow the ages fails one of them.
+    for (n, want) in [(1000usize, 2usize), (200, 0)] {
+        let Some(s) = shield(Config {
+            window: 64,
+            readahead: false,
+            ..Config::default()
+        }) else {
+            return;
+        };
+        let buf = pages(n);
+        protect(&s, buf);
+        sweep_write(buf, 3);
+        let a = s.stats();
+        sweep_check(buf, 3);
+        sweep_check(buf, 3);
+        let b = s.stats();
+        let ages: Vec<u64> = (0..memveil_shield::AGE_BUCKETS)
+            .map(|k| b.refault_ages[k] - a.refault_ages[k])
+            .collect();
+        let total: u64 = ages.iter().sum();
+        println!("{n} pages: refault ages {ages:?}");
+        assert_eq!(
+            total,
+            b.faults_in - a.faults_in,
+            "every refault counted once"
+        );
+        assert!(
+            total as usize >= 2 * (n - 64) - 64,
+            "{n} pages: {total} refaults"
+        );
+        assert!(
+            ages[want] * 100 >= total * 95,
+            "{n} pages: refaults not in bucket {want}: {ages:?}"
+        );
+        assert!(b.max_data >= n as u64, "{b:?}");
+        assert_eq!(memveil_shield::age_bucket(255), 0);
+        assert_eq!(memveil_shield::age_bucket(256), 1);
+        assert_eq!(memveil_shield::age_bucket(1023), 2);
+        assert_eq!(memveil_shield::age_bucket_end(2), Some(1024));
+        assert_eq!(memveil_shield::age_bucket(u32::MAX), 15);
+        assert_eq!(memveil_shield::age_bucket_end(15), None);
+    }
+}

@@ -367,8 +367,34 @@ fn shared_policy(s: &str) -> Result<String, String> {
 /// more than the handler's own time): a rough figure for the advice line.
 const SWITCHES_US: f64 = 12.0;
 
+/// Share of the refaulted pages a larger window should have kept for the
+/// advice to name it.
+const KEEP_SHARE: f64 = 0.75;
+
+/// How many pages more a window would have needed to keep at least
+/// [`KEEP_SHARE`] of the pages that faulted back, and the share it would
+/// have kept, from the refault ages (`None`: none measured, or only the
+/// open-ended oldest bucket reaches the share).
+fn growth(s: &Snapshot) -> Option<(u64, f64)> {
+    let total: u64 = s.refault_ages.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut kept = 0;
+    for (k, n) in s.refault_ages.iter().enumerate() {
+        kept += n;
+        let end = memveil_shield::age_bucket_end(k)?;
+        if kept as f64 >= KEEP_SHARE * total as f64 {
+            return Some((end, kept as f64 / total as f64));
+        }
+    }
+    None
+}
+
 /// One line a person can act on when faults took a good part of the run,
-/// or `None` when they did not.
+/// or `None` when they did not. What it names comes from the refault ages:
+/// how much larger a window would have had to be to keep the pages that
+/// came back.
 fn advice(s: &Snapshot, secs: f64, fixed: Option<u64>) -> Option<String> {
     let faults = s.faults();
     if faults == 0 || secs <= 0.0 {
@@ -384,28 +410,39 @@ fn advice(s: &Snapshot, secs: f64, fixed: Option<u64>) -> Option<String> {
         100.0 * share,
         cost * 1e6 / faults as f64
     );
-    let data = s.resident_pages + s.evicted_pages;
-    let near = s.near_misses as f64 / s.faults_in.max(1) as f64;
+    let data = s.max_data.max(s.resident_pages + s.evicted_pages).max(1);
     let what = if s.zero_fills * 2 > faults {
         "most were first touches of fresh memory (the program allocates faster than it reuses); \
          nothing but a larger window (more plaintext) avoids them"
             .to_owned()
-    } else if let Some(w) = fixed {
-        format!(
-            "the working set exceeds the fixed --window {w}; drop --window to let the window adapt \
-             (default bound 25% of the data), or raise it"
-        )
-    } else if s.adaptive > 0 && s.max_window >= s.bound && near > 0.25 {
-        format!(
-            "the working set exceeds the plaintext bound ({} pages of {data} holding data): \
-             --max-plaintext 50% would keep twice as much plaintext and fault less; --cpu N helps \
-             a single-threaded program when the machine is busy",
-            s.bound
-        )
     } else {
-        "the program touches its data at random, farther apart than any window within the bound \
-         reaches; --cpu N keeps the fault hand-off on one CPU"
-            .to_owned()
+        match growth(s) {
+            Some((extra, kept)) if s.max_window + extra < data => {
+                let pages = s.max_window + extra;
+                let pct = (100 * pages).div_ceil(data).clamp(1, 100);
+                let mib = pages.div_ceil(256);
+                let kept = 100.0 * kept;
+                match fixed {
+                    Some(w) => format!(
+                        "the working set exceeds the fixed --window {w}: --window {pages} \
+                         ({mib} MiB) would have kept about {kept:.0}% of the pages that came back \
+                         in plaintext; or drop --window to let the window adapt within 25% of the data"
+                    ),
+                    None => format!(
+                        "the working set exceeds the plaintext bound ({} of {data} pages holding \
+                         data): --max-plaintext {pct}% ({mib} MiB) would have kept about \
+                         {kept:.0}% of the pages that came back in plaintext, and leaves {pct}% of \
+                         the data unencrypted in memory",
+                        s.bound
+                    ),
+                }
+            }
+            _ => format!(
+                "the program reuses its pages only after cycling through nearly all of its data \
+                 ({data} pages): only a window holding all of it (--max-plaintext 100%, no \
+                 protection at rest) would avoid these faults"
+            ),
+        }
     };
     Some(format!("{head}: {what}"))
 }
@@ -796,44 +833,60 @@ mod tests {
         });
         assert_eq!(advice(&calm, 10.0, None), None);
         assert_eq!(advice(&Snapshot::default(), 1.0, None), None);
-        // 500k faults in 10 s: faults dominate.
+        // 500k faults in 10 s: faults dominate. 80% of the pages that came
+        // back had left 1024-2047 evictions before: a window 2048 pages
+        // larger (6144 of 16000 pages, 39%) would have kept them.
         let busy = snap(|s| {
             s.faults_in = 500_000;
             s.handler_ns = 3_000_000_000;
             s.adaptive = 1;
             s.bound = 4096;
             s.max_window = 4096;
-            s.near_misses = 400_000;
+            s.max_data = 16_000;
+            s.refault_ages[3] = 400_000;
+            s.refault_ages[6] = 100_000;
         });
         let line = advice(&busy, 10.0, None).expect("advice");
         assert!(
             line.starts_with("faults took about 90% of the run"),
             "{line}"
         );
-        assert!(line.contains("--max-plaintext 50%"), "{line}");
-        // A fixed window names the flag that fixed it.
+        assert!(
+            line.contains("--max-plaintext 39% (24 MiB) would have kept about 80%"),
+            "{line}"
+        );
+        assert!(line.contains("39% of the data unencrypted"), "{line}");
+        // A fixed window names the window that would have held them.
         let line = advice(&busy, 10.0, Some(4096)).expect("advice");
-        assert!(line.contains("fixed --window 4096"), "{line}");
+        assert!(
+            line.contains("fixed --window 4096: --window 6144"),
+            "{line}"
+        );
         // Fresh memory: no flag helps but a larger window.
         let fresh = snap(|s| {
             s.zero_fills = 400_000;
             s.faults_in = 1000;
+            s.refault_ages[0] = 1000;
             s.handler_ns = 2_000_000_000;
         });
         let line = advice(&fresh, 5.0, None).expect("advice");
         assert!(line.contains("first touches of fresh memory"), "{line}");
-        // Far-apart random access within the bound.
-        let random = snap(|s| {
+        // Pages that come back only after the program went through more
+        // than all of its data: no window short of all of it helps.
+        let cycling = snap(|s| {
             s.faults_in = 300_000;
             s.handler_ns = 2_000_000_000;
             s.adaptive = 1;
-            s.bound = 8192;
-            s.max_window = 5000;
+            s.bound = 4096;
+            s.max_window = 4096;
+            s.max_data = 16_000;
+            s.refault_ages[7] = 300_000;
         });
-        let line = advice(&random, 5.0, None).expect("advice");
-        assert!(line.contains("--cpu N"), "{line}");
+        let line = advice(&cycling, 5.0, None).expect("advice");
+        assert!(line.contains("only a window holding all of it"), "{line}");
+        assert!(!line.contains("--cpu"), "{line}");
         // One line a person reads: no runs of spaces from wrapped literals.
-        for s in [&busy, &fresh, &random] {
+        for s in [&busy, &fresh, &cycling] {
             for fixed in [None, Some(4096)] {
                 let line = advice(s, 5.0, fixed).expect("advice");
                 assert!(!line.contains("  ") && !line.contains('\n'), "{line:?}");
