@@ -29,7 +29,9 @@
 //! `MEMVEIL_SHIELD_SPIN_US`, `MEMVEIL_SHIELD_REGION_GIB`,
 //! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`,
 //! `MEMVEIL_SHIELD_FOLLOW=0` (the fault handler stays on the CPU the
-//! program started on instead of following the faulting thread).
+//! program started on instead of following the faulting thread),
+//! `MEMVEIL_SHIELD_ZERO_POOL=0` (never-written pages are copied in, without
+//! the pool of zeroed frames filled ahead).
 //! If the shield cannot start, the program is not run unprotected: the
 //! library prints why and exits with status 125.
 //!
@@ -1178,6 +1180,7 @@ fn config() -> Result<(Config, u16), String> {
         spin: Duration::from_micros(spin as u64),
         accept_unwiped_free: env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") == Some(1),
         force_write_protect: env_usize(c"MEMVEIL_SHIELD_FORCE_WP") == Some(1),
+        zero_pool: env_usize(c"MEMVEIL_SHIELD_ZERO_POOL") != Some(0),
         handler_cpu: if env_usize(c"MEMVEIL_SHIELD_FOLLOW") == Some(0) {
             HandlerCpu::Current
         } else {

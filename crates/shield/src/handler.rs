@@ -20,7 +20,8 @@ use memveil_sys::stack_thread::{self, StackThread};
 use memveil_sys::uffd::{self, Fault, Uffd};
 
 use crate::policy::{Streams, Window, RUN_MAX};
-use crate::state::{zeroize_page, State, EVICTED, PINNED, RESIDENT, STATE_MASK};
+use crate::state::{zeroize_page, State, EVICTED, PINNED, RDONLY, RESIDENT, STATE_MASK};
+use crate::zeropool::ZeroPool;
 use crate::{
     guard, mechanism_of, nanos, open_uffd, os, Config, HandlerCpu, Mechanism, ShieldError,
     StatsFile, FOLLOW_EVERY, KEYIDS, PAGE, START_HOOK,
@@ -51,6 +52,9 @@ pub(crate) struct Inner {
     /// maps zeros there (releasing the toucher) and sees `stop`.
     doorbell: usize,
     pool: SecretPool,
+    /// Zeroed frames for never-written pages, filled ahead (Move mechanism
+    /// and more than one CPU; see [`crate::zeropool`]).
+    zeros: Option<Arc<ZeroPool>>,
     /// The host KeyID's key (`memveil run --keyid`).
     pub(crate) page_key: Option<Arc<crate::PageKey>>,
     /// The handler thread's id, for the watchdog.
@@ -115,11 +119,16 @@ impl Drop for HandlerStack {
 pub(crate) struct Threads {
     handler: StackThread<HandlerStack>,
     guard: Option<StackThread<HandlerStack>>,
+    zeros: Option<StackThread<HandlerStack>>,
 }
 
 impl Threads {
     /// Stops and joins both threads.
     pub(crate) fn stop(self, inner: &Inner) {
+        if let (Some(t), Some(z)) = (self.zeros, inner.zeros.as_ref()) {
+            z.stop();
+            drop(t.join());
+        }
         if let Some(g) = self.guard {
             *inner
                 .guard_stop
@@ -195,6 +204,11 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         Ordering::Relaxed,
     );
     let adaptive = window.adaptive();
+    // Best effort: without the pool, never-written pages are copied in.
+    let zeros = (cfg.zero_pool && mechanism == Mechanism::Move && many_cpus)
+        .then(ZeroPool::new)
+        .and_then(Result::ok)
+        .map(Arc::new);
     let inner = Arc::new(Inner {
         uffd: fd,
         mechanism,
@@ -224,6 +238,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         stop: AtomicBool::new(false),
         doorbell: doorbell as usize,
         pool,
+        zeros,
         page_key: cfg.page_key.clone(),
         handler_tid: AtomicU32::new(0),
         progress: AtomicU64::new(0),
@@ -245,6 +260,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
                 Threads {
                     handler,
                     guard: None,
+                    zeros: None,
                 }
                 .stop(&inner);
                 return Err(os("spawn watchdog thread")(e));
@@ -253,7 +269,28 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     } else {
         None
     };
-    Ok((inner, Threads { handler, guard }))
+    // No filler, no pool: `front` on a pool nobody fills stays empty.
+    let zeros = inner.zeros.as_ref().and_then(|z| {
+        let z = Arc::clone(z);
+        let stack = HandlerStack::new().ok()?;
+        stack_thread::spawn(stack, move || z.fill()).ok()
+    });
+    inner.stats.counters().pool_pages.store(
+        if zeros.is_some() {
+            crate::zeropool::POOL_PAGES as u64
+        } else {
+            0
+        },
+        Ordering::Relaxed,
+    );
+    Ok((
+        inner,
+        Threads {
+            handler,
+            guard,
+            zeros,
+        },
+    ))
 }
 
 /// Why a page is brought in: it is reported in different counters.
@@ -601,9 +638,29 @@ impl Inner {
     /// `UFFDIO_COPY` per [`RUN_MAX`] pages); returns how many from `a`.
     fn zero_in(&self, st: &State, pos: usize, a: usize, b: usize) -> io::Result<usize> {
         let r = &st.ranges[pos];
+        // A move needs the destination's protection to match the pool's.
+        let pool = self.zeros.as_ref().filter(|_| r.state(a) & RDONLY == 0);
         let mut k = a;
         while k < b {
             let n = (b - k).min(RUN_MAX);
+            if let Some(z) = pool {
+                let (src, m) = z.front(n);
+                if m > 0 {
+                    let (bytes, _) =
+                        self.uffd
+                            .move_run(r.addr(k) as u64, src, (m * PAGE) as u64, false);
+                    let got = usize::try_from(bytes).unwrap_or(0) / PAGE;
+                    z.took(got);
+                    if got > 0 {
+                        self.stats
+                            .counters()
+                            .pool_fills
+                            .fetch_add(got as u64, Ordering::Relaxed);
+                        k += got;
+                        continue;
+                    }
+                }
+            }
             let (bytes, res) = self
                 .uffd
                 .copy_run(r.addr(k) as u64, &ZEROS[..n * PAGE], false);

@@ -50,6 +50,7 @@ mod shared;
 mod state;
 mod stats;
 mod threads;
+mod zeropool;
 
 pub use pagekey::{inheritable, page_key_file, watch_supervisor, PageKey};
 pub use policy::{Bound, RUN_MAX};
@@ -136,6 +137,10 @@ pub struct Config {
     /// Bring in runs of pages on sequential faults (tests turn it off to
     /// count single-page faults).
     pub readahead: bool,
+    /// Fill never-written pages from a pool of zeroed frames that a
+    /// `SCHED_IDLE` thread populates ahead (Move mechanism, more than one
+    /// CPU; tests turn it off to compare).
+    pub zero_pool: bool,
     /// The key of the host KeyID this process runs under (`memveil run
     /// --keyid`): the heap under that KeyID and the shared memory use it
     /// instead of fresh random keys.
@@ -176,6 +181,7 @@ impl Default for Config {
             handler_cpu: HandlerCpu::Follow,
             idle_handler: true,
             readahead: true,
+            zero_pool: true,
             page_key: None,
         }
     }

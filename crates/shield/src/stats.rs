@@ -121,6 +121,11 @@ pub struct Counters {
     pub shared_views: AtomicU64,
     /// The most pages holding data (plaintext and ciphertext) at once.
     pub max_data: AtomicU64,
+    /// Pages of the pool of zeroed frames (0: no pool).
+    pub pool_pages: AtomicU64,
+    /// Never-written pages filled with a frame from the pool (the others
+    /// were copied in).
+    pub pool_fills: AtomicU64,
     /// Decrypting faults by how many evictions ago the page left the window
     /// (see [`age_bucket`]): how much larger a window would have had to be
     /// to keep it.
@@ -202,6 +207,10 @@ pub struct Snapshot {
     pub shared_views: u64,
     /// The most pages holding data at once (summed over processes).
     pub max_data: u64,
+    /// Pages of the pools of zeroed frames (summed over processes).
+    pub pool_pages: u64,
+    /// Never-written pages filled from a pool.
+    pub pool_fills: u64,
     /// Decrypting faults by how long ago their page left the window (see
     /// [`age_bucket`]).
     pub refault_ages: [u64; AGE_BUCKETS],
@@ -281,6 +290,8 @@ impl Snapshot {
         self.shared_evictions += o.shared_evictions;
         self.shared_views += o.shared_views;
         self.max_data += o.max_data;
+        self.pool_pages += o.pool_pages;
+        self.pool_fills += o.pool_fills;
         for (a, b) in self.refault_ages.iter_mut().zip(o.refault_ages) {
             *a += b;
         }
@@ -326,6 +337,8 @@ impl Counters {
             shared_evictions: g(&self.shared_evictions),
             shared_views: g(&self.shared_views),
             max_data: g(&self.max_data),
+            pool_pages: g(&self.pool_pages),
+            pool_fills: g(&self.pool_fills),
             refault_ages: std::array::from_fn(|k| g(&self.refault_ages[k])),
         }
     }

@@ -308,7 +308,8 @@ fn summary(s: &Snapshot) -> String {
     format!(
         "{} process(es), {window}, keys {}, eviction {}; protected {} pages; plaintext {} pages \
          ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill (+{} pages read ahead, {} \
-         filled ahead), evictions {} ({} by write-protect), handler {:.1} ms{}{}{}",
+         filled ahead; {} never-written pages from the zero pool), evictions {} ({} by write-protect), \
+         handler {:.1} ms{}{}{}",
         s.processes,
         s.level_name(),
         s.mechanism_name(),
@@ -321,6 +322,7 @@ fn summary(s: &Snapshot) -> String {
         s.zero_fills,
         s.readahead,
         s.prefill,
+        s.pool_fills,
         s.evictions,
         s.wp_evictions,
         s.handler_ns as f64 / 1e6,
