@@ -646,11 +646,17 @@ impl Inner {
             if let Some(z) = pool {
                 let (src, m) = z.front(n);
                 if m > 0 {
-                    let (bytes, _) =
+                    let (bytes, res) =
                         self.uffd
                             .move_run(r.addr(k) as u64, src, (m * PAGE) as u64, false);
                     let got = usize::try_from(bytes).unwrap_or(0) / PAGE;
                     z.took(got);
+                    if got == 0 && res.is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL)) {
+                        // The areas do not match (the program locked its
+                        // memory with mlockall after the pool was made):
+                        // copy from now on rather than fail a move each time.
+                        z.turn_off();
+                    }
                     if got > 0 {
                         self.stats
                             .counters()

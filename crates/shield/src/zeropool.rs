@@ -122,6 +122,12 @@ impl ZeroPool {
         }
     }
 
+    /// Gives up the pool: [`ZeroPool::front`] hands out nothing from now on
+    /// (the filler stops at its next chunk).
+    pub(crate) fn turn_off(&self) {
+        self.off.store(true, Ordering::Relaxed);
+    }
+
     /// Stops the filler (it returns within [`NAP`]).
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -142,7 +148,7 @@ impl ZeroPool {
             memveil_sys::process::gettid(),
             SchedPolicy::Idle,
         );
-        while !self.stop.load(Ordering::SeqCst) {
+        while !self.stop.load(Ordering::SeqCst) && !self.off.load(Ordering::Relaxed) {
             let filled = self.filled.load(Ordering::Relaxed);
             if filled + CHUNK > self.taken.load(Ordering::SeqCst) + POOL_PAGES {
                 let g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
