@@ -671,6 +671,9 @@ impl Inner {
                 .uffd
                 .copy_run(r.addr(k) as u64, &ZEROS[..n * PAGE], false);
             let got = usize::try_from(bytes).unwrap_or(0) / PAGE;
+            if let Some(z) = pool {
+                z.copied(got);
+            }
             k += got;
             match res {
                 Ok(()) => {}

@@ -13,7 +13,11 @@
 //! handler falls back to `UFFDIO_COPY`, as before.
 //!
 //! The pool is a ring of [`POOL_PAGES`] pages of private anonymous memory,
-//! not registered with the userfaultfd. The filler populates it in chunks of
+//! not registered with the userfaultfd. It is filled only once the handler
+//! has copied [`START_AFTER`] never-written pages in (a short-lived process
+//! never pays for it), and refilled when [`REFILL`] slots are free; the
+//! filler is at `SCHED_IDLE` only while it populates, and sleeps at the
+//! normal policy, so a process exiting never waits for a starved filler. The filler populates it in chunks of
 //! [`CHUNK`] pages behind the handler, which takes runs from the front
 //! (one consumer: the handler, under the shield's lock). Frames the kernel
 //! zeroed hold nothing of the program's, so the pool is neither locked nor
@@ -39,6 +43,10 @@ pub(crate) const CHUNK: usize = 64;
 /// How long the filler sleeps at most before it looks again (a missed
 /// wake-up costs this much, nothing more).
 const NAP: Duration = Duration::from_millis(50);
+/// Free slots that wake the filler (it then fills the ring up again).
+const REFILL: usize = 256;
+/// Never-written pages copied in before the pool is filled at all.
+pub(crate) const START_AFTER: usize = 512;
 
 /// The ring of zeroed frames.
 pub(crate) struct ZeroPool {
@@ -47,7 +55,14 @@ pub(crate) struct ZeroPool {
     filled: AtomicUsize,
     /// Pages taken so far (counts up; never more than `filled`).
     taken: AtomicUsize,
-    /// The filler waits for room on `room`, with `sleeping` set.
+    /// Set by the handler once it has copied [`START_AFTER`] never-written
+    /// pages in: a process that never takes fresh memory in bulk never
+    /// fills the ring (no 4 MiB of frames, no filler at work).
+    wanted: AtomicBool,
+    /// Never-written pages the handler copied in while the pool was not
+    /// wanted yet.
+    copied: AtomicUsize,
+    /// The filler waits for work on `room`, with `sleeping` set.
     sleeping: AtomicBool,
     lock: Mutex<()>,
     room: Condvar,
@@ -86,6 +101,8 @@ impl ZeroPool {
             base,
             filled: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
+            wanted: AtomicBool::new(false),
+            copied: AtomicUsize::new(0),
             sleeping: AtomicBool::new(false),
             lock: Mutex::new(()),
             room: Condvar::new(),
@@ -116,7 +133,23 @@ impl ZeroPool {
             return;
         }
         self.taken.fetch_add(n, Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst) {
+        self.nudge();
+    }
+
+    /// `n` never-written pages were copied in (the ring was dry or not
+    /// filled yet): after [`START_AFTER`] of them the pool is wanted.
+    pub(crate) fn copied(&self, n: usize) {
+        if !self.wanted.load(Ordering::Relaxed)
+            && self.copied.fetch_add(n, Ordering::Relaxed) + n >= START_AFTER
+        {
+            self.wanted.store(true, Ordering::SeqCst);
+            self.nudge();
+        }
+    }
+
+    /// Wakes the filler when it waits and has work.
+    fn nudge(&self) {
+        if self.sleeping.load(Ordering::SeqCst) && self.has_work() {
             let _g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
             self.room.notify_one();
         }
@@ -143,42 +176,74 @@ impl ZeroPool {
             hook();
         }
         let _ = memveil_sys::process::set_thread_name("memveil-zeros");
-        // Only time nobody else wants: the program, and every other process.
-        let _ = memveil_sys::process::set_sched_policy(
-            memveil_sys::process::gettid(),
-            SchedPolicy::Idle,
-        );
-        while !self.stop.load(Ordering::SeqCst) && !self.off.load(Ordering::Relaxed) {
-            let filled = self.filled.load(Ordering::Relaxed);
-            if filled + CHUNK > self.taken.load(Ordering::SeqCst) + POOL_PAGES {
-                let g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-                self.sleeping.store(true, Ordering::SeqCst);
-                // Looked at again with `sleeping` set: a take after this
-                // point sees it and notifies under the lock, which this
-                // thread holds until it waits.
-                if filled + CHUNK > self.taken.load(Ordering::SeqCst) + POOL_PAGES
-                    && !self.stop.load(Ordering::SeqCst)
-                {
-                    drop(self.room.wait_timeout(g, NAP));
-                }
-                self.sleeping.store(false, Ordering::SeqCst);
-                continue;
+        let tid = memveil_sys::process::gettid();
+        loop {
+            // Asleep at the normal policy: a process that exits (or is
+            // killed) waits for every thread to die, and a SCHED_IDLE thread
+            // on a busy machine may wait long for the CPU it needs for that.
+            if !self.wait_for_work() {
+                return;
             }
-            let slot = filled % POOL_PAGES;
-            let at = (self.base as usize + slot * PAGE) as *mut u8;
-            // SAFETY: the chunk lies inside the ring; its slots are empty
-            // (taken, or never filled), so populating changes no contents
-            // anyone reads.
-            match unsafe { uffd::madvise_direct(at, CHUNK * PAGE, libc::MADV_POPULATE_WRITE) } {
-                Ok(()) => {
-                    self.filled.store(filled + CHUNK, Ordering::Release);
-                }
-                Err(_) => {
-                    self.off.store(true, Ordering::Relaxed);
-                    return;
-                }
+            // Populating: only time nobody else wants, the program's and
+            // every other process's.
+            let _ = memveil_sys::process::set_sched_policy(tid, SchedPolicy::Idle);
+            let ok = self.populate_until_full();
+            let _ = memveil_sys::process::set_sched_policy(tid, SchedPolicy::Normal);
+            if !ok {
+                self.off.store(true, Ordering::Relaxed);
+                return;
             }
         }
+    }
+
+    /// Free slots in the ring.
+    fn room(&self) -> usize {
+        self.taken.load(Ordering::SeqCst) + POOL_PAGES - self.filled.load(Ordering::SeqCst)
+    }
+
+    /// Whether the filler has work: the handler wants the pool and at least
+    /// [`REFILL`] slots are free.
+    fn has_work(&self) -> bool {
+        self.wanted.load(Ordering::SeqCst) && self.room() >= REFILL
+    }
+
+    /// Waits until there is work (true) or the pool stops (false).
+    fn wait_for_work(&self) -> bool {
+        loop {
+            if self.stop.load(Ordering::SeqCst) || self.off.load(Ordering::Relaxed) {
+                return false;
+            }
+            if self.has_work() {
+                return true;
+            }
+            let g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            self.sleeping.store(true, Ordering::SeqCst);
+            // Looked at again with `sleeping` set: a take after this point
+            // sees it and notifies under the lock, which this thread holds
+            // until it waits.
+            if !self.has_work() && !self.stop.load(Ordering::SeqCst) {
+                drop(self.room.wait_timeout(g, NAP));
+            }
+            self.sleeping.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Populates chunks until the ring has no room for one; false when
+    /// populating failed.
+    fn populate_until_full(&self) -> bool {
+        while !self.stop.load(Ordering::SeqCst) && self.room() >= CHUNK {
+            let filled = self.filled.load(Ordering::Relaxed);
+            let at = (self.base as usize + (filled % POOL_PAGES) * PAGE) as *mut u8;
+            // SAFETY: the chunk lies inside the ring (CHUNK divides
+            // POOL_PAGES); its slots are empty (taken, or never filled), so
+            // populating changes no contents anyone reads.
+            if unsafe { uffd::madvise_direct(at, CHUNK * PAGE, libc::MADV_POPULATE_WRITE) }.is_err()
+            {
+                return false;
+            }
+            self.filled.store(filled + CHUNK, Ordering::Release);
+        }
+        true
     }
 }
 
@@ -211,5 +276,23 @@ mod tests {
         assert_eq!((a, n), (p.base as u64, CHUNK), "wrapped to the start");
         p.off.store(true, Ordering::Relaxed);
         assert_eq!(p.front(8).1, 0, "off");
+    }
+
+    #[test]
+    fn the_pool_is_wanted_only_after_bulk_fresh_memory_and_refills_by_the_quarter() {
+        let p = ZeroPool::new().expect("map the ring");
+        // An empty ring, but nobody asked for it yet: no work.
+        assert!(!p.has_work());
+        p.copied(START_AFTER - 1);
+        assert!(!p.has_work(), "wanted too early");
+        p.copied(1);
+        assert!(p.has_work(), "not wanted after {START_AFTER} pages");
+        // Full: no work until a quarter... REFILL slots are free again.
+        p.filled.store(POOL_PAGES, Ordering::Release);
+        assert!(!p.has_work());
+        p.took(REFILL - 1);
+        assert!(!p.has_work(), "woken for less than REFILL slots");
+        p.took(1);
+        assert!(p.has_work());
     }
 }
