@@ -70,7 +70,7 @@ use memveil_secmem::{Level, Policy};
 use memveil_sys::uffd::{self, Uffd};
 
 use handler::{Inner, Threads};
-use state::{Range, KEEP, PINNED, RDONLY, RESIDENT};
+use state::{Range, KEEP, PINNED, RDONLY};
 
 /// Page size the shield works in (x86-64 base pages).
 pub const PAGE: usize = 4096;
@@ -386,28 +386,30 @@ impl Shield {
                 .register(range.store as u64, len as u64, uffd::MODE_MISSING)
                 .map_err(os("UFFDIO_REGISTER store"))?;
         }
-        // Which pages already hold data: mincore writes 1 per resident page,
-        // which is exactly RESIDENT; 0 is ZERO.
-        let states = range.states_mut();
-        uffd::resident_pages(base, len, states).map_err(os("mincore"))?;
-        for b in states.iter_mut() {
-            *b &= 1;
-        }
-        inner
-            .uffd
-            .register(base as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
-            .map_err(os("UFFDIO_REGISTER"))?;
-        if prot != libc::PROT_READ | libc::PROT_WRITE {
-            // SAFETY: the caller owns the range (function contract).
-            unsafe { uffd::mprotect_direct(addr, len, prot) }.map_err(os("mprotect"))?;
-        }
-        let mut fresh = 0;
-        for (i, s) in range.states_mut().iter().enumerate() {
-            if *s == RESIDENT {
-                st.queues.probation.push_back(base + i * PAGE);
-                fresh += 1;
+        // Which pages already hold data: they are RESIDENT and join
+        // probation (taken off again if registering fails).
+        let queued = st.queues.probation.len();
+        let fresh = range
+            .mark_resident_now(&mut st.queues.probation)
+            .map_err(os("mincore"));
+        let registered = fresh.and_then(|fresh| {
+            inner
+                .uffd
+                .register(base as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
+                .map_err(os("UFFDIO_REGISTER"))?;
+            if prot != libc::PROT_READ | libc::PROT_WRITE {
+                // SAFETY: the caller owns the range (function contract).
+                unsafe { uffd::mprotect_direct(addr, len, prot) }.map_err(os("mprotect"))?;
             }
-        }
+            Ok(fresh)
+        });
+        let fresh = match registered {
+            Ok(n) => n,
+            Err(e) => {
+                st.queues.probation.truncate(queued);
+                return Err(e);
+            }
+        };
         st.resident += fresh;
         let pos = st.ranges.partition_point(|r| r.base < base);
         st.ranges.insert(pos, range);

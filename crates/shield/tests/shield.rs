@@ -325,3 +325,32 @@ fn read_only_pages_survive_eviction_and_return() {
     check(buf, 22);
     check(buf, 22);
 }
+
+#[test]
+fn pages_present_before_protection_are_found_across_the_mincore_steps() {
+    // The pages already holding data are found by mincore 16384 pages at a
+    // time: pages on both sides of each step's edge, and the last page,
+    // must all be counted as data (resident) and keep their contents.
+    let Some(s) = shield(64, false) else { return };
+    let n = 40_000;
+    let buf = pages(n);
+    let marked = [0usize, 16_383, 16_384, 32_767, 32_768, n - 1];
+    for &i in &marked {
+        buf[i * PAGE..(i + 1) * PAGE].fill(i as u8 ^ 0x5a);
+    }
+    protect(&s, buf, 1);
+    let st = s.stats();
+    assert_eq!(st.resident_pages, marked.len() as u64, "{st:?}");
+    assert_eq!(st.evicted_pages, 0, "{st:?}");
+    for &i in &marked {
+        assert!(
+            buf[i * PAGE..(i + 1) * PAGE]
+                .iter()
+                .all(|&b| b == i as u8 ^ 0x5a),
+            "page {i} lost its contents"
+        );
+    }
+    // A page never written is still a zero-fill.
+    assert_eq!(buf[5 * PAGE], 0);
+    assert_eq!(s.stats().zero_fills, 1);
+}
