@@ -60,35 +60,6 @@ fn side_lens(pages: usize) -> (usize, usize) {
     )
 }
 
-/// A private scratch mapping, unmapped on drop.
-struct Scratch {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Scratch {
-    fn new(len: usize) -> std::io::Result<Self> {
-        Ok(Self {
-            ptr: uffd::map_anonymous_direct(len)?,
-            len,
-        })
-    }
-
-    fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is a mapping of `len` bytes owned by this value, and
-        // `&mut self` makes this slice the only access to it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // SAFETY: the mapping is owned by this value and no slice of it
-        // outlives it.
-        let _ = unsafe { uffd::unmap_direct(self.ptr, self.len) };
-    }
-}
-
 impl Range {
     /// Maps the state, stamp and store mappings of a range of `pages`
     /// pages at `base` (the range owns them and unmaps them on drop).
@@ -156,20 +127,18 @@ impl Range {
         queue: &mut VecDeque<usize>,
     ) -> std::io::Result<usize> {
         const STEP: usize = 16 * 1024;
-        let mut scratch = Scratch::new(STEP)?;
+        let mut scratch = uffd::DirectMap::new(STEP)?;
         let mut found = 0;
         let mut i = 0;
         while i < self.pages {
             let n = (self.pages - i).min(STEP);
-            let v = &mut scratch.bytes()[..n];
+            let v = &mut scratch.as_mut_slice()[..n];
             uffd::resident_pages(self.addr(i), n * PAGE, v)?;
-            if v.iter().any(|b| b & 1 != 0) {
-                for (k, b) in v.iter().enumerate() {
-                    if b & 1 != 0 {
-                        self.set_state(i + k, RESIDENT);
-                        queue.push_back(self.addr(i + k));
-                        found += 1;
-                    }
+            for (k, b) in v.iter().enumerate() {
+                if b & 1 != 0 {
+                    self.set_state(i + k, RESIDENT);
+                    queue.push_back(self.addr(i + k));
+                    found += 1;
                 }
             }
             i += n;

@@ -17,9 +17,10 @@
 //! has copied [`START_AFTER`] never-written pages in (a short-lived process
 //! never pays for it), and refilled when [`REFILL`] slots are free; the
 //! filler is at `SCHED_IDLE` only while it populates, and sleeps at the
-//! normal policy, so a process exiting never waits for a starved filler. The filler populates it in chunks of
-//! [`CHUNK`] pages behind the handler, which takes runs from the front
-//! (one consumer: the handler, under the shield's lock). Frames the kernel
+//! normal policy, so a process exiting never waits for a starved filler.
+//! The filler populates it in chunks of [`CHUNK`] pages behind the handler,
+//! which takes runs from the front (one consumer: the handler, under the
+//! shield's lock). Frames the kernel
 //! zeroed hold nothing of the program's, so the pool is neither locked nor
 //! dumped, and it is not inherited by a forked child (`MADV_DONTFORK`: a
 //! child's copy would make the parent's frames shared, which `UFFDIO_MOVE`
@@ -50,7 +51,7 @@ pub(crate) const START_AFTER: usize = 512;
 
 /// The ring of zeroed frames.
 pub(crate) struct ZeroPool {
-    base: *mut u8,
+    ring: uffd::DirectMap,
     /// Pages populated so far (counts up; the ring slot is `% POOL_PAGES`).
     filled: AtomicUsize,
     /// Pages taken so far (counts up; never more than `filled`).
@@ -72,18 +73,15 @@ pub(crate) struct ZeroPool {
     off: AtomicBool,
 }
 
-// SAFETY: `base` is a mapping owned by the pool; the ring's pages are only
-// populated by the filler (ahead of `filled`) and moved away by the one
-// consumer (behind it), the counters keeping the two apart.
-unsafe impl Send for ZeroPool {}
-// SAFETY: as above.
+// SAFETY: the ring is only reached through system calls on its address: its
+// pages are populated by the filler (ahead of `filled`) and moved away by the
+// one consumer (behind it), the counters keeping the two apart.
 unsafe impl Sync for ZeroPool {}
 
 impl ZeroPool {
     /// Maps the ring (empty: the filler populates it).
     pub(crate) fn new() -> io::Result<Self> {
-        let len = POOL_PAGES * PAGE;
-        let base = uffd::map_anonymous_direct(len)?;
+        let ring = uffd::DirectMap::new(POOL_PAGES * PAGE)?;
         for advice in [
             libc::MADV_DONTFORK,
             libc::MADV_DONTDUMP,
@@ -91,14 +89,10 @@ impl ZeroPool {
         ] {
             // SAFETY: advice on a mapping just made; none of these changes
             // its contents.
-            if let Err(e) = unsafe { uffd::madvise_direct(base, len, advice) } {
-                // SAFETY: the mapping was just made and nothing uses it yet.
-                let _ = unsafe { uffd::unmap_direct(base, len) };
-                return Err(e);
-            }
+            unsafe { uffd::madvise_direct(ring.as_ptr(), ring.len(), advice) }?;
         }
         Ok(Self {
-            base,
+            ring,
             filled: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
             wanted: AtomicBool::new(false),
@@ -123,7 +117,7 @@ impl ZeroPool {
         let ready = self.filled.load(Ordering::Acquire) - taken;
         let slot = taken % POOL_PAGES;
         let n = want.min(ready).min(POOL_PAGES - slot);
-        ((self.base as usize + slot * PAGE) as u64, n)
+        ((self.ring.as_ptr() as usize + slot * PAGE) as u64, n)
     }
 
     /// `n` frames from the front were moved away: their slots may be
@@ -233,7 +227,7 @@ impl ZeroPool {
     fn populate_until_full(&self) -> bool {
         while !self.stop.load(Ordering::SeqCst) && self.room() >= CHUNK {
             let filled = self.filled.load(Ordering::Relaxed);
-            let at = (self.base as usize + (filled % POOL_PAGES) * PAGE) as *mut u8;
+            let at = (self.ring.as_ptr() as usize + (filled % POOL_PAGES) * PAGE) as *mut u8;
             // SAFETY: the chunk lies inside the ring (CHUNK divides
             // POOL_PAGES); its slots are empty (taken, or never filled), so
             // populating changes no contents anyone reads.
@@ -247,14 +241,6 @@ impl ZeroPool {
     }
 }
 
-impl Drop for ZeroPool {
-    fn drop(&mut self) {
-        // SAFETY: the filler has been joined and the handler is gone (the
-        // pool is dropped with the shield's state), so nothing uses the ring.
-        let _ = unsafe { uffd::unmap_direct(self.base, POOL_PAGES * PAGE) };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,7 +251,7 @@ mod tests {
         assert_eq!(p.front(8).1, 0, "nothing filled yet");
         p.filled.store(POOL_PAGES, Ordering::Release);
         let (a, n) = p.front(100);
-        assert_eq!((a, n), (p.base as u64, 100));
+        assert_eq!((a, n), (p.ring.as_ptr() as u64, 100));
         p.took(POOL_PAGES - 10);
         // Ten left before the end of the ring: a run does not wrap.
         assert_eq!(p.front(64).1, 10);
@@ -273,7 +259,11 @@ mod tests {
         assert_eq!(p.front(64).1, 0, "all taken");
         p.filled.store(POOL_PAGES + CHUNK, Ordering::Release);
         let (a, n) = p.front(100);
-        assert_eq!((a, n), (p.base as u64, CHUNK), "wrapped to the start");
+        assert_eq!(
+            (a, n),
+            (p.ring.as_ptr() as u64, CHUNK),
+            "wrapped to the start"
+        );
         p.off.store(true, Ordering::Relaxed);
         assert_eq!(p.front(8).1, 0, "off");
     }

@@ -563,6 +563,63 @@ pub fn map_anonymous_direct(len: usize) -> io::Result<*mut u8> {
     Ok(usize::try_from(r).unwrap_or(0) as *mut u8)
 }
 
+/// An anonymous private read-write mapping made with the `mmap` system call
+/// itself ([`map_anonymous_direct`]: no interposed `mmap` sees it), unmapped
+/// when dropped.
+pub struct DirectMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by the value, with no thread affinity.
+unsafe impl Send for DirectMap {}
+
+impl DirectMap {
+    /// Maps `len` bytes (see [`map_anonymous_direct`]).
+    ///
+    /// # Errors
+    /// The error of `mmap(2)`.
+    pub fn new(len: usize) -> io::Result<Self> {
+        Ok(Self {
+            ptr: map_anonymous_direct(len)?,
+            len,
+        })
+    }
+
+    /// Base address of the mapping.
+    #[must_use]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping has no bytes (never: `mmap` refuses a length of 0).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The mapping's bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a mapping of `len` bytes owned by this value, and
+        // `&mut self` makes this slice the only access to it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for DirectMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is owned by this value, and no slice of it
+        // outlives the borrow of the value that made it.
+        let _ = unsafe { unmap_direct(self.ptr, self.len) };
+    }
+}
+
 /// `munmap(2)` by system call.
 ///
 /// # Safety
