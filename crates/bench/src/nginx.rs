@@ -205,12 +205,8 @@ impl Site {
         } else {
             let _ = server.kill();
         }
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(20) {
-            if let Ok(Some(_)) = server.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if crate::shield::exited_within(server, Duration::from_secs(20)) {
+            return;
         }
         let _ = server.kill();
         let _ = server.wait();

@@ -54,6 +54,19 @@ fn fu(x: usize) -> f64 {
     x as f64
 }
 
+/// Waits up to `within` for `child` to exit, looking every 20 ms; whether
+/// it did (it is reaped then).
+pub(crate) fn exited_within(child: &mut std::process::Child, within: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < within {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -63,46 +76,42 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Anonymous private memory mapped by system call (outside any allocator),
-/// unmapped on drop.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
+/// unmapped on drop, seen as pages.
+struct Mapping(uffd::DirectMap);
 
 impl Mapping {
     fn new(pages: usize) -> Result<Self, BenchError> {
         let len = pages * PAGE;
-        let ptr = uffd::map_anonymous_direct(len)
-            .map_err(|e| err(format!("mmap of {len} bytes: {e}")))?;
-        Ok(Self { ptr, len })
+        uffd::DirectMap::new(len)
+            .map(Self)
+            .map_err(|e| err(format!("mmap of {len} bytes: {e}")))
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
     }
 
     fn pages(&self) -> usize {
-        self.len / PAGE
+        self.len() / PAGE
     }
 
     /// The first byte of page `i`, as a pointer.
     fn page(&self, i: usize) -> *mut u8 {
         debug_assert!(i < self.pages());
-        self.ptr.wrapping_add(i * PAGE)
+        self.ptr().wrapping_add(i * PAGE)
     }
 
     /// The mapping as `f64`s (for STREAM).
     fn as_f64(&mut self) -> &mut [f64] {
-        // SAFETY: the mapping is `len` bytes of page-aligned read-write
-        // memory owned by `self` (protected pages fault back in on touch),
-        // every bit pattern is a valid f64, and `&mut self` makes the slice
-        // the only access for its lifetime.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<f64>(), self.len / 8) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping is ours; no reference into it outlives `self`
-        // (slices borrow it) and it is not protected any more (Protected
-        // unprotects it before its Mapping drops).
-        let _ = unsafe { uffd::unmap_direct(self.ptr, self.len) };
+        let bytes = self.0.as_mut_slice();
+        // SAFETY: the bytes are page-aligned read-write memory (protected
+        // pages fault back in on touch), every bit pattern is a valid f64,
+        // and the slice reborrows `bytes`, the only access for its lifetime.
+        unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f64>(), bytes.len() / 8) }
     }
 }
 
@@ -118,8 +127,10 @@ impl<'s> Protected<'s> {
         // SAFETY: a fresh anonymous private mapping owned by `map`, which
         // is only touched through plain loads/stores and unmapped after
         // `unprotect` in Drop.
-        unsafe { shield.encrypt_mprotect(map.ptr, map.len, libc::PROT_READ | libc::PROT_WRITE, 1) }
-            .map_err(|e| err(format!("encrypt_mprotect: {e}")))?;
+        unsafe {
+            shield.encrypt_mprotect(map.ptr(), map.len(), libc::PROT_READ | libc::PROT_WRITE, 1)
+        }
+        .map_err(|e| err(format!("encrypt_mprotect: {e}")))?;
         Ok(Self { shield, map })
     }
 }
@@ -129,8 +140,8 @@ impl Drop for Protected<'_> {
         // SAFETY: the buffer holds benchmark data only; nothing refers to it
         // any more, so its contents may become zero (no page is decrypted
         // back by `unprotect` after this).
-        unsafe { self.shield.discard(self.map.ptr as usize, self.map.len) };
-        let _ = self.shield.unprotect(self.map.ptr, self.map.len);
+        unsafe { self.shield.discard(self.map.ptr() as usize, self.map.len()) };
+        let _ = self.shield.unprotect(self.map.ptr(), self.map.len());
     }
 }
 
@@ -401,7 +412,7 @@ pub(crate) fn plain_fault_us() -> Result<f64, BenchError> {
         touch(&m, i, 0);
     }
     // SAFETY: the benchmark's own mapping; its contents may become zero.
-    unsafe { uffd::madvise_direct(m.ptr, m.len, libc::MADV_DONTNEED) }
+    unsafe { uffd::madvise_direct(m.ptr(), m.len(), libc::MADV_DONTNEED) }
         .map_err(|e| err(format!("madvise: {e}")))?;
     let t = Instant::now();
     for i in 0..pages {
@@ -745,12 +756,8 @@ impl Server {
             return true;
         };
         let _ = memveil_sys::process::send_signal(child.id(), libc::SIGTERM);
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = child.try_wait() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if exited_within(&mut child, Duration::from_secs(10)) {
+            return true;
         }
         if let Some(pid) = std::fs::read_to_string(self.dir.join("redis.pid"))
             .ok()

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::shield::{in_path, median};
+use crate::shield::{exited_within, in_path, median};
 use crate::shield_suite::{geomean, Mode, Rng};
 use crate::{BenchError, BenchOpts, Figure, Section};
 
@@ -168,12 +168,8 @@ fn tail(s: &str) -> String {
 /// `timeout`, which passes it to the tree; SIGKILL after 10 s.
 fn stop(child: &mut Child) {
     let _ = memveil_sys::process::send_signal(child.id(), libc::SIGTERM);
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if exited_within(child, Duration::from_secs(10)) {
+        return;
     }
     let _ = child.kill();
     let _ = child.wait();
