@@ -651,6 +651,10 @@ fn supervise(
         .spawn()
         .with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
     let started = Instant::now();
+    // The loop below samples every 50 ms; it wakes at once when the program
+    // ends, so the run's time is the program's, not rounded up to a sample
+    // (a 0.2 s program measured up to 25% slower on average before).
+    let ended = memveil_sys::process::PidFd::open(child.id()).ok().flatten();
     let mut samples = Vec::new();
     let mut last_live = Instant::now();
     let mut forwarded = false;
@@ -735,7 +739,12 @@ fn supervise(
                 eprintln!("memveil run: [{t:7.1}s] {}", summary(&s));
             }
         }
-        std::thread::sleep(Duration::from_millis(50));
+        match (&ended, exited) {
+            (Some(fd), None) => {
+                fd.wait(Some(Duration::from_millis(50)));
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
     };
     let s = StatsFile::read_dir(stats_dir).unwrap_or_default();
     let code = match (status.code(), status.signal()) {
