@@ -1321,10 +1321,12 @@ fn map_fixed_over_the_region_stays_protected() {
         "new-zero 1 old-kept 1 new-b 1 registered 0\n"
     );
     // Under memveil run the replacement happens inside the protected
-    // mapping: same contents, and the pages stay registered.
+    // mapping: same contents, and the pages stay registered. Under a bound
+    // (the region registered at start; under the default budget alone a
+    // chunk is registered only once its data has been held 100 ms).
     let prot = run(
         Command::new(MEMVEIL)
-            .args(["run", "--quiet", "--"])
+            .args(["run", "--quiet", "--window", "4096", "--"])
             .arg(&exe),
         b"",
         Duration::from_secs(30),

@@ -19,8 +19,12 @@
 //! cannot.
 //!
 //! Settings come from the environment (set by `memveil run`):
-//! `MEMVEIL_SHIELD_WINDOW` (pages: fixed, or the least an adaptive window
-//! keeps), `MEMVEIL_SHIELD_MAX_PLAINTEXT` (an adaptive window's bound, as
+//! `MEMVEIL_SHIELD_MAX_OVERHEAD` (the cost budget, a percentage of the
+//! program's time, as `memveil run --max-overhead`) with
+//! `MEMVEIL_SHIELD_FAULT_NS` (the hand-off a fault costs, measured by
+//! `memveil run`), `MEMVEIL_SHIELD_WINDOW` (pages: fixed, or the least an
+//! adaptive window keeps; absent under a budget alone: no bound),
+//! `MEMVEIL_SHIELD_MAX_PLAINTEXT` (an adaptive window's bound, as
 //! `memveil run --max-plaintext`: `25%` or a size), `MEMVEIL_SHIELD_KEYID`,
 //! `MEMVEIL_SHIELD_KEY_FD` (the inherited page-key file of a host KeyID,
 //! `memveil run --keyid`) with `MEMVEIL_SHIELD_SUPERVISOR` (the pid of that
@@ -319,6 +323,11 @@ impl PageAlloc {
 static LOCK: SpinLock = SpinLock(AtomicBool::new(false));
 static mut HEAP: Option<Heap> = None;
 
+/// How far each part of the region has been handed out, as last told to
+/// the shield (see [`note_growth`]).
+static NOTED_HEAP: AtomicUsize = AtomicUsize::new(0);
+static NOTED_PAGES: AtomicUsize = AtomicUsize::new(0);
+
 /// Runs `f` on the heap under the lock, creating the region on first use.
 fn with_heap<R>(f: impl FnOnce(&mut Heap) -> R) -> Option<R> {
     LOCK.lock();
@@ -328,8 +337,42 @@ fn with_heap<R>(f: impl FnOnce(&mut Heap) -> R) -> Option<R> {
         *heap = create_region();
     }
     let r = heap.as_mut().map(f);
+    let tops = heap.as_ref().map(Heap::tops);
     LOCK.unlock();
+    if let Some(tops) = tops {
+        note_growth(tops);
+    }
     r
+}
+
+impl Heap {
+    /// The top of the allocator's heap and of the pages handed out so far.
+    fn tops(&self) -> (usize, usize) {
+        let heap = self
+            .talc
+            .oom_handler
+            .heap
+            .get_base_acme()
+            .map_or(0, |(_, top)| top as usize);
+        (heap, self.pages.next)
+    }
+}
+
+/// Tells the shield which parts of the region the allocator has handed out
+/// since it last did (a shield under a cost budget alone scans only those
+/// for data to sweep). Outside the heap's lock: the shield takes its own.
+fn note_growth((heap, pages): (usize, usize)) {
+    let Some(s) = shield() else { return };
+    let base = BASE.load(Ordering::Acquire);
+    for (noted, top, start) in [
+        (&NOTED_HEAP, heap, base),
+        (&NOTED_PAGES, pages, base + HEAP_LEN.load(Ordering::Acquire)),
+    ] {
+        let was = noted.load(Ordering::Acquire).max(start);
+        if top > was && noted.fetch_max(top, Ordering::AcqRel) < top {
+            s.note_in_use(was, top - was);
+        }
+    }
 }
 
 fn create_region() -> Option<Heap> {
@@ -1163,20 +1206,38 @@ extern "C" fn after_fork_child() {
 /// The shield's settings, from the environment `memveil run` sets, and the
 /// KeyID of the heap.
 fn config() -> Result<(Config, u16), String> {
-    let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(memveil_shield::DEFAULT_WINDOW);
     let keyid = env_usize(c"MEMVEIL_SHIELD_KEYID").unwrap_or(1);
     let keyid = u16::try_from(keyid).map_err(|_| format!("KeyID {keyid} out of range"))?;
-    // Adaptive window within a bound (memveil run's default: 25%); absent,
-    // the window stays fixed.
+    // Adaptive window within a bound; absent, the window stays fixed.
     let max_plaintext = match env_str(c"MEMVEIL_SHIELD_MAX_PLAINTEXT") {
         Some(b) => Some(memveil_shield::Bound::parse(&b)?),
         None => None,
     };
+    // The cost budget (memveil run's default: 10%), and the hand-off a
+    // fault costs on this machine as memveil run measured it.
+    let budget = match env_str(c"MEMVEIL_SHIELD_MAX_OVERHEAD") {
+        Some(p) => Some(memveil_shield::Budget::percent(
+            memveil_shield::Budget::parse_percent(&p)?,
+            env_usize(c"MEMVEIL_SHIELD_FAULT_NS")
+                .map_or(memveil_shield::Budget::DEFAULT_FAULT_NS, |n| n as u64),
+        )),
+        None => None,
+    };
+    // A budget alone bounds no plaintext; otherwise the window (or an
+    // adaptive window's least) defaults to 4096 pages.
+    let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(
+        if budget.is_some() && max_plaintext.is_none() {
+            memveil_shield::UNBOUNDED
+        } else {
+            memveil_shield::DEFAULT_WINDOW
+        },
+    );
     let spin = env_usize(c"MEMVEIL_SHIELD_SPIN_US").unwrap_or(0);
     let accept_locked = env_usize(c"MEMVEIL_SHIELD_ALLOW_LOCKED") == Some(1);
     let cfg = Config {
         window,
         max_plaintext,
+        budget,
         spin: Duration::from_micros(spin as u64),
         accept_unwiped_free: env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") == Some(1),
         force_write_protect: env_usize(c"MEMVEIL_SHIELD_FORCE_WP") == Some(1),
@@ -1240,6 +1301,11 @@ fn protect_region() -> Result<(), String> {
     // reached through the interposed calls above, which go through the shield.
     unsafe { s.encrypt_mprotect(base as *mut u8, len, RW, keyid) }.map_err(|e| e.to_string())?;
     SHIELD.store(Box::into_raw(Box::new(s)), Ordering::Release);
+    // What the allocator handed out before the shield existed (or, in a
+    // forked child, all of it: this shield is new).
+    NOTED_HEAP.store(0, Ordering::Release);
+    NOTED_PAGES.store(0, Ordering::Release);
+    with_heap(|_| ());
     Ok(())
 }
 

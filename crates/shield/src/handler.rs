@@ -20,7 +20,10 @@ use memveil_sys::stack_thread::{self, StackThread};
 use memveil_sys::uffd::{self, Fault, Uffd};
 
 use crate::policy::{Streams, Window, RUN_MAX};
-use crate::state::{zeroize_page, State, EVICTED, PINNED, RDONLY, RESIDENT, STATE_MASK};
+use crate::state::{
+    zeroize_page, State, CHUNK_PAGES, EVICTED, PINNED, RDONLY, RESIDENT, STATE_MASK,
+};
+use crate::sweep::{Budget, Sweep};
 use crate::zeropool::ZeroPool;
 use crate::{
     guard, mechanism_of, nanos, open_uffd, os, Config, HandlerCpu, Mechanism, ShieldError,
@@ -57,6 +60,11 @@ pub(crate) struct Inner {
     zeros: Option<Arc<ZeroPool>>,
     /// The host KeyID's key (`memveil run --keyid`).
     pub(crate) page_key: Option<Arc<crate::PageKey>>,
+    /// The cost budget, when one is in force.
+    pub(crate) budget: Option<Budget>,
+    /// Ranges are registered chunk by chunk as the sweep needs them (a
+    /// budget without a plaintext bound; see `state::Chunks`).
+    pub(crate) lazy: bool,
     /// The handler thread's id, for the watchdog.
     pub(crate) handler_tid: AtomicU32,
     /// The watchdog's view of progress: incremented when the handler takes
@@ -176,6 +184,10 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     )
     .map_err(os("UFFDIO_API"))?;
     let window = Window::new(cfg.window, cfg.max_plaintext);
+    let bounded = cfg.window != crate::UNBOUNDED || cfg.max_plaintext.is_some();
+    if !bounded && cfg.budget.is_none() {
+        return Err(ShieldError::NoGuarantee);
+    }
     let min_window = cfg.window.max(1);
     let batch = cfg.evict_batch.clamp(1, (min_window / 4).max(1));
     let pool = SecretPool::new(64 * 1024, cfg.policy)?;
@@ -185,8 +197,16 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     fd.register(doorbell as u64, PAGE as u64, uffd::MODE_MISSING)
         .map_err(os("UFFDIO_REGISTER doorbell"))?;
     let c = stats.counters();
-    c.window.store(window.size(0) as u64, Ordering::Relaxed);
-    c.bound.store(window.limit(0) as u64, Ordering::Relaxed);
+    // No bound: the window and its bound read 0 ("none").
+    let shown = |n: usize| if bounded { n as u64 } else { 0 };
+    c.window.store(shown(window.size(0)), Ordering::Relaxed);
+    c.bound.store(shown(window.limit(0)), Ordering::Relaxed);
+    if let Some(b) = cfg.budget {
+        c.budget_percent
+            .store(u64::from(b.as_percent()), Ordering::Relaxed);
+        c.fault_floor_ns.store(b.fault_ns, Ordering::Relaxed);
+    }
+    c.lazy.store(u64::from(!bounded), Ordering::Relaxed);
     c.adaptive
         .store(u64::from(window.adaptive()), Ordering::Relaxed);
     c.mechanism.store(
@@ -233,6 +253,10 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
             keys: (0..KEYIDS).map(|_| None).collect(),
             bounce,
             frozen: false,
+            bounded,
+            sweep: cfg.budget.map(|b| Sweep::new(b, 0)),
+            epoch: Instant::now(),
+            unseen: 0,
         }),
         stats,
         stop: AtomicBool::new(false),
@@ -240,6 +264,8 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         pool,
         zeros,
         page_key: cfg.page_key.clone(),
+        budget: cfg.budget,
+        lazy: !bounded,
         handler_tid: AtomicU32::new(0),
         progress: AtomicU64::new(0),
         guard_stop: Mutex::new(false),
@@ -251,7 +277,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     let handler = stack_thread::spawn(HandlerStack::new()?, move || worker.serve())
         .map_err(os("spawn handler thread"))?;
     let idle = cfg.idle_handler && many_cpus && cfg.spin.is_zero();
-    let guard = if idle || adaptive {
+    let guard = if idle || adaptive || cfg.budget.is_some() {
         let g = Arc::clone(&inner);
         let spawned = stack_thread::spawn(HandlerStack::new()?, move || guard::run(&g, idle));
         match spawned {
@@ -306,6 +332,21 @@ enum Why {
 
 /// Ranges to wake once the lock is released: `(address, bytes)`.
 type Wakes = Vec<(u64, u64)>;
+
+/// Most pages one sweep step evicts under the lock (about 0.1-0.3 ms: the
+/// handler waits for the lock meanwhile).
+pub(crate) const SWEEP_BATCH: usize = 256;
+
+/// What a sweep step left.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SweepStep {
+    /// A full batch left: more pages may be due now.
+    pub(crate) more: bool,
+    /// Due pages wait for the budget.
+    pub(crate) waiting: bool,
+    /// Milliseconds until the next queued page is due.
+    pub(crate) next_due_ms: Option<u64>,
+}
 
 impl Inner {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -414,13 +455,19 @@ impl Inner {
         wakes.clear();
         let cpu = {
             let mut st = self.lock();
+            let mut handoffs = 0;
             for f in faults {
                 if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
                     let _ = self.uffd.copy(self.doorbell as u64, doorbell_zeros());
                     continue;
                 }
+                handoffs += 1;
                 self.resolve(&mut st, f, wakes);
             }
+            self.stats
+                .counters()
+                .handoffs
+                .fetch_add(handoffs, Ordering::Relaxed);
             if !st.frozen && st.resident > st.window_size() {
                 // Only when victims were pinned when room was made.
                 self.shrink_to_window(&mut st);
@@ -449,16 +496,18 @@ impl Inner {
     /// Publishes the window and page counts to the statistics.
     pub(crate) fn publish(&self, st: &State) {
         let c = self.stats.counters();
-        let data = st.data_pages();
-        let w = st.window_size() as u64;
-        c.window.store(w, Ordering::Relaxed);
-        c.max_window.fetch_max(w, Ordering::Relaxed);
-        c.bound
-            .store(st.window.limit(data) as u64, Ordering::Relaxed);
-        c.resident.store(st.resident as u64, Ordering::Relaxed);
+        let data = st.data_pages() + st.unseen;
+        if st.bounded {
+            let w = st.window_size() as u64;
+            c.window.store(w, Ordering::Relaxed);
+            c.max_window.fetch_max(w, Ordering::Relaxed);
+            c.bound
+                .store(st.window.limit(st.data_pages()) as u64, Ordering::Relaxed);
+        }
+        let resident = (st.resident + st.unseen) as u64;
+        c.resident.store(resident, Ordering::Relaxed);
         c.evicted.store(st.evicted as u64, Ordering::Relaxed);
-        c.max_resident
-            .fetch_max(st.resident as u64, Ordering::Relaxed);
+        c.max_resident.fetch_max(resident, Ordering::Relaxed);
         c.max_data.fetch_max(data as u64, Ordering::Relaxed);
     }
 
@@ -503,6 +552,13 @@ impl Inner {
             wakes.push((addr as u64, PAGE as u64));
             return;
         };
+        if !st.ranges[pos].registered(i) {
+            // A chunk unregistered since the fault was read (all its pages
+            // went back to the kernel): the kernel serves the retry.
+            c.spurious.fetch_add(1, Ordering::Relaxed);
+            wakes.push((addr as u64, PAGE as u64));
+            return;
+        }
         let s = st.ranges[pos].state(i) & STATE_MASK;
         if s == RESIDENT {
             // Resolved meanwhile (a run brought it in, or another thread's
@@ -563,7 +619,9 @@ impl Inner {
             let stop = (i.saturating_add(want)).min(r.pages);
             while end < stop {
                 let s = r.state(end);
-                if s & PINNED != 0 || s & STATE_MASK == RESIDENT {
+                // A run stays inside what the userfaultfd covers: a copy
+                // that reaches an unregistered chunk fails whole (ENOENT).
+                if s & PINNED != 0 || s & STATE_MASK == RESIDENT || !r.registered(end) {
                     break;
                 }
                 end += 1;
@@ -609,6 +667,12 @@ impl Inner {
         let s = st.ranges[pos].state(i);
         let evicted = s & STATE_MASK == EVICTED;
         let c = self.stats.counters();
+        if evicted && s & crate::state::SWEPT != 0 {
+            c.swept_back.fetch_add(1, Ordering::Relaxed);
+            let away =
+                crate::sweep::since(st.now_ms(), crate::sweep::tick_of(st.ranges[pos].time(i)));
+            c.back_away_ms.fetch_add(away, Ordering::Relaxed);
+        }
         match why {
             Why::Fault => {
                 let age = evicted.then(|| st.age(pos, i));
@@ -631,7 +695,8 @@ impl Inner {
             }
             Why::Restore => {}
         }
-        st.mark_resident(pos, i, s);
+        let now = st.now_ms();
+        st.mark_resident(pos, i, s, now);
     }
 
     /// Fills never-written pages `[a, b)` of range `pos` with zeros (one
@@ -784,8 +849,20 @@ impl Inner {
     /// the frames themselves become the ciphertext, and no plaintext frame
     /// is ever freed.
     fn evict(&self, st: &mut State, n: usize) -> usize {
-        let t0 = Instant::now();
         let victims = st.victims(n);
+        self.evict_list(st, &victims, false)
+    }
+
+    /// Evicts `victims` (sorted by address), by the sweep (`swept`) or to
+    /// make room in the window; returns how many left.
+    pub(crate) fn evict_list(
+        &self,
+        st: &mut State,
+        victims: &[(usize, usize)],
+        swept: bool,
+    ) -> usize {
+        let t0 = Instant::now();
+        let now = st.now_ms();
         let mut done = 0;
         let mut k = 0;
         while k < victims.len() {
@@ -802,32 +879,42 @@ impl Inner {
             // tried again on the rest: a page the program owns alone is
             // moved, so its frame is never freed unwiped. Without
             // UFFDIO_MOVE the whole run goes by write-protection.
+            // A run the move refuses for another reason than sharing (it may
+            // cross the edge of a mapping: chunks registered one by one) is
+            // tried again page by page; a page refused alone (shared, or
+            // read-only) goes by write-protection.
             let mut p = a;
             let mut wp_from: Option<usize> = None;
+            let mut single = false;
             while p < b {
-                let moved = if self.mechanism == Mechanism::Move {
-                    self.move_out(st, pos, p, b)
+                let (moved, busy) = if self.mechanism == Mechanism::Move {
+                    let to = if single { p + 1 } else { b };
+                    self.move_out(st, pos, p, to, swept, now)
                 } else {
-                    0
+                    (0, true)
                 };
                 if moved > 0 {
                     if let Some(f) = wp_from.take() {
-                        done += self.evict_wp_or_requeue(st, pos, f, p);
+                        done += self.evict_wp_or_requeue(st, pos, f, p, swept, now);
                     }
                     p += moved;
                     done += moved;
                 }
-                if p < b {
+                if p >= b {
+                    break;
+                }
+                if self.mechanism != Mechanism::Move {
                     wp_from.get_or_insert(p);
-                    p = if self.mechanism == Mechanism::Move {
-                        p + 1
-                    } else {
-                        b
-                    };
+                    p = b;
+                } else if busy || single {
+                    wp_from.get_or_insert(p);
+                    p += 1;
+                } else {
+                    single = true;
                 }
             }
             if let Some(f) = wp_from {
-                done += self.evict_wp_or_requeue(st, pos, f, b);
+                done += self.evict_wp_or_requeue(st, pos, f, b, swept, now);
             }
             k = e;
         }
@@ -839,14 +926,25 @@ impl Inner {
 
     /// Moves the pages `[a, b)` of range `pos` (as many as `UFFDIO_MOVE`
     /// takes, from `a`) out of the program's view into their store slots,
-    /// encrypts them there and marks them evicted; returns how many.
-    fn move_out(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
+    /// encrypts them there and marks them evicted; returns how many, and
+    /// whether the move stopped at a page shared with another process.
+    fn move_out(
+        &self,
+        st: &mut State,
+        pos: usize,
+        a: usize,
+        b: usize,
+        swept: bool,
+        now: u64,
+    ) -> (usize, bool) {
         let r = &st.ranges[pos];
         let len = ((b - a) * PAGE) as u64;
-        let (bytes, _) = self
+        let (bytes, res) = self
             .uffd
             .move_run(r.slot_ptr(a) as u64, r.addr(a) as u64, len, false);
         let moved = usize::try_from(bytes).unwrap_or(0) / PAGE;
+        // EBUSY: the page is shared (with a forked child).
+        let busy = res.is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY));
         self.stats
             .counters()
             .evict_moves
@@ -856,18 +954,26 @@ impl Inner {
             let r = &mut ranges[pos];
             let addr = r.addr(j);
             encrypt_page(keys, r.keyid, addr, r.store_page(j));
-            st.mark_evicted(pos, j);
+            st.mark_evicted(pos, j, swept, now);
         }
-        moved
+        (moved, busy)
     }
 
-    /// [`Inner::evict_wp_run`] over `[a, b)`; what it could not evict goes
-    /// back to the main queue. Returns how many were evicted.
-    fn evict_wp_or_requeue(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
-        let n = self.evict_wp_run(st, pos, a, b);
+    /// [`Inner::evict_wp_run`] over `[a, b)`; what it could not evict is
+    /// queued again (the main queue, the sweep). Returns how many were
+    /// evicted.
+    fn evict_wp_or_requeue(
+        &self,
+        st: &mut State,
+        pos: usize,
+        a: usize,
+        b: usize,
+        swept: bool,
+        now: u64,
+    ) -> usize {
+        let n = self.evict_wp_run(st, pos, a, b, swept, now);
         for p in a + n..b {
-            let addr = st.ranges[pos].addr(p);
-            st.queues.main.push_back(addr);
+            st.requeue(pos, p, now);
         }
         n
     }
@@ -880,7 +986,15 @@ impl Inner {
     /// fault on this very thread). One write-protect, one drop and one
     /// release for the whole run: each is a TLB shootdown, and per page
     /// they made a fork of a 128 MiB heap take 2.3 s.
-    fn evict_wp_run(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
+    fn evict_wp_run(
+        &self,
+        st: &mut State,
+        pos: usize,
+        a: usize,
+        b: usize,
+        swept: bool,
+        now: u64,
+    ) -> usize {
         let start = st.ranges[pos].addr(a);
         let len = ((b - a) * PAGE) as u64;
         if self.uffd.write_protect(start as u64, len, true).is_err() {
@@ -937,13 +1051,301 @@ impl Inner {
             return 0;
         }
         for i in a..saved {
-            st.mark_evicted(pos, i);
+            st.mark_evicted(pos, i, swept, now);
         }
         self.stats
             .counters()
             .wp_evictions
             .fetch_add((saved - a) as u64, Ordering::Relaxed);
         saved - a
+    }
+
+    /// What faults and sweeps have cost the program so far, in ns: the
+    /// handler's time, a hand-off ([`Budget::fault_ns`]) per fault it took,
+    /// and the sweep's own time.
+    pub(crate) fn cost_ns(&self) -> u64 {
+        let c = self.stats.counters();
+        let floor = self.budget.map_or(0, |b| b.fault_ns);
+        c.handler_ns
+            .load(Ordering::Relaxed)
+            .saturating_add(c.handoffs.load(Ordering::Relaxed).saturating_mul(floor))
+            .saturating_add(c.sweep_ns.load(Ordering::Relaxed))
+    }
+
+    /// What sweeping a page is expected to cost, in ns: the share of swept
+    /// pages that came back so far (at least 1 in 20: a page may come back
+    /// later) times what the pages brought in so far cost each (hand-offs
+    /// and handler time over pages: a fault that continues a sequential scan
+    /// brings a run of them; a whole fault per page before there is
+    /// history).
+    #[allow(clippy::cast_precision_loss)]
+    fn sweep_price(&self) -> f64 {
+        let c = self.stats.counters();
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let faults = g(&c.handoffs);
+        let pages = g(&c.faults_in) + g(&c.readahead) + g(&c.zero_fills) + g(&c.prefill);
+        let floor = self.budget.map_or(0, |b| b.fault_ns) as f64;
+        let per_page = if faults < 16 || pages == 0 {
+            floor + 3_000.0
+        } else {
+            (floor * faults as f64 + g(&c.handler_ns) as f64) / pages as f64
+        };
+        let back = (g(&c.swept_back) as f64 + 1.0) / (g(&c.swept) as f64 + 1.0);
+        per_page * back.clamp(0.05, 1.0)
+    }
+
+    /// One step of the sweep: up to [`SWEEP_BATCH`] pages whose period has
+    /// ended leave (encrypted), as far as the budget allows.
+    pub(crate) fn sweep_step(&self, st: &mut State) -> SweepStep {
+        let t0 = Instant::now();
+        let now = st.now_ms();
+        let cost = self.cost_ns();
+        let fault_ns = self.sweep_price();
+        let Some(sw) = st.sweep.as_mut() else {
+            return SweepStep::default();
+        };
+        sw.credit.refill(now, cost);
+        let (victims, lag) = if st.frozen {
+            (Vec::new(), 0)
+        } else {
+            st.due(SWEEP_BATCH, now, fault_ns)
+        };
+        let done = self.evict_list(st, &victims, true);
+        // In debt: the chunks that hold no ciphertext go back to the kernel
+        // (their first touches, which would be hand-offs, cost what plain
+        // page faults cost), at most every scan period.
+        let debt = st
+            .sweep
+            .as_ref()
+            .is_some_and(|sw| sw.credit.room(0.0) < 0.0 && now >= sw.released_at + 50);
+        if self.lazy && debt {
+            self.release_quiet_chunks(st);
+            if let Some(sw) = st.sweep.as_mut() {
+                sw.released_at = now;
+            }
+        }
+        let mut top = 0;
+        if let Some(sw) = st.sweep.as_mut() {
+            sw.pending.swept(now, done);
+            top = sw.longest_period_ms();
+        }
+        self.publish(st);
+        let c = self.stats.counters();
+        c.swept.fetch_add(done as u64, Ordering::Relaxed);
+        c.sweep_lag_ms.store(lag, Ordering::Relaxed);
+        c.max_sweep_lag_ms.fetch_max(lag, Ordering::Relaxed);
+        c.max_period_ms.store(top, Ordering::Relaxed);
+        c.sweep_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+        SweepStep {
+            more: victims.len() == SWEEP_BATCH,
+            waiting: lag > 0,
+            next_due_ms: st.sweep.as_ref().and_then(|s| s.next_due_ms(now)),
+        }
+    }
+
+    /// Scans the chunks of lazily registered ranges not registered yet:
+    /// counts their resident pages (plaintext the shield does not track page
+    /// by page), and registers those that have held data for the shortest
+    /// sweep period, finding their resident pages, which the sweep then
+    /// takes as having come in when the data was first seen. `mincore` runs
+    /// without the lock, 64 MiB at a time into `scratch`.
+    pub(crate) fn scan_chunks(&self, scratch: &mut uffd::DirectMap) {
+        const STEP: usize = 16 * 1024;
+        let t0 = Instant::now();
+        // Never waits for the lock (the watchdog calls this): a step whose
+        // lock is taken is left for the next scan. The steps: runs of
+        // chunks in use and not registered, as `(range, first page, pages)`.
+        let steps: Vec<(usize, usize, usize, usize)> = {
+            let Some(st) = self.try_lock() else {
+                return;
+            };
+            let mut steps = Vec::new();
+            for (pos, r) in st.ranges.iter().enumerate() {
+                let Some(ch) = r.chunks.as_ref() else {
+                    continue;
+                };
+                let mut c = 0;
+                while c < ch.registered.len() {
+                    if ch.registered[c] || !ch.in_use[c] {
+                        c += 1;
+                        continue;
+                    }
+                    let first = c;
+                    while c < ch.registered.len()
+                        && !ch.registered[c]
+                        && ch.in_use[c]
+                        && (c + 1 - first) * CHUNK_PAGES <= STEP
+                    {
+                        c += 1;
+                    }
+                    let a = first * CHUNK_PAGES;
+                    let b = (c * CHUNK_PAGES).min(r.pages);
+                    steps.push((pos, r.base, a, b - a));
+                }
+            }
+            steps
+        };
+        for (pos, base, i, n) in steps {
+            let n = n.min(scratch.as_mut_slice().len());
+            let v = &mut scratch.as_mut_slice()[..n];
+            if uffd::resident_pages(base + i * PAGE, n * PAGE, v).is_err() {
+                continue;
+            }
+            let Some(mut st) = self.try_lock() else {
+                continue;
+            };
+            let now = st.now_ms();
+            if st.ranges.get(pos).is_none_or(|r| r.base != base) {
+                continue;
+            }
+            // Registering is what makes later first touches in the chunk
+            // hand-offs: not while the budget is spent.
+            let cost = self.cost_ns();
+            let afford = st.sweep.as_mut().is_some_and(|sw| {
+                sw.credit.refill(now, cost);
+                sw.credit.room(0.0) > 0.0
+            });
+            for k in (0..n).step_by(CHUNK_PAGES) {
+                let c = (i + k) / CHUNK_PAGES;
+                let Some(ch) = st.ranges[pos].chunks.as_mut() else {
+                    break;
+                };
+                if ch.registered[c] {
+                    continue;
+                }
+                let m = CHUNK_PAGES.min(n - k);
+                let found = v[k..k + m].iter().filter(|b| *b & 1 != 0).count();
+                ch.unseen[c] = u16::try_from(found).unwrap_or(u16::MAX);
+                if found == 0 {
+                    ch.seen[c] = 0;
+                } else if ch.seen[c] == 0 {
+                    ch.seen[c] = now + 1;
+                } else if afford && now + 1 - ch.seen[c] >= crate::sweep::REGISTER_AFTER_MS {
+                    let since = ch.seen[c] - 1;
+                    self.register_chunk(&mut st, pos, c, since);
+                }
+            }
+            st.unseen = st
+                .ranges
+                .iter()
+                .filter_map(|r| r.chunks.as_ref())
+                .flat_map(|c| c.unseen.iter())
+                .map(|&u| usize::from(u))
+                .sum();
+        }
+        self.stats
+            .counters()
+            .sweep_ns
+            .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+    }
+
+    /// Registers chunk `c` of range `pos` with the userfaultfd and books the
+    /// pages it holds as resident since `since_ms`.
+    fn register_chunk(&self, st: &mut State, pos: usize, c: usize, since_ms: u64) {
+        let r = &st.ranges[pos];
+        let a = c * CHUNK_PAGES;
+        let b = (a + CHUNK_PAGES).min(r.pages);
+        let (addr, len) = (r.addr(a), (b - a) * PAGE);
+        if let Err(e) =
+            self.uffd
+                .register(addr as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
+        {
+            let n = self
+                .stats
+                .counters()
+                .register_failures
+                .fetch_add(1, Ordering::Relaxed);
+            if n == 0 {
+                eprintln!(
+                    "memveil-shield: cannot register {addr:#x}+{len:#x} with the userfaultfd ({e}): \
+                     its pages stay plaintext (counted as register_failures)"
+                );
+            }
+            return;
+        }
+        // Registered first, then looked at: a page the program touches from
+        // now on faults to the handler, which waits for this lock.
+        let present = st.ranges[pos].present(a, b).unwrap_or_default();
+        if let Some(ch) = st.ranges[pos].chunks.as_mut() {
+            ch.registered[c] = true;
+            ch.seen[c] = 0;
+            ch.unseen[c] = 0;
+        }
+        for i in present {
+            st.mark_found(pos, i, since_ms);
+        }
+        self.stats
+            .counters()
+            .chunks_registered
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Unregisters every lazily registered chunk holding no evicted page
+    /// (the budget is spent: what the program allocates there would fault
+    /// to the handler): its resident pages are no longer tracked page by
+    /// page, the scan counts them again, and registers the chunk again once
+    /// the budget allows.
+    fn release_quiet_chunks(&self, st: &mut State) {
+        let mut released = 0u64;
+        for pos in 0..st.ranges.len() {
+            let chunks = st.ranges[pos]
+                .chunks
+                .as_ref()
+                .map_or(0, |c| c.registered.len());
+            for c in 0..chunks {
+                let r = &st.ranges[pos];
+                let Some(ch) = r.chunks.as_ref() else { break };
+                if !ch.registered[c] || ch.evicted[c] != 0 {
+                    continue;
+                }
+                let a = c * CHUNK_PAGES;
+                let b = (a + CHUNK_PAGES).min(r.pages);
+                if self
+                    .uffd
+                    .unregister(r.addr(a) as u64, ((b - a) * PAGE) as u64)
+                    .is_err()
+                {
+                    continue;
+                }
+                let dropped = st.ranges[pos].forget_chunk(c);
+                st.resident -= dropped;
+                released += 1;
+            }
+        }
+        if released > 0 {
+            self.stats
+                .counters()
+                .chunks_unregistered
+                .fetch_add(released, Ordering::Relaxed);
+            self.publish(st);
+        }
+    }
+
+    /// Unregisters the lazily registered chunks `emptied` (as `(range,
+    /// chunk)`, from [`State::discard`]) that still hold no data: the
+    /// program's next touches there are the kernel's own faults again.
+    pub(crate) fn unregister_empty(&self, st: &mut State, emptied: &[(usize, usize)]) {
+        for &(pos, c) in emptied {
+            let r = &mut st.ranges[pos];
+            let Some(ch) = r.chunks.as_mut() else {
+                continue;
+            };
+            if !ch.registered[c] || ch.live[c] != 0 {
+                continue;
+            }
+            let a = c * CHUNK_PAGES;
+            let b = (a + CHUNK_PAGES).min(r.pages);
+            let (addr, len) = (r.addr(a), (b - a) * PAGE);
+            if self.uffd.unregister(addr as u64, len as u64).is_ok() {
+                if let Some(ch) = r.chunks.as_mut() {
+                    ch.registered[c] = false;
+                }
+                self.stats
+                    .counters()
+                    .chunks_unregistered
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Decrypts every evicted page of range `pos` back into place (runs of

@@ -12,9 +12,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
-use memveil_shield::{Mechanism, Snapshot, StatsFile, KEYIDS};
+use memveil_shield::{Mechanism, StatsFile, KEYIDS};
 
 use super::run_keyid::{self, HostKeyId};
+use super::run_report::{advice, guarantee_line, summary, Guarantee};
 
 const PRELOAD: &str = "libmemveil_shield_preload.so";
 
@@ -33,22 +34,32 @@ shield failed inside the program before it ran; 123 when the program was stopped
 was cleared or programmed again, or the vault holding it went away. See docs/shield.md."
 )]
 pub struct Args {
+    /// The cost budget, the default guarantee: the most of the program's
+    /// time faults and evictions may take (default 10%). Within it every
+    /// page idle longer than its sweep period (25 ms for a page used
+    /// rarely, up to 12.8 s for one in constant use) is ciphertext, however
+    /// large the heap; a page in use stays plaintext, so a heap in constant
+    /// use may stay mostly plaintext (the summary reports the time-weighted
+    /// plaintext fraction). With --window or --max-plaintext the bound
+    /// applies too, and wins: it is never exceeded to meet the budget.
+    #[arg(long, value_name = "PERCENT", value_parser = parse_overhead)]
+    max_overhead: Option<u8>,
     /// Keep exactly this many pages of the heap (at most) as plaintext, per
-    /// process: the fixed, security-first setting (4096 pages = 16 MiB is a
-    /// good start). Without it the window adapts to the program's working set
-    /// within --max-plaintext.
+    /// process: the fixed, security-first bound (4096 pages = 16 MiB is a
+    /// good start), whatever it costs. Alone it replaces the budget; with
+    /// --max-overhead both apply.
     #[arg(long, value_name = "PAGES", conflicts_with = "max_plaintext",
           value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
     window: Option<u64>,
-    /// The most plaintext an adaptive window may keep, per process: a
-    /// percentage of the pages holding data (never below 4096 pages) or a
-    /// size (bytes, or with K, M, G). The window starts at 4096 pages (or the
-    /// size, if smaller), grows when the program faults on pages it evicted
-    /// very recently, gives pages back in quiet seconds, and never exceeds
-    /// this bound.
-    #[arg(long, value_name = "SIZE|PERCENT", default_value = "25%",
-          value_parser = parse_bound)]
-    max_plaintext: memveil_shield::Bound,
+    /// A security-first bound that adapts: the most plaintext a window may
+    /// keep, per process, as a percentage of the pages holding data (never
+    /// below 4096 pages) or a size (bytes, or with K, M, G). The window
+    /// starts at 4096 pages (or the size, if smaller), grows when the program
+    /// faults on pages it evicted very recently, gives pages back in quiet
+    /// seconds, and never exceeds this bound, whatever it costs. Alone it
+    /// replaces the budget; with --max-overhead both apply.
+    #[arg(long, value_name = "SIZE|PERCENT", value_parser = parse_bound)]
+    max_plaintext: Option<memveil_shield::Bound>,
     /// Run as a tenant under KeyID N of the host key table the vault holds
     /// (`memveil key program`): every process of the program encrypts its
     /// heap and shared memory under the KeyID's page key, which the vault
@@ -145,6 +156,31 @@ pub struct Args {
 
 fn parse_bound(s: &str) -> Result<memveil_shield::Bound, String> {
     memveil_shield::Bound::parse(s)
+}
+
+fn parse_overhead(s: &str) -> Result<u8, String> {
+    memveil_shield::Budget::parse_percent(s)
+}
+
+impl Args {
+    /// The guarantee asked for.
+    fn guarantee(&self) -> Guarantee {
+        Guarantee {
+            budget: self.budget(),
+            window: self.window,
+            max_plaintext: self.max_plaintext,
+        }
+    }
+
+    /// The budget in force, in percent: the one asked for, or the default
+    /// when no plaintext bound replaces it.
+    fn budget(&self) -> Option<u8> {
+        match (self.max_overhead, self.window, self.max_plaintext) {
+            (Some(p), _, _) => Some(p),
+            (None, None, None) => Some(memveil_shield::Budget::DEFAULT_PERCENT),
+            _ => None,
+        }
+    }
 }
 
 /// `--allocator`.
@@ -296,157 +332,9 @@ fn own_allocator(needed: &[String]) -> Option<&str> {
         .map(String::as_str)
 }
 
-fn summary(s: &Snapshot) -> String {
-    let window = if s.adaptive > 0 {
-        format!(
-            "window {} pages now (adaptive, at most {} so far, bound {})",
-            s.window, s.max_window, s.bound
-        )
-    } else {
-        format!("window {} pages (fixed)", s.window)
-    };
-    format!(
-        "{} process(es), {window}, keys {}, eviction {}; protected {} pages; plaintext {} pages \
-         ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill (+{} pages read ahead, {} \
-         filled ahead; {} never-written pages from the zero pool), evictions {} ({} by write-protect), \
-         handler {:.1} ms{}{}{}",
-        s.processes,
-        s.level_name(),
-        s.mechanism_name(),
-        s.pages_protected,
-        s.resident_pages,
-        100.0 * s.plaintext_fraction(),
-        s.resident_pages + s.evicted_pages,
-        s.max_resident,
-        s.faults_in,
-        s.zero_fills,
-        s.readahead,
-        s.prefill,
-        s.pool_fills,
-        s.evictions,
-        s.wp_evictions,
-        s.handler_ns as f64 / 1e6,
-        if s.idle_rescues > 0 {
-            format!(
-                "; handler starved behind other threads {} time(s), made normal again",
-                s.idle_rescues
-            )
-        } else {
-            String::new()
-        },
-        if s.shared_protected_bytes > 0 || s.shared_evictions > 0 {
-            format!(
-                "; shared memory protected: {} KiB for {} process view(s), {} plaintext pages, {} evicted, {} faults in",
-                s.shared_protected_bytes.div_ceil(1024),
-                s.shared_views,
-                s.shared_resident_pages,
-                s.shared_evictions,
-                s.shared_faults_in
-            )
-        } else {
-            String::new()
-        },
-        if s.shared_unprotected_bytes > 0 {
-            format!(
-                "; shared memory NOT protected: {} KiB (--shared-memory unprotected)",
-                s.shared_unprotected_bytes.div_ceil(1024)
-            )
-        } else {
-            String::new()
-        }
-    )
-}
-
 /// Checks a `--shared-memory` setting (the preload parses the same words).
 fn shared_policy(s: &str) -> Result<String, String> {
     memveil_shield::parse_shared_policy(s).map(|_| s.to_owned())
-}
-
-/// Microseconds a fault costs the program beyond what the handler does:
-/// the fault's entry, the two thread switches and the wake-ups (on a 2-vCPU
-/// VM `memveil bench --only shield` measured the floor of a hand-off,
-/// `shield.fault_floor_us`, at 8.6-15 µs, and random faults at 8-10 µs
-/// more than the handler's own time): a rough figure for the advice line.
-const SWITCHES_US: f64 = 12.0;
-
-/// Share of the refaulted pages a larger window should have kept for the
-/// advice to name it.
-const KEEP_SHARE: f64 = 0.75;
-
-/// How many pages more a window would have needed to keep at least
-/// [`KEEP_SHARE`] of the pages that faulted back, and the share it would
-/// have kept, from the refault ages (`None`: none measured, or only the
-/// open-ended oldest bucket reaches the share).
-fn growth(s: &Snapshot) -> Option<(u64, f64)> {
-    let total: u64 = s.refault_ages.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let mut kept = 0;
-    for (k, n) in s.refault_ages.iter().enumerate() {
-        kept += n;
-        let end = memveil_shield::age_bucket_end(k)?;
-        if kept as f64 >= KEEP_SHARE * total as f64 {
-            return Some((end, kept as f64 / total as f64));
-        }
-    }
-    None
-}
-
-/// One line a person can act on when faults took a good part of the run,
-/// or `None` when they did not. What it names comes from the refault ages:
-/// how much larger a window would have had to be to keep the pages that
-/// came back.
-fn advice(s: &Snapshot, secs: f64, fixed: Option<u64>) -> Option<String> {
-    let faults = s.faults();
-    if faults == 0 || secs <= 0.0 {
-        return None;
-    }
-    let cost = s.handler_ns as f64 / 1e9 + faults as f64 * SWITCHES_US / 1e6;
-    let share = (cost / secs).min(1.0);
-    if share < 0.2 {
-        return None;
-    }
-    let head = format!(
-        "faults took about {:.0}% of the run ({faults} faults, {:.1} us each)",
-        100.0 * share,
-        cost * 1e6 / faults as f64
-    );
-    let data = s.max_data.max(s.resident_pages + s.evicted_pages).max(1);
-    let what = if s.zero_fills * 2 > faults {
-        "most were first touches of fresh memory (the program allocates faster than it reuses); \
-         nothing but a larger window (more plaintext) avoids them"
-            .to_owned()
-    } else {
-        match growth(s) {
-            Some((extra, kept)) if s.max_window + extra < data => {
-                let pages = s.max_window + extra;
-                let pct = (100 * pages).div_ceil(data).clamp(1, 100);
-                let mib = pages.div_ceil(256);
-                let kept = 100.0 * kept;
-                match fixed {
-                    Some(w) => format!(
-                        "the working set exceeds the fixed --window {w}: --window {pages} \
-                         ({mib} MiB) would have kept about {kept:.0}% of the pages that came back \
-                         in plaintext; or drop --window to let the window adapt within 25% of the data"
-                    ),
-                    None => format!(
-                        "the working set exceeds the plaintext bound ({} of {data} pages holding \
-                         data): --max-plaintext {pct}% ({mib} MiB) would have kept about \
-                         {kept:.0}% of the pages that came back in plaintext, and leaves {pct}% of \
-                         the data unencrypted in memory",
-                        s.bound
-                    ),
-                }
-            }
-            _ => format!(
-                "the program reuses its pages only after cycling through nearly all of its data \
-                 ({data} pages): only a window holding all of it (--max-plaintext 100%, no \
-                 protection at rest) would avoid these faults"
-            ),
-        }
-    };
-    Some(format!("{head}: {what}"))
 }
 
 /// Runs `memveil run`.
@@ -616,12 +504,6 @@ fn supervise(
     }
     cmd.args(&a.command[1..])
         .env(
-            "MEMVEIL_SHIELD_WINDOW",
-            a.window
-                .unwrap_or(memveil_shield::DEFAULT_WINDOW as u64)
-                .to_string(),
-        )
-        .env(
             "MEMVEIL_SHIELD_KEYID",
             host.map_or(1, HostKeyId::keyid).to_string(),
         )
@@ -634,9 +516,25 @@ fn supervise(
         )
         .env("MEMVEIL_SHIELD_ACCEPT_UNWIPED", flag(a.accept_unwiped_free))
         .env("MEMVEIL_SHIELD_SHARED", &a.shared_memory);
+    // The guarantee: a budget, a bound, or both (the preload reads what is
+    // set; nothing inherited from an outer memveil run may stay).
     match a.window {
-        Some(_) => cmd.env_remove("MEMVEIL_SHIELD_MAX_PLAINTEXT"),
-        None => cmd.env("MEMVEIL_SHIELD_MAX_PLAINTEXT", a.max_plaintext.to_arg()),
+        Some(w) => cmd.env("MEMVEIL_SHIELD_WINDOW", w.to_string()),
+        None => cmd.env_remove("MEMVEIL_SHIELD_WINDOW"),
+    };
+    match a.max_plaintext {
+        Some(b) => cmd.env("MEMVEIL_SHIELD_MAX_PLAINTEXT", b.to_arg()),
+        None => cmd.env_remove("MEMVEIL_SHIELD_MAX_PLAINTEXT"),
+    };
+    match a.budget() {
+        Some(p) => {
+            let ns = super::run_calibrate::handoff_ns();
+            cmd.env("MEMVEIL_SHIELD_MAX_OVERHEAD", p.to_string())
+                .env("MEMVEIL_SHIELD_FAULT_NS", ns.to_string())
+        }
+        None => cmd
+            .env_remove("MEMVEIL_SHIELD_MAX_OVERHEAD")
+            .env_remove("MEMVEIL_SHIELD_FAULT_NS"),
     };
     if let Some(cpu) = a.cpu {
         // Inherited by the program through fork and exec.
@@ -736,7 +634,11 @@ fn supervise(
         if let Some(every) = a.live {
             if last_live.elapsed().as_secs_f64() >= every {
                 last_live = Instant::now();
-                eprintln!("memveil run: [{t:7.1}s] {}", summary(&s));
+                eprintln!(
+                    "memveil run: [{t:7.1}s] {}; {}",
+                    summary(&s),
+                    guarantee_line(&a.guarantee(), &s)
+                );
             }
         }
         match (&ended, exited) {
@@ -779,7 +681,8 @@ fn supervise(
                 |l| format!("the program's own {l}, its pages from the protected region")
             )
         );
-        if let Some(line) = advice(&s, started.elapsed().as_secs_f64(), a.window) {
+        eprintln!("memveil run: {}", guarantee_line(&a.guarantee(), &s));
+        if let Some(line) = advice(&a.guarantee(), &s, started.elapsed().as_secs_f64()) {
             eprintln!("memveil run: {line}");
         }
         if let Some(h) = host {
@@ -799,6 +702,14 @@ fn supervise(
         j["mechanism"] = s.mechanism_name().into();
         j["key_level"] = s.level_name().into();
         j["allocator"] = keep.unwrap_or("memveil").into();
+        let g = a.guarantee();
+        j["guarantee"] = g.name().into();
+        j["time_plaintext_fraction"] = s.time_plaintext_fraction().into();
+        j["cost_fraction"] = s.cost_fraction().into();
+        j["budget_met"] = match (g.budget, s.cost_fraction()) {
+            (Some(p), Some(c)) => super::run_report::budget_met(p, c).into(),
+            _ => serde_json::Value::Null,
+        };
         j["host_keyid"] = host.map_or(serde_json::Value::Null, HostKeyId::json);
         j["stopped_key_gone"] = key_gone.clone().into();
         j["exit_code"] = code.into();
@@ -822,87 +733,6 @@ mod tests {
         assert_eq!(own_allocator(&e.needed), None);
         let needed = vec!["libm.so.6".to_owned(), "libjemalloc.so.2".to_owned()];
         assert_eq!(own_allocator(&needed), Some("libjemalloc.so.2"));
-    }
-
-    fn snap(f: impl FnOnce(&mut Snapshot)) -> Snapshot {
-        let mut s = Snapshot {
-            processes: 1,
-            resident_pages: 4096,
-            evicted_pages: 12_000,
-            ..Snapshot::default()
-        };
-        f(&mut s);
-        s
-    }
-
-    #[test]
-    fn advice_only_when_faults_took_a_good_part_of_the_run() {
-        // 1000 faults of ~10 us in 10 s: nothing to say.
-        let calm = snap(|s| {
-            s.faults_in = 1000;
-            s.handler_ns = 3_000_000;
-        });
-        assert_eq!(advice(&calm, 10.0, None), None);
-        assert_eq!(advice(&Snapshot::default(), 1.0, None), None);
-        // 500k faults in 10 s: faults dominate. 80% of the pages that came
-        // back had left 1024-2047 evictions before: a window 2048 pages
-        // larger (6144 of 16000 pages, 39%) would have kept them.
-        let busy = snap(|s| {
-            s.faults_in = 500_000;
-            s.handler_ns = 3_000_000_000;
-            s.adaptive = 1;
-            s.bound = 4096;
-            s.max_window = 4096;
-            s.max_data = 16_000;
-            s.refault_ages[3] = 400_000;
-            s.refault_ages[6] = 100_000;
-        });
-        let line = advice(&busy, 10.0, None).expect("advice");
-        assert!(
-            line.starts_with("faults took about 90% of the run"),
-            "{line}"
-        );
-        assert!(
-            line.contains("--max-plaintext 39% (24 MiB) would have kept about 80%"),
-            "{line}"
-        );
-        assert!(line.contains("39% of the data unencrypted"), "{line}");
-        // A fixed window names the window that would have held them.
-        let line = advice(&busy, 10.0, Some(4096)).expect("advice");
-        assert!(
-            line.contains("fixed --window 4096: --window 6144"),
-            "{line}"
-        );
-        // Fresh memory: no flag helps but a larger window.
-        let fresh = snap(|s| {
-            s.zero_fills = 400_000;
-            s.faults_in = 1000;
-            s.refault_ages[0] = 1000;
-            s.handler_ns = 2_000_000_000;
-        });
-        let line = advice(&fresh, 5.0, None).expect("advice");
-        assert!(line.contains("first touches of fresh memory"), "{line}");
-        // Pages that come back only after the program went through more
-        // than all of its data: no window short of all of it helps.
-        let cycling = snap(|s| {
-            s.faults_in = 300_000;
-            s.handler_ns = 2_000_000_000;
-            s.adaptive = 1;
-            s.bound = 4096;
-            s.max_window = 4096;
-            s.max_data = 16_000;
-            s.refault_ages[7] = 300_000;
-        });
-        let line = advice(&cycling, 5.0, None).expect("advice");
-        assert!(line.contains("only a window holding all of it"), "{line}");
-        assert!(!line.contains("--cpu"), "{line}");
-        // One line a person reads: no runs of spaces from wrapped literals.
-        for s in [&busy, &fresh, &cycling] {
-            for fixed in [None, Some(4096)] {
-                let line = advice(s, 5.0, fixed).expect("advice");
-                assert!(!line.contains("  ") && !line.contains('\n'), "{line:?}");
-            }
-        }
     }
 
     #[test]
