@@ -18,7 +18,7 @@ pub mod report;
 pub mod rng;
 pub mod rng_share;
 pub mod shield;
-mod shield_suite;
+pub mod shield_suite;
 pub mod timing;
 pub mod vault;
 pub mod workloads;

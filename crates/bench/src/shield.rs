@@ -850,9 +850,14 @@ fn read_stats(path: &Path) -> (Option<f64>, String, Vec<(f64, f64)>) {
         return (None, "unreadable --stats-json file".into(), Vec::new());
     };
     let n = |k: &str| j.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    // Time-weighted where the shield's watchdog measured it, else at exit.
     let frac = j
-        .get("plaintext_fraction")
-        .and_then(serde_json::Value::as_f64);
+        .get("time_plaintext_fraction")
+        .and_then(serde_json::Value::as_f64)
+        .or_else(|| {
+            j.get("plaintext_fraction")
+                .and_then(serde_json::Value::as_f64)
+        });
     let samples = j
         .get("samples")
         .and_then(serde_json::Value::as_array)
@@ -868,12 +873,17 @@ fn read_stats(path: &Path) -> (Option<f64>, String, Vec<(f64, f64)>) {
         })
         .unwrap_or_default();
     let line = format!(
-        "{} pages protected, {} resident + {} evicted at exit, {} faults, {} evictions",
+        "{} pages protected, {} resident + {} evicted at exit, {} faults, {} evictions, guarantee {}, faults and \
+         sweeps cost {}",
         n("pages_protected"),
         n("resident_pages"),
         n("evicted_pages"),
         n("faults"),
-        n("evictions")
+        n("evictions"),
+        j.get("guarantee").and_then(serde_json::Value::as_str).unwrap_or("?"),
+        j.get("cost_fraction")
+            .and_then(serde_json::Value::as_f64)
+            .map_or("n/a".to_owned(), |c| format!("{:.1}% of its time", 100.0 * c))
     );
     (frac, line, samples)
 }
@@ -1505,6 +1515,16 @@ fn suite_part(
             crate::shield_suite::fork_figure(opts, &memveil, &dir).map(|f| vec![f]),
         ),
     ];
+    let mut exposure_md = String::new();
+    if let Err(e) =
+        crate::shield_suite::exposure::figures(opts, &memveil, &dir, figs, &mut exposure_md)
+    {
+        opts.say(&format!("shield: canary (exposure) FAILED: {e}"));
+        let _ = writeln!(
+            exposure_md,
+            "\n**exposure figures failed**: {e}. shield.canary_* missing.\n"
+        );
+    }
     for (what, ids, got) in extra {
         match got {
             Ok(f) => figs.extend(f),
@@ -1517,6 +1537,7 @@ fn suite_part(
     let _ = std::fs::remove_dir_all(&dir);
     // Measured after the programs, under the load they ran in.
     let plain_fault = plain_fault_us().ok();
+    md.push_str(&exposure_md);
     match result {
         Ok((rows, missing)) => {
             crate::shield_suite::report(&rows, &missing, redis, plain_fault, figs, md);
@@ -1541,8 +1562,8 @@ fn redis_figures(
     for r in rows {
         let target = match r.setting {
             "small" => ">= 0.90",
-            "large_w4096" => "reported",
-            _ => ">= 0.60",
+            "large" => ">= 0.85",
+            _ => "reported",
         };
         let frac = r
             .plaintext
@@ -1559,7 +1580,7 @@ fn redis_figures(
                 if r.setting == "large_w4096" {
                     "--window 4096: a fixed window"
                 } else {
-                    "its defaults: a window adapting within 25% of the data, at least 4096 pages"
+                    "its defaults: a cost budget of 10% of its time"
                 }
             );
             if r.setting == "large_pinned" {
@@ -1571,7 +1592,7 @@ fn redis_figures(
             if r.setting.starts_with("large") {
                 let _ = write!(
                     note,
-                    "; plaintext fraction at exit {frac} ({})",
+                    "; plaintext fraction {frac} (time-weighted; {})",
                     r.stats_line
                 );
             }
@@ -1593,7 +1614,8 @@ fn redis_figures(
                     p,
                     "fraction",
                     &format!(
-                        "plaintext fraction of redis-server's heap at exit, {} setting ({})",
+                        "plaintext fraction of redis-server's heap, time-weighted over the run (at exit where the \
+                         shield's watchdog did not measure it), {} setting ({})",
                         r.setting, r.stats_line
                     ),
                 ));

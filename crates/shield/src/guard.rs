@@ -43,9 +43,9 @@ use crate::START_HOOK;
 /// Between two scans for chunks to register (lazily registered ranges).
 const SCAN_PERIOD: Duration = Duration::from_millis(50);
 /// Sweep batches taken in one wake-up before the watchdog looks again.
-const MAX_BATCHES: usize = 16;
+const MAX_BATCHES: usize = 8;
 /// The soonest the sweep wakes again for a due page.
-const SWEEP_MIN: Duration = Duration::from_millis(2);
+const SWEEP_MIN: Duration = Duration::from_millis(1);
 /// How soon it looks again while due pages wait for the budget.
 const SWEEP_WAIT: Duration = Duration::from_millis(10);
 
@@ -83,6 +83,12 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
     let mut next_scan = Instant::now();
     let mut integrated = Instant::now();
     loop {
+        // When this thread wakes next, for the handler to poke it sooner
+        // when a page comes in due before that (see `Inner::poke_guard`).
+        let wake = inner
+            .lock_free_now_ms()
+            .saturating_add(u64::try_from(period.as_millis()).unwrap_or(u64::MAX));
+        inner.guard_at.store(wake, Ordering::Release);
         if wait(inner, period) {
             break;
         }
@@ -152,6 +158,13 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
 /// handler may hold it); returns how soon to look again.
 fn sweep(inner: &Inner) -> Duration {
     for _ in 0..MAX_BATCHES {
+        // The handler first: a fault waiting (or a batch in hand) waits on
+        // this thread's lock and, on a shared CPU, on this thread itself
+        // (the handler runs at SCHED_IDLE): a sweep under way made hot pages
+        // come back hundreds of ms late, and so look idle.
+        if inner.uffd.pending() || inner.progress.load(Ordering::Acquire) % 2 == 1 {
+            return SWEEP_MIN;
+        }
         let Some(mut st) = inner.try_lock() else {
             return SWEEP_MIN;
         };
@@ -197,10 +210,14 @@ fn wait(inner: &Inner, d: Duration) -> bool {
     if *stop {
         return true;
     }
+    if inner.poked.swap(false, Ordering::AcqRel) {
+        return false;
+    }
     let (stop, _) = inner
         .guard_wake
         .wait_timeout(stop, d)
         .unwrap_or_else(PoisonError::into_inner);
+    inner.poked.store(false, Ordering::Release);
     *stop
 }
 

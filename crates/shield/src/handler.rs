@@ -71,9 +71,16 @@ pub(crate) struct Inner {
     /// a batch of faults in hand and again when it has woken their threads,
     /// so it is odd while a batch is in hand.
     pub(crate) progress: AtomicU64,
-    /// The watchdog's sleep, cut short by [`Threads::stop`].
+    /// The watchdog's sleep, cut short by [`Threads::stop`] or a poke.
     pub(crate) guard_stop: Mutex<bool>,
     pub(crate) guard_wake: Condvar,
+    /// When the watchdog (the sweep) wakes next, ms since the shield
+    /// started.
+    pub(crate) guard_at: AtomicU64,
+    /// Set by [`Inner::poke_guard`]: the watchdog looks again at once.
+    pub(crate) poked: AtomicBool,
+    /// When the shield started (for `guard_at`, without the lock).
+    epoch: Instant,
 }
 
 impl Drop for Inner {
@@ -191,6 +198,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     let min_window = cfg.window.max(1);
     let batch = cfg.evict_batch.clamp(1, (min_window / 4).max(1));
     let pool = SecretPool::new(64 * 1024, cfg.policy)?;
+    let epoch = Instant::now();
     let level = pool.level();
     let bounce = pool.alloc_bytes(PAGE)?;
     let doorbell = uffd::map_anonymous_direct(PAGE).map_err(os("mmap doorbell"))?;
@@ -255,7 +263,8 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
             frozen: false,
             bounded,
             sweep: cfg.budget.map(|b| Sweep::new(b, 0)),
-            epoch: Instant::now(),
+            epoch,
+            wake_at: u64::MAX,
             unseen: 0,
         }),
         stats,
@@ -270,6 +279,9 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         progress: AtomicU64::new(0),
         guard_stop: Mutex::new(false),
         guard_wake: Condvar::new(),
+        guard_at: AtomicU64::new(u64::MAX),
+        poked: AtomicBool::new(false),
+        epoch,
     });
     let worker = Arc::clone(&inner);
     // A thread started directly on its stack runs our code first: no
@@ -333,9 +345,13 @@ enum Why {
 /// Ranges to wake once the lock is released: `(address, bytes)`.
 type Wakes = Vec<(u64, u64)>;
 
-/// Most pages one sweep step evicts under the lock (about 0.1-0.3 ms: the
+/// Most pages one sweep step evicts under the lock (well under 0.1 ms: the
 /// handler waits for the lock meanwhile).
-pub(crate) const SWEEP_BATCH: usize = 256;
+pub(crate) const SWEEP_BATCH: usize = 64;
+
+/// Zero fills in a registered chunk that make it worth giving back when the
+/// budget is spent (see [`Inner::release_quiet_chunks`]).
+const RELEASE_ZERO_FILLS: u16 = 16;
 
 /// What a sweep step left.
 #[derive(Debug, Default, Clone, Copy)]
@@ -473,6 +489,10 @@ impl Inner {
                 self.shrink_to_window(&mut st);
             } else {
                 self.publish(&st);
+            }
+            let due = std::mem::replace(&mut st.wake_at, u64::MAX);
+            if due < self.guard_at.load(Ordering::Acquire) {
+                self.poke_guard();
             }
             // The thread is blocked in the fault just resolved (it is woken
             // below), so its rseq area exists.
@@ -1060,6 +1080,22 @@ impl Inner {
         saved - a
     }
 
+    /// Milliseconds since the shield started, without the lock.
+    pub(crate) fn lock_free_now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Wakes the watchdog now (a page came in that is due before it would
+    /// have looked).
+    fn poke_guard(&self) {
+        self.poked.store(true, Ordering::Release);
+        let _g = self
+            .guard_stop
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.guard_wake.notify_all();
+    }
+
     /// What faults and sweeps have cost the program so far, in ns: the
     /// handler's time, a hand-off ([`Budget::fault_ns`]) per fault it took,
     /// and the sweep's own time.
@@ -1073,13 +1109,13 @@ impl Inner {
     }
 
     /// What sweeping a page is expected to cost, in ns: the share of swept
-    /// pages that came back so far (at least 1 in 20: a page may come back
-    /// later) times what the pages brought in so far cost each (hand-offs
+    /// pages that came back so far (a half to start with; at least 1 in 20:
+    /// a page may come back later) times what the pages brought in so far cost each (hand-offs
     /// and handler time over pages: a fault that continues a sequential scan
     /// brings a run of them; a whole fault per page before there is
     /// history).
     #[allow(clippy::cast_precision_loss)]
-    fn sweep_price(&self) -> f64 {
+    fn sweep_price(&self) -> (f64, f64) {
         let c = self.stats.counters();
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let faults = g(&c.handoffs);
@@ -1090,8 +1126,10 @@ impl Inner {
         } else {
             (floor * faults as f64 + g(&c.handler_ns) as f64) / pages as f64
         };
-        let back = (g(&c.swept_back) as f64 + 1.0) / (g(&c.swept) as f64 + 1.0);
-        per_page * back.clamp(0.05, 1.0)
+        // Half, until 64 sweeps say otherwise.
+        let back = (g(&c.swept_back) as f64 + 32.0) / (g(&c.swept) as f64 + 64.0);
+        // A page known quiet comes back once per quiet spell at most.
+        (per_page * back.clamp(0.05, 1.0), per_page * 0.05)
     }
 
     /// One step of the sweep: up to [`SWEEP_BATCH`] pages whose period has
@@ -1100,7 +1138,7 @@ impl Inner {
         let t0 = Instant::now();
         let now = st.now_ms();
         let cost = self.cost_ns();
-        let fault_ns = self.sweep_price();
+        let (fault_ns, quiet_ns) = self.sweep_price();
         let Some(sw) = st.sweep.as_mut() else {
             return SweepStep::default();
         };
@@ -1108,7 +1146,7 @@ impl Inner {
         let (victims, lag) = if st.frozen {
             (Vec::new(), 0)
         } else {
-            st.due(SWEEP_BATCH, now, fault_ns)
+            st.due(SWEEP_BATCH, now, fault_ns, quiet_ns)
         };
         let done = self.evict_list(st, &victims, true);
         // In debt: the chunks that hold no ciphertext go back to the kernel
@@ -1126,7 +1164,14 @@ impl Inner {
         }
         let mut top = 0;
         if let Some(sw) = st.sweep.as_mut() {
-            sw.pending.swept(now, done);
+            let cost = if victims.is_empty() {
+                0.0
+            } else {
+                #[allow(clippy::cast_precision_loss)]
+                let share = done as f64 / victims.len() as f64;
+                sw.reserving * share
+            };
+            sw.pending.swept(now, done, cost);
             top = sw.longest_period_ms();
         }
         self.publish(st);
@@ -1280,11 +1325,14 @@ impl Inner {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Unregisters every lazily registered chunk holding no evicted page
-    /// (the budget is spent: what the program allocates there would fault
-    /// to the handler): its resident pages are no longer tracked page by
-    /// page, the scan counts them again, and registers the chunk again once
-    /// the budget allows.
+    /// Unregisters every lazily registered chunk holding no evicted page in
+    /// which the program keeps allocating (the budget is spent, and there
+    /// [`RELEASE_ZERO_FILLS`] or more never-written pages were filled by
+    /// the handler since it was registered: each was a hand-off the kernel
+    /// would have served as a plain page fault): its resident pages are no
+    /// longer tracked page by page (they keep the level they learnt), the
+    /// scan counts them again, and registers the chunk again once the
+    /// budget allows. Chunks of data in use stay registered.
     fn release_quiet_chunks(&self, st: &mut State) {
         let mut released = 0u64;
         for pos in 0..st.ranges.len() {
@@ -1295,7 +1343,8 @@ impl Inner {
             for c in 0..chunks {
                 let r = &st.ranges[pos];
                 let Some(ch) = r.chunks.as_ref() else { break };
-                if !ch.registered[c] || ch.evicted[c] != 0 {
+                if !ch.registered[c] || ch.evicted[c] != 0 || ch.zero_fills[c] < RELEASE_ZERO_FILLS
+                {
                     continue;
                 }
                 let a = c * CHUNK_PAGES;

@@ -13,6 +13,7 @@ use memveil_sys::uffd;
 use crate::policy::{Streams, Window};
 use crate::sweep::{self, Sweep};
 use crate::{StatsFile, PAGE};
+use std::cmp::Reverse;
 
 pub(crate) const ZERO: u8 = 0;
 pub(crate) const RESIDENT: u8 = 1;
@@ -60,6 +61,10 @@ pub(crate) struct Chunks {
     /// Of those, evicted pages (ciphertext: the chunk must stay registered
     /// while there are any).
     pub(crate) evicted: Vec<u16>,
+    /// Never-written pages the handler filled in a registered chunk since
+    /// it was registered: a chunk the allocator reuses (its first touches
+    /// are hand-offs while it is registered).
+    pub(crate) zero_fills: Vec<u16>,
     /// Resident pages of an unregistered chunk at the last scan.
     pub(crate) unseen: Vec<u16>,
     /// Chunks the program's allocator has handed out memory from
@@ -88,8 +93,9 @@ pub(crate) struct Range {
     /// pages are swept no sooner than that level's period.
     hints: Vec<u8>,
     /// When each block's probe (the first of its pages swept when the
-    /// block had no fresh evidence) left, as a tick plus one (0: never).
-    probes: Vec<u32>,
+    /// block had no fresh evidence at a level) left, as a tick plus one (0:
+    /// never), and at which level.
+    probes: Vec<(u32, u8)>,
     /// Ciphertext, page `i` at `store + i * PAGE`. With the Move mechanism
     /// the store is registered with the userfaultfd (a move's destination
     /// must be) and slot `i` holds a frame exactly while page `i` is
@@ -126,11 +132,12 @@ impl Range {
                 seen: vec![0; chunks],
                 live: vec![0; chunks],
                 evicted: vec![0; chunks],
+                zero_fills: vec![0; chunks],
                 unseen: vec![0; chunks],
                 in_use: vec![false; chunks],
             }),
             hints: vec![0; pages.div_ceil(sweep::HINT_PAGES)],
-            probes: vec![0; pages.div_ceil(sweep::HINT_PAGES)],
+            probes: vec![(0, 0); pages.div_ceil(sweep::HINT_PAGES)],
             store: std::ptr::null_mut(),
         };
         r.states = uffd::map_anonymous_direct(sl)?;
@@ -225,6 +232,7 @@ impl Range {
             ch.registered[c] = false;
             ch.live[c] = 0;
             ch.seen[c] = 0;
+            ch.zero_fills[c] = 0;
         }
         n
     }
@@ -375,6 +383,9 @@ pub(crate) struct State {
     /// Resident pages of lazily registered chunks not yet registered, at
     /// the last scan (not in `resident`).
     pub(crate) unseen: usize,
+    /// The earliest time a page that came in since the handler last looked
+    /// is due for the sweep (ms; `u64::MAX`: none).
+    pub(crate) wake_at: u64,
 }
 
 // SAFETY: the raw pointers in `Range` refer to mappings owned by the State
@@ -412,8 +423,7 @@ impl State {
         let how = if swept { SWEPT } else { 0 };
         r.set_state(i, EVICTED | ghost | how | (s & (PINNED | KEEP | RDONLY)));
         r.set_stamp(i, stamp);
-        let level = sweep::level_of(r.time(i));
-        r.set_time(i, sweep::pack(now_ms, level));
+        r.set_time(i, sweep::restamp(r.time(i), now_ms));
         r.evicted_add(i, 1);
         self.resident -= 1;
         self.evicted += 1;
@@ -442,6 +452,12 @@ impl State {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
         r.set_state(i, RESIDENT | (s & (PINNED | KEEP | RDONLY)));
+        if s & STATE_MASK == ZERO {
+            if let Some(c) = r.chunks.as_mut() {
+                let z = &mut c.zero_fills[i / CHUNK_PAGES];
+                *z = z.saturating_add(1);
+            }
+        }
         let word = r.time(i);
         let level = match s & STATE_MASK {
             EVICTED if s & SWEPT != 0 => {
@@ -450,13 +466,34 @@ impl State {
                     sw.pending.back(now_ms.saturating_sub(away), now_ms);
                 }
                 let level = sweep::relevel(sweep::level_of(word), away);
-                r.hints[i / sweep::HINT_PAGES] = level;
+                // Back sooner than its period: its block is in use at least
+                // that much (a page of it back late says nothing of the
+                // others: it follows its own level).
+                let was = sweep::level_of(word);
+                let b = i / sweep::HINT_PAGES;
+                if away < sweep::PROBE_WAIT * sweep::period_ms(was) {
+                    r.hints[b] = r.hints[b].max((was + 1).min(sweep::TOP));
+                    // The evidence is in: no page of the block waits for a
+                    // probe any longer.
+                    r.probes[b] = (0, 0);
+                }
                 level
             }
             EVICTED => sweep::level_of(word),
             _ => 0,
         };
-        r.set_time(i, sweep::pack(now_ms, level));
+        // Known quiet: it stayed out QUIET_MS or more, so it follows its own
+        // (shortest) period whatever its block does (a secret read once a
+        // second next to a hot array); a page back sooner follows its block.
+        let own = match s & STATE_MASK {
+            EVICTED if s & SWEPT != 0 => {
+                sweep::since(now_ms, sweep::tick_of(word)) >= sweep::QUIET_MS
+            }
+            EVICTED => sweep::is_learned(word),
+            _ => false,
+        };
+        let word = sweep::pack(now_ms, level);
+        r.set_time(i, if own { sweep::learned(word) } else { word });
         if s & STATE_MASK == EVICTED {
             r.evicted_add(i, -1);
             self.evicted -= 1;
@@ -465,7 +502,8 @@ impl State {
         }
         self.resident += 1;
         if let Some(sw) = self.sweep.as_mut() {
-            sw.arrived(addr, now_ms, level);
+            sw.arrived(addr, now_ms, level, own);
+            self.wake_at = self.wake_at.min(now_ms + sweep::period_ms(level));
         }
         if bounded {
             if s & GHOST != 0 {
@@ -486,11 +524,20 @@ impl State {
         }
         let addr = r.addr(i);
         r.set_state(i, RESIDENT | (s & (PINNED | KEEP | RDONLY)));
-        r.set_time(i, sweep::pack(since_ms, 0));
+        // A page whose chunk was registered before keeps the level it
+        // learnt then.
+        let word = r.time(i);
+        let word = if sweep::is_learned(word) {
+            sweep::restamp(word, since_ms)
+        } else {
+            sweep::pack(since_ms, 0)
+        };
+        let level = sweep::level_of(word);
+        r.set_time(i, word);
         r.live_add(i, 1);
         self.resident += 1;
         if let Some(sw) = self.sweep.as_mut() {
-            sw.arrived(addr, since_ms, 0);
+            sw.arrived(addr, since_ms, level, sweep::is_learned(word));
         }
         if self.bounded {
             self.queues.probation.push_back(addr);
@@ -584,24 +631,60 @@ impl State {
         max: usize,
         now_ms: u64,
         fault_ns: f64,
+        quiet_ns: f64,
     ) -> (Vec<(usize, usize)>, u64) {
         let Some(mut sw) = self.sweep.take() else {
             return (Vec::new(), 0);
         };
-        #[allow(clippy::cast_precision_loss)]
-        let mut reserved = sw.pending.pages(now_ms) as f64 * fault_ns;
+        let held = sw.pending.reserved(now_ms);
+        let mut reserved = held;
         let mut victims = Vec::new();
+        // Known quiet pages first.
+        let mut spent = false;
+        while let Some(&Reverse((due, addr, at))) = sw.quiet.peek() {
+            if due > now_ms || victims.len() >= max {
+                break;
+            }
+            let t = sweep::tick_of(sweep::pack(at, 0));
+            let Some((pos, i)) = self.find(addr) else {
+                sw.quiet.pop();
+                continue;
+            };
+            let r = &self.ranges[pos];
+            let st = r.state(i);
+            let word = r.time(i);
+            if st & STATE_MASK != RESIDENT
+                || st & (CHOSEN | PINNED | KEEP) != 0
+                || sweep::tick_of(word) != t
+                || !sweep::is_learned(word)
+            {
+                sw.quiet.pop();
+                continue;
+            }
+            if sw.credit.room(reserved + quiet_ns) < 0.0 {
+                spent = true;
+                break;
+            }
+            reserved += quiet_ns;
+            sw.quiet.pop();
+            self.ranges[pos].set_state(i, st | CHOSEN);
+            victims.push((pos, i));
+        }
         let mut later = Vec::new();
         let mut lag = 0;
         'levels: for (level, q) in (0u8..).zip(sw.queues.iter_mut()) {
+            if spent {
+                break;
+            }
             let period = sweep::period_ms(level);
-            while let Some(&(addr, t)) = q.front() {
-                let age = sweep::since(now_ms, t);
-                if age < period {
+            while let Some(&Reverse((at, addr))) = q.peek() {
+                if at + period > now_ms {
                     break;
                 }
+                let age = now_ms - at;
+                let t = sweep::tick_of(sweep::pack(at, 0));
                 let Some((pos, i)) = self.find(addr) else {
-                    q.pop_front();
+                    q.pop();
                     continue;
                 };
                 let r = &self.ranges[pos];
@@ -613,57 +696,67 @@ impl State {
                     || sweep::level_of(word) != level
                 {
                     // Stale: the page left or came in again since.
-                    q.pop_front();
+                    q.pop();
                     continue;
                 }
                 let b = i / sweep::HINT_PAGES;
                 let hint = r.hints[b];
-                if hint > level {
+                let own = sweep::is_learned(word);
+                if hint > level && !own {
                     // A page of its block came back sooner than this
                     // period: it waits for the block's period (same
                     // arrival) rather than pay a fault to learn it alone.
-                    q.pop_front();
-                    self.ranges[pos].set_time(i, sweep::pack_tick(t, hint));
-                    later.push((addr, t, hint));
+                    q.pop();
+                    self.ranges[pos].set_time(i, sweep::retick(word, t, hint));
+                    later.push((addr, at, hint));
                     continue;
                 }
-                let probe = r.probes[b];
-                let probing = probe == 0
-                    || sweep::since(now_ms, probe - 1)
-                        > sweep::PROBE_FRESH * sweep::period_ms(level);
-                if !probing && sweep::since(now_ms, probe - 1) < sweep::BASE_PERIOD_MS {
-                    // The block's probe left just now: what it learns
-                    // decides for this page; due again in a base period.
-                    q.pop_front();
-                    let again = sweep::tick_of(sweep::pack(
-                        (now_ms + sweep::BASE_PERIOD_MS).saturating_sub(period),
-                        0,
-                    ));
-                    self.ranges[pos].set_time(i, sweep::pack_tick(again, level));
+                let (probe, probe_level) = r.probes[b];
+                let left = sweep::since(now_ms, probe.wrapping_sub(1));
+                let out = sweep::PROBE_WAIT * sweep::period_ms(probe_level);
+                if !own && probe != 0 && left < out {
+                    // The block's probe left less than its period ago: what
+                    // it learns decides for this page; due again when the
+                    // probe has been out its period.
+                    q.pop();
+                    let again = (now_ms + out - left).saturating_sub(period);
+                    self.ranges[pos].set_time(
+                        i,
+                        sweep::retick(word, sweep::tick_of(sweep::pack(again, 0)), level),
+                    );
                     later.push((addr, again, level));
                     continue;
                 }
+                // A probe that stayed out its period at this level or above
+                // (untouched that long is untouched for any shorter period)
+                // speaks for the block until a page of it comes back sooner
+                // (which raises the block's hint); otherwise this page
+                // probes.
+                let probing = !own && (probe == 0 || probe_level < level);
                 if victims.len() >= max {
                     break 'levels;
                 }
-                if sw.credit.room(reserved + fault_ns) < 0.0 {
+                // A page its block's probe vouched for as idle costs what a
+                // known quiet one does; a probe, what any sweep may.
+                let price = if own || probing { fault_ns } else { quiet_ns };
+                if sw.credit.room(reserved + price) < 0.0 {
                     lag = lag.max(age - period);
                     break 'levels;
                 }
-                reserved += fault_ns;
-                q.pop_front();
+                reserved += price;
+                q.pop();
                 if probing {
-                    #[allow(clippy::cast_possible_truncation)]
                     let tick = sweep::tick_of(sweep::pack(now_ms, 0)) + 1;
-                    self.ranges[pos].probes[b] = tick;
+                    self.ranges[pos].probes[b] = (tick, level);
                 }
                 self.ranges[pos].set_state(i, st | CHOSEN);
                 victims.push((pos, i));
             }
         }
-        for (addr, t, level) in later {
-            sw.queues[usize::from(level)].push_back((addr, t));
+        for (addr, at, level) in later {
+            sw.arrived(addr, at, level, false);
         }
+        sw.reserving = reserved - held;
         self.sweep = Some(sw);
         for &(pos, i) in &victims {
             let s = self.ranges[pos].state(i);
@@ -678,10 +771,10 @@ impl State {
     pub(crate) fn requeue(&mut self, pos: usize, i: usize, now_ms: u64) {
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
-        let level = sweep::level_of(r.time(i));
-        r.set_time(i, sweep::pack(now_ms, level));
+        let word = sweep::restamp(r.time(i), now_ms);
+        r.set_time(i, word);
         if let Some(sw) = self.sweep.as_mut() {
-            sw.arrived(addr, now_ms, level);
+            sw.arrived(addr, now_ms, sweep::level_of(word), sweep::is_learned(word));
         }
         if self.bounded {
             self.queues.main.push_back(addr);
@@ -839,4 +932,96 @@ pub(crate) unsafe fn zeroize_page(p: *mut u8) {
     use zeroize::Zeroize as _;
     // SAFETY: the caller promises the page is writable and owned.
     unsafe { std::slice::from_raw_parts_mut(p, PAGE) }.zeroize();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::Budget;
+    use memveil_secmem::{Level, Policy, SecretPool};
+
+    /// A state of one range of `pages` pages (bookkeeping only: nothing
+    /// here touches the range's own addresses), every page resident since 0.
+    fn state(pages: usize) -> State {
+        let pool: &'static SecretPool = Box::leak(Box::new(
+            SecretPool::new(64 * 1024, Policy::allow(Level::Locked)).expect("pool"),
+        ));
+        let mut st = State {
+            ranges: vec![Range::map(0x1000_0000, pages, 1, false).expect("range")],
+            queues: Queues::default(),
+            resident: 0,
+            evicted: 0,
+            window: Window::new(crate::UNBOUNDED, None),
+            streams: Streams::default(),
+            evictions: 0,
+            keys: Vec::new(),
+            bounce: pool.alloc_bytes(PAGE).expect("bounce"),
+            frozen: false,
+            bounded: false,
+            sweep: Some(Sweep::new(Budget::percent(100, 1_000), 0)),
+            epoch: std::time::Instant::now(),
+            unseen: 0,
+            wake_at: u64::MAX,
+        };
+        for i in 0..pages {
+            st.mark_found(0, i, 0);
+        }
+        st
+    }
+
+    /// Sweeps what is due at `now` (a budget of the whole time, so it never
+    /// binds) and books it evicted.
+    fn sweep(st: &mut State, now: u64) -> Vec<usize> {
+        if let Some(sw) = st.sweep.as_mut() {
+            sw.credit.refill(now, 0);
+        }
+        let (v, _) = st.due(10_000, now, 1_000.0, 100.0);
+        for &(pos, i) in &v {
+            st.mark_evicted(pos, i, true, now);
+        }
+        v.into_iter().map(|(_, i)| i).collect()
+    }
+
+    #[test]
+    fn a_block_learns_from_its_probe_and_follows_it_up() {
+        let mut st = state(128);
+        // Nothing is due before the shortest period.
+        assert!(sweep(&mut st, 24).is_empty());
+        // One probe per block of 64 pages; the others wait until it has
+        // been out PROBE_WAIT periods (due again at 125).
+        assert_eq!(sweep(&mut st, 25), [0, 64]);
+        // Block 0's probe comes straight back (in use): level 1 for it
+        // and, through the hint, for its block.
+        st.mark_resident(0, 0, EVICTED | SWEPT, 28);
+        assert_eq!(sweep::level_of(st.ranges[0].time(0)), 1);
+        assert!(sweep(&mut st, 77).is_empty());
+        // Page 0, at level 1 since 28, probes its block's new level.
+        assert_eq!(sweep(&mut st, 78), [0]);
+        // Block 1's probe stayed out: its block leaves; block 0's pages
+        // move to level 1 instead.
+        assert_eq!(sweep(&mut st, 125), (65..128).collect::<Vec<_>>());
+        assert_eq!(st.resident, 63);
+        // At level 1 (due at 150) they wait for page 0, out since 78, to
+        // have been out 4 x 50 ms: then, as it stayed out, they leave.
+        assert!(sweep(&mut st, 150).is_empty());
+        assert!(sweep(&mut st, 277).is_empty());
+        assert_eq!(sweep(&mut st, 278), (1..64).collect::<Vec<_>>());
+        assert_eq!(st.resident, 0);
+    }
+
+    #[test]
+    fn a_page_that_learnt_its_own_level_ignores_its_block() {
+        let mut st = state(64);
+        // The probe goes, comes straight back: the block's hint is 1.
+        assert_eq!(sweep(&mut st, 25), [0]);
+        st.mark_resident(0, 0, EVICTED | SWEPT, 26);
+        // Page 5 is swept and stays out 60 ms (quiet: learned, level 0);
+        // back at 200, it leaves again 25 ms later whatever its block does.
+        st.mark_evicted(0, 5, true, 140);
+        st.mark_resident(0, 5, EVICTED | SWEPT, 200);
+        assert!(sweep::is_learned(st.ranges[0].time(5)));
+        // (page 0, the block's level-1 probe, was due at 76)
+        assert_eq!(sweep(&mut st, 225), [0, 5]);
+        assert_eq!(st.ranges[0].state(5) & STATE_MASK, EVICTED);
+    }
 }
