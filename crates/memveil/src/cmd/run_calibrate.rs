@@ -1,5 +1,6 @@
 //! What a fault's hand-off costs on this machine, for `memveil run`'s cost
-//! budget: measured once (about 10 ms, `memveil_shield::measure_handoff_ns`)
+//! budget: measured once (the least of three runs of about 10 ms each,
+//! `memveil_shield::measure_handoff_ns`)
 //! and kept until the next boot or for an hour in
 //! `/run/memveil/shield-handoff-ns`, so that a shell loop of protected
 //! commands does not pay for it each time.
@@ -30,12 +31,18 @@ pub fn handoff_ns() -> u64 {
     if let Some(ns) = cached(Path::new(CACHE), &boot, now) {
         return ns;
     }
-    match memveil_shield::measure_handoff_ns() {
-        Ok(ns) if (MIN_NS..=MAX_NS).contains(&ns) => {
+    // The least of three: a measurement a busy moment inflated would
+    // otherwise stand for an hour.
+    let best = (0..3)
+        .filter_map(|_| memveil_shield::measure_handoff_ns().ok())
+        .filter(|ns| (MIN_NS..=MAX_NS).contains(ns))
+        .min();
+    match best {
+        Some(ns) => {
             store(Path::new(CACHE), ns, &boot, now);
             ns
         }
-        _ => memveil_shield::Budget::DEFAULT_FAULT_NS,
+        None => memveil_shield::Budget::DEFAULT_FAULT_NS,
     }
 }
 
