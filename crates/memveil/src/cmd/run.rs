@@ -18,28 +18,51 @@ use super::run_keyid::{self, HostKeyId};
 
 const PRELOAD: &str = "libmemveil_shield_preload.so";
 
+/// `memveil run --help`, after the options: what the command does, what it
+/// needs, its exit statuses and examples.
+const AFTER_LONG_HELP: &str = "\
+The program's heap (malloc, calloc, realloc, ..., its anonymous private read-write
+mmaps and sbrk) is kept as AES-XTS ciphertext except for a plaintext window (--window,
+or adaptive within --max-plaintext); pages come back on touch through userfaultfd,
+also when the kernel touches them inside read(2), write(2), recv(2); a fault that
+continues a sequential scan brings in a run of up to 64 pages. At exit a summary line
+gives the counters, and a line of advice when faults took a good part of the run.
+
+Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or
+vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd), a dynamically linked
+program.
+
+Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to
+start it; 125 when the shield failed inside the program before it ran; 123 when the
+program was stopped because its host KeyID (--keyid) was cleared or programmed again,
+or the vault holding it went away.
+
+Examples:
+  memveil run -- python3 job.py                   # adaptive window, at most 25% of the data
+  memveil run --window 4096 -- redis-server       # a fixed 16 MiB window: security first
+  memveil run --max-plaintext 64M --stats-json s.json -- sqlite3 db.sqlite 'select 1'
+  memveil run --keyid 5 -- ./server               # a tenant of host KeyID 5 (memveil key)
+  memveil run --user postgres --shared-memory protected,sysv=unprotected \\
+      --accept-unwiped-free -- /usr/lib/postgresql/15/bin/postgres -D DATA
+
+See docs/shield.md.";
+
 /// Flags of `memveil run`.
 #[derive(clap::Args)]
-#[command(
-    after_help = "The program's heap (malloc, calloc, realloc, ..., its anonymous private read-write mmaps and sbrk) \
-is kept as AES-XTS ciphertext except for a plaintext window (--window, or adaptive within --max-plaintext); pages come \
-back on touch through userfaultfd, also when the kernel touches them inside read(2), write(2), recv(2); a fault that \
-continues a sequential scan brings in a run of up to 64 pages. At exit a summary line gives the counters, and a line \
-of advice when faults took a good part of the run.\n\
-Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or vm.unprivileged_userfaultfd=1, or \
-access to /dev/userfaultfd), a dynamically linked program.\n\
-Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to start it; 125 when the \
-shield failed inside the program before it ran; 123 when the program was stopped because its host KeyID (--keyid) \
-was cleared or programmed again, or the vault holding it went away. See docs/shield.md."
-)]
+#[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
+    /// Fixed plaintext window: PAGES pages per process
+    ///
     /// Keep exactly this many pages of the heap (at most) as plaintext, per
     /// process: the fixed, security-first setting (4096 pages = 16 MiB is a
     /// good start). Without it the window adapts to the program's working set
     /// within --max-plaintext.
     #[arg(long, value_name = "PAGES", conflicts_with = "max_plaintext",
-          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)),
+          help_heading = "Protection", verbatim_doc_comment)]
     window: Option<u64>,
+    /// Adaptive window's bound (% of data, or a size)
+    ///
     /// The most plaintext an adaptive window may keep, per process: a
     /// percentage of the pages holding data (never below 4096 pages) or a
     /// size (bytes, or with K, M, G). The window starts at 4096 pages (or the
@@ -47,8 +70,10 @@ pub struct Args {
     /// very recently, gives pages back in quiet seconds, and never exceeds
     /// this bound.
     #[arg(long, value_name = "SIZE|PERCENT", default_value = "25%",
-          value_parser = parse_bound)]
+          value_parser = parse_bound, help_heading = "Protection", verbatim_doc_comment)]
     max_plaintext: memveil_shield::Bound,
+    /// Run as a tenant of host KeyID N, with the KeyID's page key
+    ///
     /// Run as a tenant under KeyID N of the host key table the vault holds
     /// (`memveil key program`): every process of the program encrypts its
     /// heap and shared memory under the KeyID's page key, which the vault
@@ -58,38 +83,65 @@ pub struct Args {
     /// program KeyIDs (root, the vault's owner, --key-admin); --user then
     /// runs the program as another user. Without --keyid each process draws
     /// fresh random keys of its own.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)),
+          help_heading = "Keys", verbatim_doc_comment)]
     keyid: Option<u16>,
+    /// The vault holding the host key table (with --keyid)
+    ///
     /// The vault holding the host key table (default: $MEMVEIL_VAULT_SOCKET
     /// or /run/memveil/vault.sock).
-    #[arg(long, value_name = "SOCKET", requires = "keyid")]
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        requires = "keyid",
+        help_heading = "Keys",
+        verbatim_doc_comment
+    )]
     vault: Option<PathBuf>,
+    /// Accept a no-encrypt KeyID: the program runs unprotected
+    ///
     /// Run the program under a no-encrypt KeyID (KEYID_NO_ENCRYPT): its
     /// memory stays plaintext, and the summary says so. Refused without this.
-    #[arg(long, requires = "keyid")]
+    #[arg(long, requires = "keyid", help_heading = "Keys", verbatim_doc_comment)]
     accept_no_encrypt: bool,
-    /// Print a live statistics line to stderr every SECS seconds.
-    #[arg(long, value_name = "SECS")]
+    /// Print a statistics line to stderr every SECS seconds
+    #[arg(long, value_name = "SECS", help_heading = "Reporting")]
     live: Option<f64>,
-    /// Write the final statistics and the plaintext fraction over time as JSON.
-    #[arg(long, value_name = "FILE")]
+    /// Write the final statistics and the plaintext fraction over time as JSON
+    #[arg(long, value_name = "FILE", help_heading = "Reporting")]
     stats_json: Option<PathBuf>,
-    /// No summary line at exit.
-    #[arg(long)]
+    /// No summary line at exit
+    #[arg(long, help_heading = "Reporting")]
     quiet: bool,
+    /// Microseconds the fault handler polls before sleeping
+    ///
     /// Microseconds the fault handler polls for the next fault before sleeping
     /// (0: sleep at once, measured fastest on this VM).
-    #[arg(long, default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "US",
+        default_value_t = 0,
+        help_heading = "Advanced",
+        verbatim_doc_comment
+    )]
     spin_us: u64,
+    /// Accept mlock-ed memory for keys
+    ///
     /// Accept a weaker home for the keys when memfd_secret is unavailable
     /// ("locked": mlock-ed memory, readable by root), as `memveil vault
     /// serve --allow-level`.
-    #[arg(long, value_name = "LEVEL", value_parser = ["secret", "locked"])]
+    #[arg(long, value_name = "LEVEL", value_parser = ["secret", "locked"],
+          help_heading = "Keys", verbatim_doc_comment)]
     allow_level: Option<String>,
+    /// Accept eviction by write-protection: frames freed unwiped
+    ///
     /// Accept evicting by write-protection on kernels without UFFDIO_MOVE
     /// (frames go back to the kernel unwiped; boot with init_on_free=1).
-    #[arg(long)]
+    /// --shared-memory protected needs it too.
+    #[arg(long, help_heading = "Protection", verbatim_doc_comment)]
     accept_unwiped_free: bool,
+    /// Shared memory: refuse|protected|unprotected
+    ///
     /// Shared memory: MODE[,KIND=MODE...] (kinds: anonymous, memfd, sysv).
     /// "refuse" fails those mappings with ENOMEM and a message;
     /// "protected" keeps MAP_SHARED|MAP_ANONYMOUS memory as ciphertext for
@@ -99,22 +151,36 @@ pub struct Args {
     /// lets them through, e.g. "protected,sysv=unprotected" (PostgreSQL);
     /// "unprotected" lets them through as plaintext. The summary reports
     /// both.
-    #[arg(long, value_name = "POLICY", value_parser = shared_policy, default_value = "refuse")]
+    #[arg(long, value_name = "POLICY", value_parser = shared_policy, default_value = "refuse",
+          help_heading = "Protection", verbatim_doc_comment)]
     shared_memory: String,
-    /// The preload library (default: next to this executable).
-    #[arg(long)]
+    /// The preload library (default: next to this executable)
+    #[arg(long, value_name = "FILE", help_heading = "Advanced")]
     preload: Option<PathBuf>,
-    /// Size of the protected region the heap lives in, GiB (address space).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    /// Size of the protected region the heap lives in, GiB
+    ///
+    /// Size of the protected region the heap lives in, GiB (address space:
+    /// a full region refuses further memory with ENOMEM).
+    #[arg(long, value_name = "GIB", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024),
+          help_heading = "Advanced", verbatim_doc_comment)]
     region_gib: u64,
+    /// Run the program and its fault handler on this one CPU
+    ///
     /// Run the program, and so its fault handler, on this one CPU (as
     /// `taskset -c N`): the fault hand-off then never crosses CPUs, where a
     /// wake-up costs tens of microseconds on a VM. Without it the handler
     /// runs at SCHED_IDLE (so the scheduler keeps the woken thread on the
     /// handler's CPU) and follows the thread that faults (its CPU read on
     /// every fault). Default: wherever the scheduler puts the program.
-    #[arg(long, value_name = "N")]
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Advanced",
+        verbatim_doc_comment
+    )]
     cpu: Option<usize>,
+    /// Whose malloc to use
+    ///
     /// Whose malloc the program uses. auto: a program linked against its
     /// own allocator (jemalloc, tcmalloc, mimalloc, snmalloc) keeps it, loaded
     /// ahead of memveil's library, and every page that allocator maps comes
@@ -122,8 +188,11 @@ pub struct Args {
     /// metadata apart from cold values, 1.4-2.6x the throughput of memveil's
     /// allocator here); any other program gets memveil's allocator in place
     /// of the C library's. memveil: always memveil's.
-    #[arg(long, value_enum, default_value_t = Allocator::Auto)]
+    #[arg(long, value_name = "WHICH", value_enum, default_value_t = Allocator::Auto, help_heading = "Advanced",
+          verbatim_doc_comment)]
     allocator: Allocator,
+    /// Run as this user, keeping only CAP_SYS_PTRACE
+    ///
     /// Run as this user (for servers that refuse root, such as PostgreSQL):
     /// memveil run, as root, opens --stats-json, then becomes USER for good
     /// (its groups, uid and gid) keeping of root's capabilities only
@@ -131,9 +200,14 @@ pub struct Args {
     /// vm.unprivileged_userfaultfd=0 the fault handler needs it to serve
     /// faults taken inside system calls (with the sysctl at 1 nothing is
     /// kept). The counters and the program then belong to USER alone.
-    #[arg(long, value_name = "USER")]
+    #[arg(
+        long,
+        value_name = "USER",
+        help_heading = "Advanced",
+        verbatim_doc_comment
+    )]
     user: Option<String>,
-    /// The program and its arguments.
+    /// The program and its arguments
     #[arg(
         required = true,
         trailing_var_arg = true,
