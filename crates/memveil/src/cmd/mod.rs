@@ -8,5 +8,6 @@ pub mod keyfind;
 pub mod probe;
 pub mod rng;
 pub mod run;
+pub mod run_cgroup;
 pub mod run_keyid;
 pub mod vault;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use memveil_shield::{Mechanism, Snapshot, StatsFile, KEYIDS};
 
+use super::run_cgroup::{self, ProgramCgroup};
 use super::run_keyid::{self, HostKeyId};
 
 const PRELOAD: &str = "libmemveil_shield_preload.so";
@@ -27,6 +28,12 @@ or adaptive within --max-plaintext); pages come back on touch through userfaultf
 also when the kernel touches them inside read(2), write(2), recv(2); a fault that
 continues a sequential scan brings in a run of up to 64 pages. At exit a summary line
 gives the counters, and a line of advice when faults took a good part of the run.
+
+The program runs in a cgroup v2 of its own (memveil-run-PID, under memveil run's): what
+it leaves running is killed when memveil run ends, and all of it when memveil run is
+killed, even with SIGKILL (a guardian process does it). Where no cgroup v2 is writable
+memveil run says why at start and runs the program without; MEMVEIL_RUN_CGROUP=off turns
+it off.
 
 Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or
 vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd), a dynamically linked
@@ -557,6 +564,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         )?),
         None => None,
     };
+    // Before --user gives up root: the cgroup's files are opened and its
+    // guardian started as the operator.
+    let mut cgroup = run_cgroup::setup(&a.command[0].to_string_lossy());
     if let Some(name) = &a.user {
         switch_user(name)?;
         // The loader skips a preload library it cannot read, with a mere
@@ -614,7 +624,13 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         &stats_dir,
         json_out,
         host.as_ref(),
+        &mut cgroup,
     );
+    if let Ok(cg) = cgroup {
+        // What is left of the program dies with this run; the guardian
+        // removes the cgroup (and says so when it cannot).
+        let _ = cg.finish();
+    }
     let _ = std::fs::remove_dir_all(&stats_dir);
     r
 }
@@ -658,6 +674,7 @@ fn supervise(
     stats_dir: &Path,
     json_out: Option<std::fs::File>,
     host: Option<&HostKeyId>,
+    cgroup: &mut Result<ProgramCgroup, String>,
 ) -> anyhow::Result<u8> {
     let mut ld = OsString::new();
     if let Some(lib) = keep {
@@ -721,9 +738,19 @@ fn supervise(
     // Interrupts reach the program (same process group); memveil stays to
     // report, and passes SIGTERM on.
     let stop = memveil_sys::stopflag::stop_on_interrupt().context("installing signal handlers")?;
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
+    let spawned = match cgroup.as_mut() {
+        Ok(cg) => cg.spawn_inside(|| cmd.spawn())?,
+        Err(why) => {
+            eprintln!(
+                "memveil run: no cgroup of its own for {}: {why}; if memveil run is killed, the \
+                 program keeps running",
+                a.command[0].to_string_lossy()
+            );
+            cmd.spawn()
+        }
+    };
+    let mut child =
+        spawned.with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
     let started = Instant::now();
     let mut samples = Vec::new();
     let mut last_live = Instant::now();
@@ -761,6 +788,9 @@ fn supervise(
             }
         }
         if let Some(why) = host.and_then(HostKeyId::stop_reason) {
+            // Everything in the cgroup (a process the preload never reached
+            // included), then whatever holds the key outside it.
+            let in_cgroup = cgroup.as_mut().map_or(0, ProgramCgroup::kill);
             let n = run_keyid::kill_program(
                 exited.is_none().then(|| child.id()),
                 stats_dir,
@@ -771,7 +801,8 @@ fn supervise(
                 None => child.wait().context("waiting for the stopped program")?,
             };
             eprintln!(
-                "memveil run: stopped {} ({n} process(es), SIGKILL): {why}; its evicted pages \
+                "memveil run: stopped {} ({n} process(es) and {in_cgroup} in its cgroup, SIGKILL): \
+                 {why}; its evicted pages \
                  cannot be decrypted any more",
                 a.command[0].to_string_lossy()
             );
@@ -811,6 +842,8 @@ fn supervise(
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    // What the program left running ends with this run.
+    let left_killed = cgroup.as_mut().map_or(0, ProgramCgroup::kill);
     let s = StatsFile::read_dir(stats_dir).unwrap_or_default();
     let code = match (status.code(), status.signal()) {
         _ if key_gone.is_some() => run_keyid::EXIT_KEY_GONE,
@@ -857,6 +890,12 @@ fn supervise(
             );
         }
     }
+    if !a.quiet {
+        eprintln!(
+            "memveil run: cgroup: {}",
+            run_cgroup::describe(cgroup, left_killed)
+        );
+    }
     if let (Some(path), Some(mut f)) = (&a.stats_json, json_out) {
         let mut j = serde_json::to_value(s).context("encoding statistics")?;
         j["faults"] = s.faults().into();
@@ -866,6 +905,7 @@ fn supervise(
         j["allocator"] = keep.unwrap_or("memveil").into();
         j["host_keyid"] = host.map_or(serde_json::Value::Null, HostKeyId::json);
         j["stopped_key_gone"] = key_gone.clone().into();
+        j["cgroup"] = run_cgroup::json(cgroup, left_killed);
         j["exit_code"] = code.into();
         j["seconds"] = started.elapsed().as_secs_f64().into();
         j["samples"] = samples.into();
