@@ -142,10 +142,12 @@ pub enum Cmd {
         /// The KeyID
         keyid: u16,
     },
-    /// Show the table: mode, algorithm, generation, programmer (never keys)
+    /// Show the table: mode, algorithm, generation, programmer, tenants
     ///
-    /// Show the table: each KeyID's mode, algorithm, generation and who
-    /// programmed it (never key bytes).
+    /// Show the table: each KeyID's mode, algorithm, generation, who
+    /// programmed it (never key bytes) and how many tenants (`memveil run
+    /// --keyid`) run under it now ("?" and null from a vault that predates
+    /// the count).
     #[command(after_long_help = STATUS_EXAMPLES, verbatim_doc_comment)]
     Status {
         /// Machine-readable output (every KeyID)
@@ -173,11 +175,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     match args.cmd {
         Cmd::Status { json, all } => {
             let t = c.keyid_status().map_err(|e| anyhow::anyhow!("{e}"))?;
+            // None from a vault that predates the count.
+            let tenants = c.keyid_tenants().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let tenants = tenants.as_deref();
             let mut out = std::io::stdout().lock();
             let r = if json {
-                writeln!(out, "{}", status_json(&t))
+                writeln!(out, "{}", status_json(&t, tenants))
             } else {
-                print_status(&mut out, &t, all)
+                print_status(&mut out, &t, tenants, all)
             };
             match r {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
@@ -305,21 +310,43 @@ fn fields(s: &KeyIdState) -> String {
     )
 }
 
-fn print_status(out: &mut impl std::io::Write, t: &KeyIdTable, all: bool) -> std::io::Result<()> {
+/// KeyID `keyid`'s running tenants, when the vault said (`tenants`, by KeyID).
+fn tenants_of(tenants: Option<&[u32]>, keyid: u16) -> Option<u32> {
+    tenants.map(|n| n.get(usize::from(keyid)).copied().unwrap_or(0))
+}
+
+fn print_status(
+    out: &mut impl std::io::Write,
+    t: &KeyIdTable,
+    tenants: Option<&[u32]>,
+    all: bool,
+) -> std::io::Result<()> {
     let programmed = t
         .entries
         .iter()
         .filter(|e| e.keyid != 0 && !matches!(e.mode, memveil_engine::KeyIdMode::Clear))
         .count();
+    let running = tenants.map_or_else(
+        || {
+            "running tenants unknown (the vault predates the count: restart it with this build)"
+                .to_owned()
+        },
+        |n| {
+            format!(
+                "{} running tenant(s)",
+                n.iter().map(|&c| u64::from(c)).sum::<u64>()
+            )
+        },
+    );
     writeln!(
         out,
-        "host key table: KeyIDs 1..={} programmable, {programmed} programmed; keys in the vault's {} memory; cleared at vault restart",
+        "host key table: KeyIDs 1..={} programmable, {programmed} programmed, {running}; keys in the vault's {} memory; cleared at vault restart",
         t.max_keyid, t.level
     )?;
     writeln!(
         out,
-        "{:<6} {:<10} {:<11} {:>10} {:>13}",
-        "KEYID", "MODE", "ALG", "GENERATION", "PROGRAMMED-BY"
+        "{:<6} {:<10} {:<11} {:>10} {:>13} {:>7}",
+        "KEYID", "MODE", "ALG", "GENERATION", "PROGRAMMED-BY", "TENANTS"
     )?;
     for e in t
         .entries
@@ -328,19 +355,20 @@ fn print_status(out: &mut impl std::io::Write, t: &KeyIdTable, all: bool) -> std
     {
         writeln!(
             out,
-            "{:<6} {:<10} {:<11} {:>10} {:>13}",
+            "{:<6} {:<10} {:<11} {:>10} {:>13} {:>7}",
             e.keyid,
             e.mode.name(),
             e.mode.algorithm().map_or("-", Algorithm::name),
             e.generation,
             e.programmed_by
-                .map_or_else(|| "-".to_owned(), |u| u.to_string())
+                .map_or_else(|| "-".to_owned(), |u| u.to_string()),
+            tenants_of(tenants, e.keyid).map_or_else(|| "?".to_owned(), |n| n.to_string())
         )?;
     }
     Ok(())
 }
 
-fn status_json(t: &KeyIdTable) -> serde_json::Value {
+fn status_json(t: &KeyIdTable, tenants: Option<&[u32]>) -> serde_json::Value {
     serde_json::json!({
         "max_keyid": t.max_keyid,
         "level": t.level,
@@ -350,6 +378,7 @@ fn status_json(t: &KeyIdTable) -> serde_json::Value {
             "alg": e.mode.algorithm().map(Algorithm::name),
             "generation": e.generation,
             "programmed_by": e.programmed_by,
+            "tenants": tenants_of(tenants, e.keyid),
         })).collect::<Vec<_>>(),
     })
 }
