@@ -738,9 +738,21 @@ fn supervise(
     // Interrupts reach the program (same process group); memveil stays to
     // report, and passes SIGTERM on.
     let stop = memveil_sys::stopflag::stop_on_interrupt().context("installing signal handlers")?;
-    let spawned = match cgroup.as_mut() {
-        Ok(cg) => cg.spawn_inside(|| cmd.spawn())?,
-        Err(why) => {
+    // The program is born in its cgroup: this process steps in for the fork.
+    let mut spawned = None;
+    if let Ok(cg) = cgroup.as_mut() {
+        match cg.enter() {
+            Ok(()) => {
+                spawned = Some(cmd.spawn());
+                cg.leave();
+            }
+            // Dropped: its guardian removes it.
+            Err(why) => *cgroup = Err(why),
+        }
+    }
+    let spawned = match (spawned, &*cgroup) {
+        (Some(r), _) => r,
+        (None, Err(why)) => {
             eprintln!(
                 "memveil run: no cgroup of its own for {}: {why}; if memveil run is killed, the \
                  program keeps running",
@@ -748,6 +760,7 @@ fn supervise(
             );
             cmd.spawn()
         }
+        (None, Ok(_)) => cmd.spawn(),
     };
     let mut child =
         spawned.with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
@@ -790,7 +803,7 @@ fn supervise(
         if let Some(why) = host.and_then(HostKeyId::stop_reason) {
             // Everything in the cgroup (a process the preload never reached
             // included), then whatever holds the key outside it.
-            let in_cgroup = cgroup.as_mut().map_or(0, ProgramCgroup::kill);
+            let in_cgroup = cgroup.as_mut().ok().map(ProgramCgroup::kill);
             let n = run_keyid::kill_program(
                 exited.is_none().then(|| child.id()),
                 stats_dir,
@@ -801,10 +814,13 @@ fn supervise(
                 None => child.wait().context("waiting for the stopped program")?,
             };
             eprintln!(
-                "memveil run: stopped {} ({n} process(es) and {in_cgroup} in its cgroup, SIGKILL): \
-                 {why}; its evicted pages \
-                 cannot be decrypted any more",
-                a.command[0].to_string_lossy()
+                "memveil run: stopped {} ({}): {why}; its evicted pages cannot be decrypted any \
+                 more",
+                a.command[0].to_string_lossy(),
+                in_cgroup.map_or_else(
+                    || format!("{n} process(es), SIGKILL"),
+                    |m| format!("SIGKILL: {m} process(es) in its cgroup, {n} by pid")
+                )
             );
             key_gone = Some(why);
             break st;

@@ -149,23 +149,19 @@ fn make_dir(home: &Path) -> Result<PathBuf, String> {
 }
 
 impl ProgramCgroup {
-    /// Runs `spawn` with this process inside the cgroup, so the process it
-    /// forks is born there, then moves this process back.
+    /// Moves this process into the cgroup, so that the process it forks
+    /// next is born there; [`ProgramCgroup::leave`] moves it back.
     ///
     /// # Errors
-    /// This process could not move in (nothing spawned).
-    pub fn spawn_inside<T>(
-        &mut self,
-        spawn: impl FnOnce() -> std::io::Result<T>,
-    ) -> anyhow::Result<std::io::Result<T>> {
-        use anyhow::Context as _;
-        self.procs.write_all(b"0").with_context(|| {
-            format!(
-                "moving into cgroup {} to start the program there (set {ENV}=off to run without it)",
-                self.dir.display()
-            )
-        })?;
-        let r = spawn();
+    /// Why it could not (the cgroup is then not used).
+    pub fn enter(&mut self) -> Result<(), String> {
+        self.procs
+            .write_all(b"0")
+            .map_err(|e| format!("cannot move into {}: {e}", self.dir.display()))
+    }
+
+    /// Moves this process back to its own cgroup, after [`ProgramCgroup::enter`].
+    pub fn leave(&mut self) {
         if let Err(e) = self.home.write_all(b"0") {
             self.stuck_inside = true;
             eprintln!(
@@ -174,7 +170,6 @@ impl ProgramCgroup {
                 self.dir.display()
             );
         }
-        Ok(r)
     }
 
     /// Kills every process in the cgroup now; returns how many there were.
