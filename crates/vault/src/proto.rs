@@ -367,6 +367,11 @@ pub enum Request<'a> {
         /// The KeyID.
         keyid: u16,
     },
+    /// How many tenants run under each KeyID (`memveil key status`): a
+    /// request of its own, so that a vault that predates it refuses it as
+    /// an unknown tag and the table's reply stays what older clients read.
+    /// Answered with [`Reply::KeyIdTenants`].
+    KeyIdTenants,
 }
 
 impl fmt::Debug for Request<'_> {
@@ -413,6 +418,7 @@ impl fmt::Debug for Request<'_> {
             ),
             Request::KeyIdStatus => f.write_str("KeyIdStatus"),
             Request::TenantKey { keyid } => write!(f, "TenantKey({keyid})"),
+            Request::KeyIdTenants => f.write_str("KeyIdTenants"),
         }
     }
 }
@@ -557,6 +563,9 @@ pub enum Reply {
     },
     /// Answer to `KeyIdStatus`.
     KeyIds(KeyIdTable),
+    /// Answer to `KeyIdTenants`: the running tenants (`memveil run --keyid`
+    /// connections) of each KeyID, indexed by KeyID, `0..=max_keyid`.
+    KeyIdTenants(Vec<u32>),
     /// Answer to `TenantKey`: the KeyID's state, then [`TENANT_KEY_LEN`]
     /// bytes of page key that [`encode_reply`] leaves out (its length prefix
     /// counts them; the vault sends them from its secret memory right after,
@@ -815,6 +824,7 @@ pub(crate) mod tag {
     pub const KEYID_PROGRAM: u8 = 16;
     pub const KEYID_STATUS: u8 = 17;
     pub const KEYID_TENANT: u8 = 18;
+    pub const KEYID_TENANTS: u8 = 19;
 
     pub const R_WELCOME: u8 = 0x81;
     pub const R_STATUS: u8 = 0x82;
@@ -826,6 +836,7 @@ pub(crate) mod tag {
     pub const R_KEYIDS: u8 = 0x88;
     pub const R_TENANT_KEY: u8 = 0x89;
     pub const R_TENANT_STOP: u8 = 0x8A;
+    pub const R_KEYID_TENANTS: u8 = 0x8B;
     pub const R_ERROR: u8 = 0xFF;
 }
 
@@ -918,6 +929,9 @@ pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
         }
         Request::TenantKey { keyid } => {
             w.u8(tag::KEYID_TENANT).u16(*keyid);
+        }
+        Request::KeyIdTenants => {
+            w.u8(tag::KEYID_TENANTS);
         }
     }
     let mut f = w.frame();
@@ -1024,6 +1038,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
         tag::KEYID_TENANT => Request::TenantKey {
             keyid: r.u16("keyid")?,
         },
+        tag::KEYID_TENANTS => Request::KeyIdTenants,
         other => return Err(DecodeError::UnknownTag(other)),
     };
     r.end()?;
@@ -1137,6 +1152,13 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
                 put_keyid_state(&mut w, e);
             }
         }
+        Reply::KeyIdTenants(counts) => {
+            w.u8(tag::R_KEYID_TENANTS)
+                .u32(u32::try_from(counts.len()).unwrap_or(u32::MAX));
+            for &n in counts {
+                w.u32(n);
+            }
+        }
         Reply::TenantKey(state) => {
             w.u8(tag::R_TENANT_KEY);
             put_keyid_state(&mut w, state);
@@ -1246,6 +1268,14 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, DecodeError> {
                 entries,
             })
         }
+        tag::R_KEYID_TENANTS => {
+            let n = r.u32("keyid count")?;
+            let mut counts = Vec::new();
+            for _ in 0..n {
+                counts.push(r.u32("tenant count")?);
+            }
+            Reply::KeyIdTenants(counts)
+        }
         tag::R_TENANT_KEY => {
             let state = r.keyid_state()?;
             // The key bytes: skipped, never copied (Client::tenant_key reads
@@ -1323,6 +1353,7 @@ mod tests {
             Request::ProgramKeyId(KeyProgram::clear(5)),
             Request::KeyIdStatus,
             Request::TenantKey { keyid: 9 },
+            Request::KeyIdTenants,
         ]
     }
 
@@ -1453,10 +1484,27 @@ mod tests {
                 generation: 3,
                 message: "cleared by uid 0".into(),
             },
+            Reply::KeyIdTenants(vec![0, 2, 0, u32::MAX]),
+            Reply::KeyIdTenants(Vec::new()),
         ] {
             let f = encode_reply(&rep);
             assert_eq!(decode_reply(body(&f)).expect("decode"), rep);
         }
+        // Tenant counts: one more announced than sent is truncated, one
+        // byte more is trailing.
+        let f = encode_reply(&Reply::KeyIdTenants(vec![1, 2]));
+        let mut b = body(&f).to_vec();
+        b[1] = 3;
+        assert!(matches!(
+            decode_reply(&b),
+            Err(DecodeError::Truncated {
+                what: "tenant count",
+                ..
+            })
+        ));
+        let mut b = body(&f).to_vec();
+        b.push(0);
+        assert_eq!(decode_reply(&b), Err(DecodeError::Trailing(1)));
         // A tenant key: the frame's length counts the key bytes sent after it.
         let rep = Reply::TenantKey(states()[1]);
         let mut f = encode_reply(&rep);
@@ -1646,16 +1694,21 @@ mod tests {
 
         #[test]
         fn keyid_tables_survive_any_corruption_without_panic(at in 0usize..200, v: u8) {
-            let f = encode_reply(&Reply::KeyIds(KeyIdTable {
-                max_keyid: 5,
-                level: "secret".into(),
-                entries: states(),
-            }));
-            let mut b = body(&f).to_vec();
-            let i = at % b.len();
-            b[i] = v;
-            let _ = decode_reply(&b);
-            let _ = decode_reply(&b[..i]);
+            for rep in [
+                Reply::KeyIds(KeyIdTable {
+                    max_keyid: 5,
+                    level: "secret".into(),
+                    entries: states(),
+                }),
+                Reply::KeyIdTenants(vec![0, 1, 2, 3, 0, 7]),
+            ] {
+                let f = encode_reply(&rep);
+                let mut b = body(&f).to_vec();
+                let i = at % b.len();
+                b[i] = v;
+                let _ = decode_reply(&b);
+                let _ = decode_reply(&b[..i]);
+            }
         }
 
         #[test]

@@ -4,28 +4,50 @@ use anyhow::Context as _;
 use memveil_bench::{BenchOpts, Size, PARTS};
 use std::path::PathBuf;
 
+/// `memveil bench --help`, after the options.
+const AFTER_LONG_HELP: &str = "\
+Every figure is measured against a baseline in the same run; the report folder holds
+report.md (with SVG plots) and report.json. Exit status: 0 every part ran; 1 a part
+failed (the others still report).
+
+Examples:
+  memveil bench                                        # every part at the small size
+  memveil bench --only engine --json engine.json       # one part, figures also as JSON
+  memveil bench --only shield --full                   # the sizes the issues name
+  memveil bench --only workloads --workload redis --out report-redis
+
+See BENCHMARKS.md.";
+
 /// Flags of `memveil bench`.
 #[derive(clap::Args)]
+#[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
-    /// Run only this part (repeatable). Parts: cipher, engine, vault, pkcs11, rng, shield, disk
-    /// (the default run: all of these), and workloads (only when named: the TME-MK and AMD SME
-    /// articles' workloads, fio, iperf3, HPL, redis, nginx TLS, Tesseract, STREAM, plain against
-    /// `memveil run` and `--window 4096`, and a cryptsetup-style cipher table; about 10 minutes).
-    #[arg(long)]
+    /// Run only this part (repeatable)
+    ///
+    /// Run only this part (repeatable). Parts: cipher, engine, vault, pkcs11,
+    /// rng, shield, disk (the default run: all of these), and workloads (only
+    /// when named: the TME-MK and AMD SME articles' workloads, fio, iperf3,
+    /// HPL, redis, nginx TLS, Tesseract, STREAM, plain against `memveil run`
+    /// and `--window 4096`, and a cryptsetup-style cipher table; about 10
+    /// minutes).
+    #[arg(long, value_name = "PART", verbatim_doc_comment)]
     only: Vec<String>,
-    /// With `--only workloads`: run only this workload (repeatable; without it all of them and
-    /// the cipher table). Workloads: fio_randread, fio_randwrite, iperf3, hpl, redis, nginx_tls,
-    /// tesseract, stream, tenants18 (18 copies of a python3 job at once, as 18 tenants of their
+    /// With --only workloads: run only this workload (repeatable)
+    ///
+    /// With `--only workloads`: run only this workload (repeatable; without it
+    /// all of them and the cipher table). Workloads: fio_randread,
+    /// fio_randwrite, iperf3, hpl, redis, nginx_tls, tesseract, stream,
+    /// tenants18 (18 copies of a python3 job at once, as 18 tenants of their
     /// own KeyIDs of a vault started for it).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     workload: Vec<String>,
-    /// Use the full sizes the issues name instead of the default small run.
+    /// Use the full sizes the issues name instead of the default small run
     #[arg(long)]
     full: bool,
-    /// Also write the JSON figures to this file.
+    /// Also write the JSON figures to this file
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Report folder (default: `bench-report-<unix time>` in the current directory).
+    /// Report folder (default: `bench-report-<unix time>` here)
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
 }

@@ -14,26 +14,57 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use memveil_shield::{Mechanism, StatsFile, KEYIDS};
 
+use super::run_cgroup::{self, ProgramCgroup};
 use super::run_keyid::{self, HostKeyId};
 use super::run_report::{advice, guarantee_line, summary, Guarantee};
 
 const PRELOAD: &str = "libmemveil_shield_preload.so";
 
+/// `memveil run --help`, after the options: what the command does, what it
+/// needs, its exit statuses and examples.
+const AFTER_LONG_HELP: &str = "\
+The program's heap (malloc, calloc, realloc, ..., its anonymous private read-write
+mmaps and sbrk) is kept as AES-XTS ciphertext. By default within a cost budget
+(--max-overhead, 10% of its time): every page idle longer than its sweep period is
+encrypted, however large the heap. With --window or --max-plaintext a plaintext bound
+is never exceeded, whatever it costs. Pages come back on touch through userfaultfd,
+also when the kernel touches them inside read(2), write(2), recv(2); a fault that
+continues a sequential scan brings in a run of up to 64 pages. At exit a summary line
+gives the counters, a line the guarantee in force and what it achieved, and a line
+of advice on what more protection (or less cost) would take.
+
+The program runs in a cgroup v2 of its own (memveil-run-PID, under memveil run's): what
+it leaves running is killed when memveil run ends, and all of it when memveil run is
+killed, even with SIGKILL (a guardian process does it). Where no cgroup v2 is writable
+memveil run says why at start and runs the program without; MEMVEIL_RUN_CGROUP=off turns
+it off.
+
+Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or
+vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd), a dynamically linked
+program.
+
+Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to
+start it; 125 when the shield failed inside the program before it ran; 123 when the
+program was stopped because its host KeyID (--keyid) was cleared or programmed again,
+or the vault holding it went away.
+
+Examples:
+  memveil run -- python3 job.py                   # a cost budget of 10% of its time
+  memveil run --max-overhead 20 -- ./server       # more protection, at up to 20%
+  memveil run --window 4096 -- redis-server       # a fixed 16 MiB window: security first
+  memveil run --max-plaintext 64M --stats-json s.json -- sqlite3 db.sqlite 'select 1'
+  memveil run --keyid 5 -- ./server               # a tenant of host KeyID 5 (memveil key)
+  memveil run --user postgres --shared-memory protected,sysv=unprotected \\
+      --accept-unwiped-free -- /usr/lib/postgresql/15/bin/postgres -D DATA
+
+See docs/shield.md.";
+
 /// Flags of `memveil run`.
 #[derive(clap::Args)]
-#[command(
-    after_help = "The program's heap (malloc, calloc, realloc, ..., its anonymous private read-write mmaps and sbrk) \
-is kept as AES-XTS ciphertext except for a plaintext window (--window, or adaptive within --max-plaintext); pages come \
-back on touch through userfaultfd, also when the kernel touches them inside read(2), write(2), recv(2); a fault that \
-continues a sequential scan brings in a run of up to 64 pages. At exit a summary line gives the counters, and a line \
-of advice when faults took a good part of the run.\n\
-Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or vm.unprivileged_userfaultfd=1, or \
-access to /dev/userfaultfd), a dynamically linked program.\n\
-Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to start it; 125 when the \
-shield failed inside the program before it ran; 123 when the program was stopped because its host KeyID (--keyid) \
-was cleared or programmed again, or the vault holding it went away. See docs/shield.md."
-)]
+#[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
+    /// Cost budget: at most this % of the time on faults (default 10)
+    ///
     /// The cost budget, the default guarantee: the most of the program's
     /// time faults and evictions may take (default 10%). Within it every
     /// page idle longer than its sweep period (25 ms for a page used
@@ -42,15 +73,21 @@ pub struct Args {
     /// use may stay mostly plaintext (the summary reports the time-weighted
     /// plaintext fraction). With --window or --max-plaintext the bound
     /// applies too, and wins: it is never exceeded to meet the budget.
-    #[arg(long, value_name = "PERCENT", value_parser = parse_overhead)]
+    #[arg(long, value_name = "PERCENT", value_parser = parse_overhead,
+          help_heading = "Protection", verbatim_doc_comment)]
     max_overhead: Option<u8>,
+    /// Fixed plaintext bound: PAGES pages per process
+    ///
     /// Keep exactly this many pages of the heap (at most) as plaintext, per
     /// process: the fixed, security-first bound (4096 pages = 16 MiB is a
     /// good start), whatever it costs. Alone it replaces the budget; with
     /// --max-overhead both apply.
     #[arg(long, value_name = "PAGES", conflicts_with = "max_plaintext",
-          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)),
+          help_heading = "Protection", verbatim_doc_comment)]
     window: Option<u64>,
+    /// Adaptive plaintext bound (% of data, or a size)
+    ///
     /// A security-first bound that adapts: the most plaintext a window may
     /// keep, per process, as a percentage of the pages holding data (never
     /// below 4096 pages) or a size (bytes, or with K, M, G). The window
@@ -58,8 +95,11 @@ pub struct Args {
     /// faults on pages it evicted very recently, gives pages back in quiet
     /// seconds, and never exceeds this bound, whatever it costs. Alone it
     /// replaces the budget; with --max-overhead both apply.
-    #[arg(long, value_name = "SIZE|PERCENT", value_parser = parse_bound)]
+    #[arg(long, value_name = "SIZE|PERCENT", value_parser = parse_bound,
+          help_heading = "Protection", verbatim_doc_comment)]
     max_plaintext: Option<memveil_shield::Bound>,
+    /// Run as a tenant of host KeyID N, with the KeyID's page key
+    ///
     /// Run as a tenant under KeyID N of the host key table the vault holds
     /// (`memveil key program`): every process of the program encrypts its
     /// heap and shared memory under the KeyID's page key, which the vault
@@ -69,38 +109,65 @@ pub struct Args {
     /// program KeyIDs (root, the vault's owner, --key-admin); --user then
     /// runs the program as another user. Without --keyid each process draws
     /// fresh random keys of its own.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..i64::from(KEYIDS)),
+          help_heading = "Keys", verbatim_doc_comment)]
     keyid: Option<u16>,
+    /// The vault holding the host key table (with --keyid)
+    ///
     /// The vault holding the host key table (default: $MEMVEIL_VAULT_SOCKET
     /// or /run/memveil/vault.sock).
-    #[arg(long, value_name = "SOCKET", requires = "keyid")]
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        requires = "keyid",
+        help_heading = "Keys",
+        verbatim_doc_comment
+    )]
     vault: Option<PathBuf>,
+    /// Accept a no-encrypt KeyID: the program runs unprotected
+    ///
     /// Run the program under a no-encrypt KeyID (KEYID_NO_ENCRYPT): its
     /// memory stays plaintext, and the summary says so. Refused without this.
-    #[arg(long, requires = "keyid")]
+    #[arg(long, requires = "keyid", help_heading = "Keys", verbatim_doc_comment)]
     accept_no_encrypt: bool,
-    /// Print a live statistics line to stderr every SECS seconds.
-    #[arg(long, value_name = "SECS")]
+    /// Print a statistics line to stderr every SECS seconds
+    #[arg(long, value_name = "SECS", help_heading = "Reporting")]
     live: Option<f64>,
-    /// Write the final statistics and the plaintext fraction over time as JSON.
-    #[arg(long, value_name = "FILE")]
+    /// Write the final statistics and the plaintext fraction over time as JSON
+    #[arg(long, value_name = "FILE", help_heading = "Reporting")]
     stats_json: Option<PathBuf>,
-    /// No summary line at exit.
-    #[arg(long)]
+    /// No summary line at exit
+    #[arg(long, help_heading = "Reporting")]
     quiet: bool,
+    /// Microseconds the fault handler polls before sleeping
+    ///
     /// Microseconds the fault handler polls for the next fault before sleeping
     /// (0: sleep at once, measured fastest on this VM).
-    #[arg(long, default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "US",
+        default_value_t = 0,
+        help_heading = "Advanced",
+        verbatim_doc_comment
+    )]
     spin_us: u64,
+    /// Accept mlock-ed memory for keys
+    ///
     /// Accept a weaker home for the keys when memfd_secret is unavailable
     /// ("locked": mlock-ed memory, readable by root), as `memveil vault
     /// serve --allow-level`.
-    #[arg(long, value_name = "LEVEL", value_parser = ["secret", "locked"])]
+    #[arg(long, value_name = "LEVEL", value_parser = ["secret", "locked"],
+          help_heading = "Keys", verbatim_doc_comment)]
     allow_level: Option<String>,
+    /// Accept eviction by write-protection: frames freed unwiped
+    ///
     /// Accept evicting by write-protection on kernels without UFFDIO_MOVE
     /// (frames go back to the kernel unwiped; boot with init_on_free=1).
-    #[arg(long)]
+    /// --shared-memory protected needs it too.
+    #[arg(long, help_heading = "Protection", verbatim_doc_comment)]
     accept_unwiped_free: bool,
+    /// Shared memory: refuse|protected|unprotected
+    ///
     /// Shared memory: MODE[,KIND=MODE...] (kinds: anonymous, memfd, sysv).
     /// "refuse" fails those mappings with ENOMEM and a message;
     /// "protected" keeps MAP_SHARED|MAP_ANONYMOUS memory as ciphertext for
@@ -110,22 +177,36 @@ pub struct Args {
     /// lets them through, e.g. "protected,sysv=unprotected" (PostgreSQL);
     /// "unprotected" lets them through as plaintext. The summary reports
     /// both.
-    #[arg(long, value_name = "POLICY", value_parser = shared_policy, default_value = "refuse")]
+    #[arg(long, value_name = "POLICY", value_parser = shared_policy, default_value = "refuse",
+          help_heading = "Protection", verbatim_doc_comment)]
     shared_memory: String,
-    /// The preload library (default: next to this executable).
-    #[arg(long)]
+    /// The preload library (default: next to this executable)
+    #[arg(long, value_name = "FILE", help_heading = "Advanced")]
     preload: Option<PathBuf>,
-    /// Size of the protected region the heap lives in, GiB (address space).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    /// Size of the protected region the heap lives in, GiB
+    ///
+    /// Size of the protected region the heap lives in, GiB (address space:
+    /// a full region refuses further memory with ENOMEM).
+    #[arg(long, value_name = "GIB", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024),
+          help_heading = "Advanced", verbatim_doc_comment)]
     region_gib: u64,
+    /// Run the program and its fault handler on this one CPU
+    ///
     /// Run the program, and so its fault handler, on this one CPU (as
     /// `taskset -c N`): the fault hand-off then never crosses CPUs, where a
     /// wake-up costs tens of microseconds on a VM. Without it the handler
     /// runs at SCHED_IDLE (so the scheduler keeps the woken thread on the
     /// handler's CPU) and follows the thread that faults (its CPU read on
     /// every fault). Default: wherever the scheduler puts the program.
-    #[arg(long, value_name = "N")]
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Advanced",
+        verbatim_doc_comment
+    )]
     cpu: Option<usize>,
+    /// Whose malloc to use
+    ///
     /// Whose malloc the program uses. auto: a program linked against its
     /// own allocator (jemalloc, tcmalloc, mimalloc, snmalloc) keeps it, loaded
     /// ahead of memveil's library, and every page that allocator maps comes
@@ -133,8 +214,11 @@ pub struct Args {
     /// metadata apart from cold values, 1.4-2.6x the throughput of memveil's
     /// allocator here); any other program gets memveil's allocator in place
     /// of the C library's. memveil: always memveil's.
-    #[arg(long, value_enum, default_value_t = Allocator::Auto)]
+    #[arg(long, value_name = "WHICH", value_enum, default_value_t = Allocator::Auto, help_heading = "Advanced",
+          verbatim_doc_comment)]
     allocator: Allocator,
+    /// Run as this user, keeping only CAP_SYS_PTRACE
+    ///
     /// Run as this user (for servers that refuse root, such as PostgreSQL):
     /// memveil run, as root, opens --stats-json, then becomes USER for good
     /// (its groups, uid and gid) keeping of root's capabilities only
@@ -142,9 +226,14 @@ pub struct Args {
     /// vm.unprivileged_userfaultfd=0 the fault handler needs it to serve
     /// faults taken inside system calls (with the sysctl at 1 nothing is
     /// kept). The counters and the program then belong to USER alone.
-    #[arg(long, value_name = "USER")]
+    #[arg(
+        long,
+        value_name = "USER",
+        help_heading = "Advanced",
+        verbatim_doc_comment
+    )]
     user: Option<String>,
-    /// The program and its arguments.
+    /// The program and its arguments
     #[arg(
         required = true,
         trailing_var_arg = true,
@@ -371,6 +460,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         )?),
         None => None,
     };
+    // Before --user gives up root: the cgroup's files are opened and its
+    // guardian started as the operator.
+    let mut cgroup = run_cgroup::setup(&a.command[0].to_string_lossy());
     if let Some(name) = &a.user {
         switch_user(name)?;
         // The loader skips a preload library it cannot read, with a mere
@@ -428,7 +520,13 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         &stats_dir,
         json_out,
         host.as_ref(),
+        &mut cgroup,
     );
+    if let Ok(cg) = cgroup {
+        // What is left of the program dies with this run; the guardian
+        // removes the cgroup (and says so when it cannot).
+        let _ = cg.finish();
+    }
     let _ = std::fs::remove_dir_all(&stats_dir);
     r
 }
@@ -472,6 +570,7 @@ fn supervise(
     stats_dir: &Path,
     json_out: Option<std::fs::File>,
     host: Option<&HostKeyId>,
+    cgroup: &mut Result<ProgramCgroup, String>,
 ) -> anyhow::Result<u8> {
     let mut ld = OsString::new();
     if let Some(lib) = keep {
@@ -545,9 +644,32 @@ fn supervise(
     // Interrupts reach the program (same process group); memveil stays to
     // report, and passes SIGTERM on.
     let stop = memveil_sys::stopflag::stop_on_interrupt().context("installing signal handlers")?;
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
+    // The program is born in its cgroup: this process steps in for the fork.
+    let mut spawned = None;
+    if let Ok(cg) = cgroup.as_mut() {
+        match cg.enter() {
+            Ok(()) => {
+                spawned = Some(cmd.spawn());
+                cg.leave();
+            }
+            // Dropped: its guardian removes it.
+            Err(why) => *cgroup = Err(why),
+        }
+    }
+    let spawned = match (spawned, &*cgroup) {
+        (Some(r), _) => r,
+        (None, Err(why)) => {
+            eprintln!(
+                "memveil run: no cgroup of its own for {}: {why}; if memveil run is killed, the \
+                 program keeps running",
+                a.command[0].to_string_lossy()
+            );
+            cmd.spawn()
+        }
+        (None, Ok(_)) => cmd.spawn(),
+    };
+    let mut child =
+        spawned.with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
     let started = Instant::now();
     // The loop below samples every 50 ms; it wakes at once when the program
     // ends, so the run's time is the program's, not rounded up to a sample
@@ -589,6 +711,9 @@ fn supervise(
             }
         }
         if let Some(why) = host.and_then(HostKeyId::stop_reason) {
+            // Everything in the cgroup (a process the preload never reached
+            // included), then whatever holds the key outside it.
+            let in_cgroup = cgroup.as_mut().ok().map(ProgramCgroup::kill);
             let n = run_keyid::kill_program(
                 exited.is_none().then(|| child.id()),
                 stats_dir,
@@ -599,9 +724,13 @@ fn supervise(
                 None => child.wait().context("waiting for the stopped program")?,
             };
             eprintln!(
-                "memveil run: stopped {} ({n} process(es), SIGKILL): {why}; its evicted pages \
-                 cannot be decrypted any more",
-                a.command[0].to_string_lossy()
+                "memveil run: stopped {} ({}): {why}; its evicted pages cannot be decrypted any \
+                 more",
+                a.command[0].to_string_lossy(),
+                in_cgroup.map_or_else(
+                    || format!("{n} process(es), SIGKILL"),
+                    |m| format!("SIGKILL: {m} process(es) in its cgroup, {n} by pid")
+                )
             );
             key_gone = Some(why);
             break st;
@@ -648,6 +777,8 @@ fn supervise(
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     };
+    // What the program left running ends with this run.
+    let left_killed = cgroup.as_mut().map_or(0, ProgramCgroup::kill);
     let s = StatsFile::read_dir(stats_dir).unwrap_or_default();
     let code = match (status.code(), status.signal()) {
         _ if key_gone.is_some() => run_keyid::EXIT_KEY_GONE,
@@ -695,6 +826,12 @@ fn supervise(
             );
         }
     }
+    if !a.quiet {
+        eprintln!(
+            "memveil run: cgroup: {}",
+            run_cgroup::describe(cgroup, left_killed)
+        );
+    }
     if let (Some(path), Some(mut f)) = (&a.stats_json, json_out) {
         let mut j = serde_json::to_value(s).context("encoding statistics")?;
         j["faults"] = s.faults().into();
@@ -712,6 +849,7 @@ fn supervise(
         };
         j["host_keyid"] = host.map_or(serde_json::Value::Null, HostKeyId::json);
         j["stopped_key_gone"] = key_gone.clone().into();
+        j["cgroup"] = run_cgroup::json(cgroup, left_killed);
         j["exit_code"] = code.into();
         j["seconds"] = started.elapsed().as_secs_f64().into();
         j["samples"] = samples.into();
