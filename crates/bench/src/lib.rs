@@ -17,6 +17,7 @@ pub mod pkcs11;
 pub mod report;
 pub mod rng;
 pub mod rng_share;
+pub mod sheet;
 pub mod shield;
 pub mod shield_suite;
 pub mod timing;

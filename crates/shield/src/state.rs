@@ -1010,6 +1010,43 @@ mod tests {
     }
 
     #[test]
+    fn pages_of_an_unregistered_chunk_are_wiped_where_present_and_writable() {
+        // A real mapping (the wipe writes it), lazily registered: nothing
+        // of it is tracked page by page.
+        let map = uffd::DirectMap::new(4 * PAGE).expect("mapping");
+        let base = map.as_ptr() as usize;
+        let mut r = Range::map(base, 4, 1, true).expect("range");
+        for i in [0usize, 2, 3] {
+            // SAFETY: page i of the test's own mapping.
+            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 0xa5, PAGE) };
+        }
+        // Page 3 read-only (as the program made it): not written.
+        // SAFETY: the test's own mapping.
+        unsafe {
+            uffd::mprotect_direct((base + 3 * PAGE) as *mut u8, PAGE, libc::PROT_READ)
+                .expect("mprotect");
+        }
+        r.set_state(3, ZERO | RDONLY);
+        wipe_untracked(&mut r, 0, 4);
+        let byte = |i: usize| {
+            // SAFETY: a readable page of the test's own mapping.
+            unsafe { ((base + i * PAGE + 100) as *const u8).read_volatile() }
+        };
+        assert_eq!(
+            (byte(0), byte(1), byte(2)),
+            (0, 0, 0),
+            "present pages wiped"
+        );
+        assert_eq!(
+            byte(3),
+            0xa5,
+            "a read-only page is left alone (writing it would fault)"
+        );
+        drop(r);
+        drop(map);
+    }
+
+    #[test]
     fn a_page_that_learnt_its_own_level_ignores_its_block() {
         let mut st = state(64);
         // The probe goes, comes straight back: the block's hint is 1.

@@ -110,9 +110,10 @@ impl Guardian {
         u32::try_from(self.pid).unwrap_or(0)
     }
 
-    /// This process ends normally: the guardian kills what is left in the
-    /// cgroup and removes it. Waits up to `wait` for that; `true` when the
-    /// guardian finished (and removed the cgroup) in time.
+    /// This process ends normally: the guardian removes the cgroup once it
+    /// is empty (what the program left running goes on). Waits up to `wait`
+    /// for that; `true` when the guardian finished (and removed the cgroup)
+    /// in time.
     #[must_use]
     pub fn finish(mut self, wait: Duration) -> bool {
         self.release();
@@ -210,20 +211,31 @@ fn guard(rx: RawFd, null: RawFd, plan: &Plan) -> ! {
             _ => break,
         }
     }
-    if !done {
-        write_all(2, &plan.epitaph);
-    }
-    write_file(&plan.kill, b"1");
-    for _ in 0..EMPTY_ROUNDS {
-        if !populated(&plan.events) {
-            break;
+    if done {
+        // A normal end: what the program left running (a daemon) goes on;
+        // the cgroup is removed once it is empty, looked at once a second.
+        while populated(&plan.events) {
+            let pause = libc::timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            };
+            // SAFETY: nanosleep reads the request this frame owns.
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
         }
-        let pause = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: PAUSE,
-        };
-        // SAFETY: nanosleep reads the request this frame owns; no remainder.
-        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+    } else {
+        write_all(2, &plan.epitaph);
+        write_file(&plan.kill, b"1");
+        for _ in 0..EMPTY_ROUNDS {
+            if !populated(&plan.events) {
+                break;
+            }
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: PAUSE,
+            };
+            // SAFETY: nanosleep reads the request this frame owns; no remainder.
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+        }
     }
     let removed = remove(libc::AT_FDCWD, &plan.dir, NESTING);
     if !removed {

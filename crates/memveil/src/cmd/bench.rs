@@ -15,6 +15,7 @@ Examples:
   memveil bench --only engine --json engine.json       # one part, figures also as JSON
   memveil bench --only shield --full                   # the sizes the issues name
   memveil bench --only workloads --workload redis --out report-redis
+  memveil bench --sheet docs/figures/*.json            # the current figure sheet, Markdown
 
 See BENCHMARKS.md.";
 
@@ -50,10 +51,30 @@ pub struct Args {
     /// Report folder (default: `bench-report-<unix time>` here)
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Print the figure sheet of these --json files instead of running
+    ///
+    /// Run nothing: print, as one Markdown table, every figure the given
+    /// `--json` files hold (oldest first: a figure measured again by a later
+    /// file takes that value), with its target, whether it is met, and which
+    /// run (date, commit, machine) measured it. BENCHMARKS.md's table is
+    /// this output (scripts/figures.sh).
+    #[arg(long, value_name = "JSON", num_args = 1.., verbatim_doc_comment, conflicts_with_all = ["only", "json", "out"])]
+    sheet: Vec<PathBuf>,
 }
 
 /// Runs `memveil bench`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if !args.sheet.is_empty() {
+        let mut files = Vec::new();
+        for p in &args.sheet {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            files.push((p.display().to_string(), text));
+        }
+        let md = memveil_bench::sheet::markdown(&files).map_err(anyhow::Error::msg)?;
+        print!("{md}");
+        return Ok(0);
+    }
     let size = if args.full { Size::Full } else { Size::Small };
     let mut opts = BenchOpts::new(size, Box::new(|m| eprintln!("{m}")));
     opts.workloads.clone_from(&args.workload);
@@ -84,7 +105,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let header = memveil_bench::host_header(size);
     memveil_bench::write_report(&dir, &sections, &header)?;
     if let Some(j) = &args.json {
-        let v = memveil_bench::report::to_json(&sections);
+        let v = serde_json::json!({
+            "run": memveil_bench::sheet::RunInfo::here(size),
+            "figures": memveil_bench::report::to_json(&sections),
+        });
         std::fs::write(j, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", j.display()))?;
     }

@@ -33,9 +33,9 @@ continues a sequential scan brings in a run of up to 64 pages. At exit a summary
 gives the counters, a line the guarantee in force and what it achieved, and a line
 of advice on what more protection (or less cost) would take.
 
-The program runs in a cgroup v2 of its own (memveil-run-PID, under memveil run's): what
-it leaves running is killed when memveil run ends, and all of it when memveil run is
-killed, even with SIGKILL (a guardian process does it). Where no cgroup v2 is writable
+The program runs in a cgroup v2 of its own (memveil-run-PID, under memveil run's): all
+of it is killed when memveil run is killed, even with SIGKILL (a guardian process does
+it); what it leaves running after a normal end (a daemon) goes on. Where no cgroup v2 is writable
 memveil run says why at start and runs the program without; MEMVEIL_RUN_CGROUP=off turns
 it off.
 
@@ -523,8 +523,8 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         &mut cgroup,
     );
     if let Ok(cg) = cgroup {
-        // What is left of the program dies with this run; the guardian
-        // removes the cgroup (and says so when it cannot).
+        // The guardian removes the cgroup once it is empty (and says so
+        // when it cannot).
         let _ = cg.finish();
     }
     let _ = std::fs::remove_dir_all(&stats_dir);
@@ -777,8 +777,9 @@ fn supervise(
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     };
-    // What the program left running ends with this run.
-    let left_killed = cgroup.as_mut().map_or(0, ProgramCgroup::kill);
+    // What the program left running (a daemon) goes on, as it did before
+    // the cgroup: only memveil run killed takes the cgroup with it.
+    let left = cgroup.as_ref().map_or(0, ProgramCgroup::count);
     let s = StatsFile::read_dir(stats_dir).unwrap_or_default();
     let code = match (status.code(), status.signal()) {
         _ if key_gone.is_some() => run_keyid::EXIT_KEY_GONE,
@@ -829,7 +830,7 @@ fn supervise(
     if !a.quiet {
         eprintln!(
             "memveil run: cgroup: {}",
-            run_cgroup::describe(cgroup, left_killed)
+            run_cgroup::describe(cgroup, left)
         );
     }
     if let (Some(path), Some(mut f)) = (&a.stats_json, json_out) {
@@ -849,7 +850,7 @@ fn supervise(
         };
         j["host_keyid"] = host.map_or(serde_json::Value::Null, HostKeyId::json);
         j["stopped_key_gone"] = key_gone.clone().into();
-        j["cgroup"] = run_cgroup::json(cgroup, left_killed);
+        j["cgroup"] = run_cgroup::json(cgroup, left);
         j["exit_code"] = code.into();
         j["seconds"] = started.elapsed().as_secs_f64().into();
         j["samples"] = samples.into();

@@ -191,24 +191,30 @@ impl ProgramCgroup {
             .map_or(0, |s| s.lines().filter(|l| !l.trim().is_empty()).count())
     }
 
-    /// The end of the run: the guardian kills what is left and removes the
-    /// cgroup; `false` when it did not within [`FINISH_WAIT`] (it said why).
+    /// The end of the run: the guardian removes the cgroup once what the
+    /// program left running has ended; waits up to [`FINISH_WAIT`] for that
+    /// when nothing is left (`false`: it did not, and said why), not at all
+    /// otherwise.
     pub fn finish(mut self) -> bool {
-        self.guardian.take().is_some_and(|g| g.finish(FINISH_WAIT))
+        let empty = self.count() == 0;
+        self.guardian
+            .take()
+            .is_some_and(|g| !empty || g.finish(FINISH_WAIT))
     }
 }
 
 /// One line for the summary: the program's cgroup and what was killed in
 /// it at the end, or why it had none.
 #[must_use]
-pub fn describe(cg: &Result<ProgramCgroup, String>, left_killed: usize) -> String {
+pub fn describe(cg: &Result<ProgramCgroup, String>, left: usize) -> String {
     match cg {
-        Ok(c) if left_killed > 0 => format!(
-            "{} ({left_killed} process(es) the program left running killed at the end)",
+        Ok(c) if left > 0 => format!(
+            "{} ({left} process(es) the program left running go on; the cgroup goes when they \
+             end)",
             c.dir.display()
         ),
         Ok(c) => format!(
-            "{} (whatever the program leaves running ends with memveil run)",
+            "{} (killed whole had memveil run been killed)",
             c.dir.display()
         ),
         Err(why) => format!("none ({why}): memveil run killed would leave the program running"),
@@ -216,14 +222,14 @@ pub fn describe(cg: &Result<ProgramCgroup, String>, left_killed: usize) -> Strin
 }
 
 /// `--stats-json`'s `cgroup`: whether the program had its own, where, and
-/// how many processes it left running were killed at the end; or why not.
+/// how many processes it left running at the end; or why not.
 #[must_use]
-pub fn json(cg: &Result<ProgramCgroup, String>, left_killed: usize) -> serde_json::Value {
+pub fn json(cg: &Result<ProgramCgroup, String>, left: usize) -> serde_json::Value {
     match cg {
         Ok(c) => serde_json::json!({
             "in_use": true,
             "path": c.dir.display().to_string(),
-            "left_running_killed": left_killed,
+            "left_running": left,
         }),
         Err(why) => serde_json::json!({ "in_use": false, "why_not": why }),
     }
