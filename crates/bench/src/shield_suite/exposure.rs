@@ -107,14 +107,18 @@ fn parse_layout(line: &str) -> Option<Layout> {
     })
 }
 
-/// The process that runs `canary`: `child` itself, or under `memveil run`
-/// its child (memveil run starts the program directly).
-fn canary_pid(child: &Child, wrapped: bool) -> Option<u32> {
+/// The process that runs `canary` (`exe`): `child` itself, or under
+/// `memveil run` the child of it that runs `exe` (memveil run also starts a
+/// guardian process for its cgroup).
+fn canary_pid(child: &Child, wrapped: bool, exe: &Path) -> Option<u32> {
     if !wrapped {
         return Some(child.id());
     }
+    let want = std::fs::canonicalize(exe).ok()?;
     let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).ok()?;
-    kids.split_whitespace().next()?.parse().ok()
+    kids.split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == want))
 }
 
 /// Kills the child (and its process group's canary) on every way out.
@@ -198,7 +202,7 @@ pub fn measure(
     if rx.recv_timeout(warm + Duration::from_secs(30)).as_deref() != Ok("ready") {
         return Err(fail("the canary never wrote its secret", child, err_text));
     }
-    let Some(pid) = canary_pid(&child.0, !wrap.is_empty()) else {
+    let Some(pid) = canary_pid(&child.0, !wrap.is_empty(), exe) else {
         return Err(fail("the canary's process was not found", child, err_text));
     };
     let mem = File::open(format!("/proc/{pid}/mem"))

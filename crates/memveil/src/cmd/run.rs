@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use memveil_shield::{Mechanism, StatsFile, KEYIDS};
 
-use super::run_cgroup::{self, ProgramCgroup};
+use super::run_cgroup::{self, Program, ProgramCgroup};
 use super::run_keyid::{self, HostKeyId};
 use super::run_report::{advice, guarantee_line, summary, Guarantee};
 
@@ -644,16 +644,20 @@ fn supervise(
     // Interrupts reach the program (same process group); memveil stays to
     // report, and passes SIGTERM on.
     let stop = memveil_sys::stopflag::stop_on_interrupt().context("installing signal handlers")?;
-    // The program is born in its cgroup: this process steps in for the fork.
+    // The program is born in its cgroup: started there by clone3, or else
+    // this process steps in for the fork.
     let mut spawned = None;
     if let Ok(cg) = cgroup.as_mut() {
-        match cg.enter() {
-            Ok(()) => {
-                spawned = Some(cmd.spawn());
-                cg.leave();
+        spawned = cg.spawn_into(&cmd).map(|r| r.map(Program::Into));
+        if spawned.is_none() {
+            match cg.enter() {
+                Ok(()) => {
+                    spawned = Some(cmd.spawn().map(Program::Std));
+                    cg.leave();
+                }
+                // Dropped: its guardian removes it.
+                Err(why) => *cgroup = Err(why),
             }
-            // Dropped: its guardian removes it.
-            Err(why) => *cgroup = Err(why),
         }
     }
     let spawned = match (spawned, &*cgroup) {
@@ -664,9 +668,9 @@ fn supervise(
                  program keeps running",
                 a.command[0].to_string_lossy()
             );
-            cmd.spawn()
+            cmd.spawn().map(Program::Std)
         }
-        (None, Ok(_)) => cmd.spawn(),
+        (None, Ok(_)) => cmd.spawn().map(Program::Std),
     };
     let mut child =
         spawned.with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;

@@ -42,6 +42,8 @@ pub struct ProgramCgroup {
     home: File,
     /// The cgroup's `cgroup.kill`.
     kill: File,
+    /// The cgroup's directory, open: `clone3` starts the program in it.
+    dir_fd: Option<std::os::fd::OwnedFd>,
     /// Set when this process could not move back home: a kill would kill it
     /// too, so only the guardian kills, once this process has ended.
     stuck_inside: bool,
@@ -109,11 +111,13 @@ pub fn setup(program: &str) -> Result<ProgramCgroup, String> {
         let _ = std::fs::remove_dir(&dir);
         format!("cannot start the cgroup's guardian process: {e}")
     })?;
+    let dir_fd = File::open(&dir).ok().map(std::os::fd::OwnedFd::from);
     Ok(ProgramCgroup {
         dir,
         procs,
         home: home_procs,
         kill,
+        dir_fd,
         stuck_inside: false,
         guardian: Some(guardian),
     })
@@ -148,7 +152,117 @@ fn make_dir(home: &Path) -> Result<PathBuf, String> {
     ))
 }
 
+/// The program, as started: by `std` (after moving into the cgroup, or
+/// without one), or by `clone3` straight into the cgroup.
+pub enum Program {
+    /// Started by `std::process::Command`.
+    Std(std::process::Child),
+    /// Started by [`memveil_sys::cgroup::spawn_into`].
+    Into(memveil_sys::cgroup::Spawned),
+}
+
+impl Program {
+    /// Its process id.
+    #[must_use]
+    pub fn id(&self) -> u32 {
+        match self {
+            Program::Std(c) => c.id(),
+            Program::Into(c) => c.id(),
+        }
+    }
+
+    /// Its status if it has ended.
+    ///
+    /// # Errors
+    /// The error of `waitpid(2)`.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        match self {
+            Program::Std(c) => c.try_wait(),
+            Program::Into(c) => c.try_wait(),
+        }
+    }
+
+    /// Waits for it to end.
+    ///
+    /// # Errors
+    /// The error of `waitpid(2)`.
+    pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Program::Std(c) => c.wait(),
+            Program::Into(c) => c.wait(),
+        }
+    }
+}
+
+/// `cmd`'s program resolved on PATH, its arguments and its environment
+/// (this process's, with what `cmd` sets and removes), for `execve`.
+fn exec_parts(
+    cmd: &std::process::Command,
+) -> Option<(
+    std::ffi::CString,
+    Vec<std::ffi::CString>,
+    Vec<std::ffi::CString>,
+)> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = |s: &std::ffi::OsStr| std::ffi::CString::new(s.as_bytes()).ok();
+    let program = Path::new(cmd.get_program());
+    let path = if program.as_os_str().as_bytes().contains(&b'/') {
+        program.to_path_buf()
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())?
+    };
+    let mut argv = vec![c(cmd.get_program())?];
+    for a in cmd.get_args() {
+        argv.push(c(a)?);
+    }
+    let mut env: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
+        std::env::vars_os().collect();
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => env.insert(k.to_owned(), v.to_owned()),
+            None => env.remove(k),
+        };
+    }
+    let mut envp = Vec::with_capacity(env.len());
+    for (k, v) in env {
+        let mut kv = k;
+        kv.push("=");
+        kv.push(v);
+        envp.push(c(&kv)?);
+    }
+    Some((c(path.as_os_str())?, argv, envp))
+}
+
 impl ProgramCgroup {
+    /// Starts `cmd` born in the cgroup with `clone3` (no process moves
+    /// between cgroups: see [`memveil_sys::cgroup::spawn_into`]); `None`
+    /// when that is not possible here (the caller moves into the cgroup and
+    /// spawns the usual way), `Some(Err)` when the program could not start.
+    pub fn spawn_into(
+        &self,
+        cmd: &std::process::Command,
+    ) -> Option<std::io::Result<memveil_sys::cgroup::Spawned>> {
+        use std::os::fd::AsFd as _;
+        if cmd.get_current_dir().is_some() {
+            return None;
+        }
+        let fd = self.dir_fd.as_ref()?;
+        let (path, argv, envp) = exec_parts(cmd)?;
+        match memveil_sys::cgroup::spawn_into(fd.as_fd(), &path, &argv, &envp) {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EINVAL | libc::EPERM)
+                ) =>
+            {
+                None
+            }
+            r => Some(r),
+        }
+    }
+
     /// Moves this process into the cgroup, so that the process it forks
     /// next is born there; [`ProgramCgroup::leave`] moves it back.
     ///
