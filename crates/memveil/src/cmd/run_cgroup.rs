@@ -250,11 +250,15 @@ impl ProgramCgroup {
         }
         let fd = self.dir_fd.as_ref()?;
         let (path, argv, envp) = exec_parts(cmd)?;
+        // EACCES: after --user, clone3 checks the cgroup's write permission
+        // with the user's credentials (the fallback writes through the file
+        // root opened). An exec refused with EACCES is then tried again
+        // the usual way, and refused again with the same error.
         match memveil_sys::cgroup::spawn_into(fd.as_fd(), &path, &argv, &envp) {
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::ENOSYS | libc::EINVAL | libc::EPERM)
+                    Some(libc::ENOSYS | libc::EINVAL | libc::EPERM | libc::EACCES)
                 ) =>
             {
                 None
