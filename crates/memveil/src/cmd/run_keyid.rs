@@ -194,6 +194,11 @@ impl HostKeyId {
 /// belong to another program since).
 pub fn kill_program(root: Option<u32>, stats_dir: &Path, key: Option<&std::fs::Metadata>) -> usize {
     let mut killed = std::collections::BTreeSet::new();
+    // Stopped first, the program forks no more and its children stay its
+    // children (killed first, they would be reparented and not found).
+    if let Some(r) = root {
+        let _ = memveil_sys::process::send_signal(r, libc::SIGSTOP);
+    }
     // New processes may be forked while the others die: look again until a
     // look finds nobody left.
     for _ in 0..20 {

@@ -240,12 +240,17 @@ pub fn measure(
         if Instant::now() > deadline {
             return Err(fail("the canary ran past its time", child, err_text));
         }
-        got.samples += 1;
         // A missing (evicted) page reads as an error, never as a
         // decryption: the shield does not serve faults of other processes.
-        if mem.read_exact_at(&mut buf, layout.secret).is_ok() && buf == layout.key {
-            got.plaintext += 1;
+        // Nothing at all (end of file) means the canary's memory is gone:
+        // it ended, its "done" on the way; not a sample (one such read
+        // failed the plain run's positive control once).
+        match mem.read_exact_at(&mut buf, layout.secret) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => continue,
+            Ok(()) if buf == layout.key => got.plaintext += 1,
+            _ => {}
         }
+        got.samples += 1;
         if got.samples.is_multiple_of(4) {
             if let Some(pm) = &pagemap {
                 if pm
