@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzz smoke runs of the vault's control codec and ring-descriptor checks
-# (crates/vault/src/proto.rs, ring.rs): 20 s of libFuzzer each on stable
+# (crates/vault/src/proto/, ring.rs): 20 s of libFuzzer each on stable
 # Rust. A crash leaves its input in fuzz/artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/../../fuzz"
