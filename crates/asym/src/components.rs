@@ -73,6 +73,60 @@ pub fn decode(b: &[u8]) -> Result<Vec<&[u8]>, ComponentsError> {
     Ok(out)
 }
 
+/// One secret value of a key, as a key finder looks for it.
+pub struct SecretPart {
+    /// What it is ("RSA prime p", "Ed25519 scalar").
+    pub what: &'static str,
+    /// Its bytes (wiped on drop).
+    pub value: zeroize::Zeroizing<Vec<u8>>,
+    /// A big-endian number (looked for in both byte orders), or bytes as
+    /// they are.
+    pub number: bool,
+}
+
+/// The secret values a memory scan looks for in a key of `alg` given by its
+/// components: RSA's `d`, `p` and `q`; an EC scalar; Ed25519's seed and the
+/// halves of SHA-512(seed) — the clamped scalar and the nonce prefix —
+/// which an Ed25519 implementation keeps while it signs. For proofs
+/// (`memveil keyfind --private-key`, the tests), never for a key in use.
+///
+/// # Errors
+/// Components that do not fit the algorithm.
+pub fn secret_parts(alg: crate::Algorithm, b: &[u8]) -> Result<Vec<SecretPart>, ComponentsError> {
+    let f = decode(b)?;
+    let part = |what, v: &[u8], number| SecretPart {
+        what,
+        value: zeroize::Zeroizing::new(v.to_vec()),
+        number,
+    };
+    Ok(match (alg.rsa_bits(), alg.curve(), f.as_slice()) {
+        (Some(_), _, [_, _, d, p, q, ..]) => vec![
+            part("RSA private exponent d", d, true),
+            part("RSA prime p", p, true),
+            part("RSA prime q", q, true),
+        ],
+        (_, Some(_), [s]) => vec![part("EC private scalar", s, true)],
+        (None, None, [seed]) => {
+            let mut h = zeroize::Zeroizing::new(crate::hash::digest(crate::Hash::Sha512, seed));
+            if h.len() == 64 {
+                h[0] &= 248;
+                h[31] &= 127;
+                h[31] |= 64;
+            }
+            vec![
+                part("Ed25519 seed", seed, false),
+                part("Ed25519 scalar", h.get(..32).unwrap_or_default(), true),
+                part(
+                    "Ed25519 nonce prefix",
+                    h.get(32..).unwrap_or_default(),
+                    false,
+                ),
+            ]
+        }
+        _ => return Err(ComponentsError::Truncated),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

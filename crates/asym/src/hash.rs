@@ -163,6 +163,22 @@ impl Hasher {
         }
     }
 
+    /// Writes the digest into `out` (its first `hash.len()` bytes; `out`
+    /// must hold them), for digests that are key material and must land in
+    /// secret memory. Returns the digest's length, or 0 when `out` is short.
+    pub fn finish_into(self, out: &mut [u8]) -> usize {
+        let n = self.hash.len();
+        let Some(o) = out.get_mut(..n) else {
+            return 0;
+        };
+        let mut len = 0u32;
+        // SAFETY: `o` holds the digest's length; the context is live.
+        unsafe {
+            aws_lc_sys::EVP_DigestFinal_ex(self.ctx.as_ptr(), o.as_mut_ptr(), &mut len);
+        }
+        n
+    }
+
     /// The digest.
     #[must_use]
     pub fn finish(self) -> Vec<u8> {

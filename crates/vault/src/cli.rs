@@ -46,20 +46,20 @@ pub enum Cmd {
     Create {
         /// Key name.
         name: String,
-        /// aes128, aes256, xts128, xts256.
+        /// aes128, aes256, xts128, xts256, rsa2048, rsa3072, rsa4096, p256, p384, ed25519.
         #[arg(long, default_value = "aes256")]
         kind: KeyKind,
         /// Seal the key to disk so it survives restarts.
         #[arg(long)]
         persistent: bool,
     },
-    /// Import a key from a file (raw bytes or hex). One way: keys never come back out.
+    /// Import a key from a file: an AES/XTS key as raw bytes or hex; a private key as PKCS#8, PKCS#1, SEC 1 (PEM or DER) or OpenSSH (unencrypted); a certificate (PEM or DER). One way: private keys never come back out.
     Import {
         /// Key name.
         name: String,
-        /// aes128, aes256, xts128, xts256.
-        #[arg(long, default_value = "aes256")]
-        kind: KeyKind,
+        /// aes128, aes256, xts128, xts256 (default aes256 for raw or hex files); rsa2048…ed25519, cert: checked against the file.
+        #[arg(long)]
+        kind: Option<KeyKind>,
         /// File holding the key.
         #[arg(long)]
         key_file: PathBuf,
@@ -69,6 +69,14 @@ pub enum Cmd {
     },
     /// List the keys this user owns or is granted.
     List,
+    /// Print an asymmetric key's public half (or a certificate).
+    Pubkey {
+        /// Key name.
+        name: String,
+        /// pem (SubjectPublicKeyInfo; a certificate's PEM), ssh (an authorized_keys line), der.
+        #[arg(long, default_value = "pem")]
+        format: String,
+    },
     /// Add a new random version of a key (old versions still decrypt).
     Rotate {
         /// Key name.
@@ -175,6 +183,9 @@ pub struct ServeArgs {
     /// Microseconds a lane worker spins before sleeping.
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
+    /// Secret heap for aws-lc (asymmetric keys: about 5 KiB per RSA-2048 key, 9 per RSA-4096, under 1 per EC key, 160 KiB once), KiB.
+    #[arg(long, default_value_t = 2048)]
+    pub asym_heap_kib: usize,
     /// KeyID bits of the host key table (`memveil key`): KeyIDs 1..=2^BITS-1 (1..=15; hardware: 6 on Ice Lake servers).
     #[arg(long, default_value_t = memveil_engine::Config::default().keyid_bits)]
     pub keyid_bits: u32,
@@ -220,6 +231,7 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
         .map_err(|_| format!("--socket-mode {:?} is not an octal mode", a.socket_mode))?;
     c.spin = Duration::from_micros(a.spin_us);
     c.keyid_bits = a.keyid_bits;
+    c.asym_heap_bytes = a.asym_heap_kib.saturating_mul(1024);
     c.key_admins.clone_from(&a.key_admins);
     Ok(c)
 }
@@ -320,8 +332,8 @@ fn write_output(p: Option<&PathBuf>, parts: &[&[u8]]) -> Result<(), CliError> {
 }
 
 fn encrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
-    if a.mode == Mode::Cmac {
-        return Err("cmac computes a tag, it does not encrypt a file: use ecb, cbc, ctr, xts or gcm (CMAC is served through the ring and the PKCS#11 module)".into());
+    if a.mode == Mode::Cmac || a.mode.is_asym() {
+        return Err(format!("{} does not encrypt a file: use ecb, cbc, ctr, xts or gcm (CMAC and the asymmetric operations are served through the ring, the PKCS#11 module and memveil agent)", a.mode.name()).into());
     }
     let k = c.key_info(&a.key)?;
     if !k.kind.serves(a.mode) {
@@ -337,7 +349,7 @@ fn encrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
     let pad = match a.mode {
         Mode::Ecb | Mode::Cbc => true,
         Mode::Xts => data.len() < 16,
-        Mode::Ctr | Mode::Gcm | Mode::Cmac => false,
+        _ => false,
     };
     if pad {
         let n = 16 - data.len() % 16;
@@ -427,11 +439,33 @@ pub fn read_secret_file(
 fn import(
     c: &mut Client,
     name: &str,
-    kind: KeyKind,
+    kind: Option<KeyKind>,
     key_file: &std::path::Path,
     persistent: bool,
 ) -> Result<KeyInfo, CliError> {
-    let (pool, raw, n) = read_secret_file(key_file, 4096)?;
+    let (pool, raw, n) = read_secret_file(key_file, 16384)?;
+    if !kind.is_some_and(KeyKind::is_symmetric) {
+        // A key file: parsed in this locked memory, sent from it, wiped.
+        let mut scratch = pool.alloc_bytes(2 * n + 64)?;
+        let mut out = pool.alloc_bytes(4096)?;
+        match crate::keyfile::read_private(&raw[..n], &mut scratch, &mut out) {
+            Ok((found, len)) => {
+                if kind.is_some_and(|k| k != found) {
+                    return Err(format!(
+                        "{} holds a {found} key, not {}",
+                        key_file.display(),
+                        kind.map_or("", KeyKind::name)
+                    )
+                    .into());
+                }
+                return Ok(c.import_key(name, found, persistent, &out[..len])?);
+            }
+            Err(e) if kind.is_some() => return Err(format!("{}: {e}", key_file.display()).into()),
+            Err(crate::keyfile::KeyFileError::Unknown(_)) => {}
+            Err(e) => return Err(format!("{}: {e}", key_file.display()).into()),
+        }
+    }
+    let kind = kind.unwrap_or(KeyKind::Aes256);
     let mut key = pool.alloc_bytes(kind.key_len())?;
     let mut end = n;
     while end > 0 && matches!(raw[end - 1], b'\n' | b'\r') {
@@ -523,6 +557,22 @@ fn run_inner(args: Args) -> Result<u8, CliError> {
         Cmd::List => {
             for k in c.list_keys()? {
                 print_key(&mut out, &k)?;
+            }
+        }
+        Cmd::Pubkey { name, format } => {
+            use crate::keyfile::{pem, spki_der, ssh_line};
+            use crate::proto::PublicParts;
+            match (c.public_key(name)?, format.as_str()) {
+                (PublicParts::Key(p), "pem") => {
+                    write!(out, "{}", pem("PUBLIC KEY", &spki_der(&p)))?
+                }
+                (PublicParts::Key(p), "ssh") => writeln!(out, "{}", ssh_line(&p, name))?,
+                (PublicParts::Key(p), "der") => out.write_all(&spki_der(&p))?,
+                (PublicParts::Cert(d), "pem") => write!(out, "{}", pem("CERTIFICATE", &d))?,
+                (PublicParts::Cert(d), "der") => out.write_all(&d)?,
+                (_, f) => {
+                    return Err(format!("format {f:?}: pem, ssh or der (ssh for keys only)").into())
+                }
             }
         }
         Cmd::Rotate { name } => print_key(&mut out, &c.rotate_key(name)?)?,

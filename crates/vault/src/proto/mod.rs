@@ -7,7 +7,7 @@
 //! (never a panic), which the server answers with an error reply before
 //! carrying on. No reply type has a field that could carry key bytes.
 //!
-//! Layout: [`kinds`] (key kinds, modes, permission bits), `request`
+//! Layout: `kinds` (key kinds, modes, permission bits), `request`
 //! (requests and their codec), `reply` (replies, the facts they carry, and
 //! their codec), `wire` (the field readers and writers, tags, limits).
 #![forbid(unsafe_code)]
@@ -19,10 +19,10 @@ mod request;
 mod tests;
 mod wire;
 
-pub use kinds::{perm, KeyKind, Mode};
+pub use kinds::{perm, KeyKind, Mode, KINDS, MAX_CERT};
 pub use reply::{
-    decode_reply, decode_tenant_key_head, encode_reply, ErrorCode, KeyIdTable, KeyInfo, Reply,
-    Status,
+    decode_reply, decode_tenant_key_head, encode_reply, ErrorCode, KeyIdTable, KeyInfo,
+    PublicParts, Reply, Status,
 };
 pub use request::{decode_request, encode_request, Request};
 pub(crate) use wire::tag;

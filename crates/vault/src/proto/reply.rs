@@ -3,6 +3,7 @@
 //! after its frame, counted by its length but never encoded here).
 #![forbid(unsafe_code)]
 
+use memveil_asym::{Curve, Public};
 use memveil_engine::{KeyIdState, Status as PconfigStatus};
 
 use super::wire::{put_keyid_state, tag, R, W};
@@ -165,6 +166,8 @@ pub enum Reply {
         /// Who did what (for the tenant's message).
         message: String,
     },
+    /// Answer to `PublicKey`.
+    Public(PublicParts),
     /// Failure.
     Error {
         /// Class.
@@ -172,6 +175,80 @@ pub enum Reply {
         /// What failed and what to do.
         message: String,
     },
+}
+
+/// What `PublicKey` gives out: the public half of an asymmetric key, or a
+/// certificate's bytes. Never private parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublicParts {
+    /// An RSA, EC or Ed25519 public key.
+    Key(Public),
+    /// A certificate (DER).
+    Cert(Vec<u8>),
+}
+
+mod public_code {
+    pub const RSA: u8 = 1;
+    pub const EC: u8 = 2;
+    pub const ED25519: u8 = 3;
+    pub const CERT: u8 = 4;
+    pub const P256: u8 = 1;
+    pub const P384: u8 = 2;
+}
+
+fn put_public(w: &mut W, p: &PublicParts) {
+    match p {
+        PublicParts::Key(Public::Rsa { n, e }) => {
+            w.u8(public_code::RSA).bytes(n).bytes(e);
+        }
+        PublicParts::Key(Public::Ec { curve, point }) => {
+            let c = match curve {
+                Curve::P256 => public_code::P256,
+                Curve::P384 => public_code::P384,
+            };
+            w.u8(public_code::EC).u8(c).bytes(point);
+        }
+        PublicParts::Key(Public::Ed25519(pk)) => {
+            w.u8(public_code::ED25519).bytes(pk);
+        }
+        PublicParts::Cert(der) => {
+            w.u8(public_code::CERT).bytes(der);
+        }
+    }
+}
+
+fn get_public(r: &mut R<'_>) -> Result<PublicParts, DecodeError> {
+    let bad = |field, v: u8| DecodeError::BadValue {
+        field,
+        value: u64::from(v),
+    };
+    Ok(match r.u8("public key type")? {
+        public_code::RSA => PublicParts::Key(Public::Rsa {
+            n: r.bytes("modulus")?.to_vec(),
+            e: r.bytes("public exponent")?.to_vec(),
+        }),
+        public_code::EC => {
+            let curve = match r.u8("curve")? {
+                public_code::P256 => Curve::P256,
+                public_code::P384 => Curve::P384,
+                c => return Err(bad("curve", c)),
+            };
+            PublicParts::Key(Public::Ec {
+                curve,
+                point: r.bytes("point")?.to_vec(),
+            })
+        }
+        public_code::ED25519 => {
+            let pk = r.bytes("Ed25519 public key")?;
+            let pk: [u8; 32] = pk.try_into().map_err(|_| DecodeError::BadValue {
+                field: "Ed25519 public key length",
+                value: pk.len() as u64,
+            })?;
+            PublicParts::Key(Public::Ed25519(pk))
+        }
+        public_code::CERT => PublicParts::Cert(r.bytes("certificate")?.to_vec()),
+        t => return Err(bad("public key type", t)),
+    })
 }
 
 fn put_key(w: &mut W, k: &KeyInfo) {
@@ -289,6 +366,10 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
             f[..4].copy_from_slice(&n.to_le_bytes());
             return f;
         }
+        Reply::Public(p) => {
+            w.u8(tag::R_PUBLIC);
+            put_public(&mut w, p);
+        }
         Reply::TenantStop {
             keyid,
             generation,
@@ -397,6 +478,7 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, DecodeError> {
             r.take(TENANT_KEY_LEN, "page key")?;
             Reply::TenantKey(state)
         }
+        tag::R_PUBLIC => Reply::Public(get_public(&mut r)?),
         tag::R_TENANT_STOP => Reply::TenantStop {
             keyid: r.u16("keyid")?,
             generation: r.u64("generation")?,

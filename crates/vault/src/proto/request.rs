@@ -107,21 +107,47 @@ pub enum Request<'a> {
     /// `MKTME_KEY_PROGRAM` request (clear included: command 2), fields raw
     /// as software writes them, so a malformed request reaches the engine's
     /// checks and gets their status. Each key field is at most
-    /// [`MAX_KEY_FIELD`] bytes; both travel at the end of the frame,
+    /// [`MAX_KEY_FIELD`](super::MAX_KEY_FIELD) bytes; both travel at the end of the frame,
     /// received straight into the vault's secret memory.
     ProgramKeyId(KeyProgram<'a>),
     /// The host key table: every KeyID's state (never key bytes).
     KeyIdStatus,
     /// The page key of a tenant that runs under a KeyID (`memveil run
     /// --keyid`), derived from the KeyID's key (never the key itself), for
-    /// a uid that may program KeyIDs. Answered with [`Reply::TenantKey`];
+    /// a uid that may program KeyIDs. Answered with [`Reply::TenantKey`](super::Reply::TenantKey);
     /// from then on the connection is the tenant's: it carries no other
-    /// request, and the vault sends [`Reply::TenantStop`] on it when the
+    /// request, and the vault sends [`Reply::TenantStop`](super::Reply::TenantStop) on it when the
     /// KeyID is cleared or programmed again, then waits for the tenant to
     /// stop and close it.
     TenantKey {
         /// The KeyID.
         keyid: u16,
+    },
+    /// The public half of an asymmetric key, or a certificate's bytes.
+    PublicKey {
+        /// Name.
+        name: String,
+    },
+    /// ECDH with the EC key `base` and a peer's public point, into a new
+    /// AES key (the shared secret never leaves the vault). Needs the `d`
+    /// permission on `base`.
+    DeriveKey {
+        /// Name of the new key.
+        name: String,
+        /// Its kind: `aes128` or `aes256`.
+        kind: KeyKind,
+        /// Sealed to disk and reloaded at restart.
+        persistent: bool,
+        /// Name of the EC key.
+        base: String,
+        /// How the key comes from the shared secret: 0 its leading bytes
+        /// (PKCS#11's `CKD_NULL`), else the ANSI X9.63 KDF with the hash
+        /// of that code (`memveil_asym::Hash`: 3 = SHA-256).
+        kdf: u8,
+        /// The peer's public point (uncompressed or compressed).
+        peer: &'a [u8],
+        /// The KDF's shared info (empty for `CKD_NULL`).
+        shared: &'a [u8],
     },
 }
 
@@ -169,6 +195,21 @@ impl fmt::Debug for Request<'_> {
             ),
             Request::KeyIdStatus => f.write_str("KeyIdStatus"),
             Request::TenantKey { keyid } => write!(f, "TenantKey({keyid})"),
+            Request::PublicKey { name } => write!(f, "PublicKey({name:?})"),
+            Request::DeriveKey {
+                name,
+                kind,
+                persistent,
+                base,
+                kdf,
+                peer,
+                shared,
+            } => write!(
+                f,
+                "DeriveKey({name:?}, {kind}, persistent={persistent}, base={base:?}, kdf={kdf}, peer: <{} bytes>, shared: <{} bytes>)",
+                peer.len(),
+                shared.len()
+            ),
         }
     }
 }
@@ -263,6 +304,27 @@ pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
         Request::TenantKey { keyid } => {
             w.u8(tag::KEYID_TENANT).u16(*keyid);
         }
+        Request::PublicKey { name } => {
+            w.u8(tag::PUBKEY).str(name);
+        }
+        Request::DeriveKey {
+            name,
+            kind,
+            persistent,
+            base,
+            kdf,
+            peer,
+            shared,
+        } => {
+            w.u8(tag::DERIVE)
+                .str(name)
+                .u8(kind.code())
+                .u8(u8::from(*persistent))
+                .str(base)
+                .u8(*kdf)
+                .bytes(peer)
+                .bytes(shared);
+        }
     }
     let mut f = w.frame();
     let n = u32::try_from(f.len() - 4 + extra).unwrap_or(u32::MAX);
@@ -298,7 +360,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
             let kind = r.kind()?;
             let persistent = r.bool("persistent")?;
             let n = r.u16("key length")?;
-            if usize::from(n) != kind.key_len() {
+            if !kind.import_len_ok(usize::from(n)) {
                 return Err(DecodeError::BadValue {
                     field: "key length",
                     value: u64::from(n),
@@ -367,6 +429,16 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
         tag::KEYID_STATUS => Request::KeyIdStatus,
         tag::KEYID_TENANT => Request::TenantKey {
             keyid: r.u16("keyid")?,
+        },
+        tag::PUBKEY => Request::PublicKey { name: r.name()? },
+        tag::DERIVE => Request::DeriveKey {
+            name: r.name()?,
+            kind: r.kind()?,
+            persistent: r.bool("persistent")?,
+            base: r.name()?,
+            kdf: r.u8("kdf")?,
+            peer: r.bytes("peer point")?,
+            shared: r.bytes("shared info")?,
         },
         other => return Err(DecodeError::UnknownTag(other)),
     };

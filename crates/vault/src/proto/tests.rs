@@ -49,6 +49,16 @@ fn sample_requests() -> Vec<Request<'static>> {
         Request::ProgramKeyId(KeyProgram::clear(5)),
         Request::KeyIdStatus,
         Request::TenantKey { keyid: 9 },
+        Request::PublicKey { name: "srv".into() },
+        Request::DeriveKey {
+            name: "session".into(),
+            kind: KeyKind::Aes256,
+            persistent: false,
+            base: "p256".into(),
+            kdf: 3,
+            peer: &[4, 1, 2, 3],
+            shared: b"info",
+        },
     ]
 }
 
@@ -345,7 +355,7 @@ proptest! {
     }
 
     #[test]
-    fn truncations_of_valid_frames_are_errors(i in 0usize..16, cut in 0usize..64) {
+    fn truncations_of_valid_frames_are_errors(i in 0usize..19, cut in 0usize..64) {
         let reqs = sample_requests();
         let f = encode_request(&reqs[i % reqs.len()]);
         let b = body(&f);

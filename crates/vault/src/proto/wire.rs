@@ -34,6 +34,13 @@ impl W {
         self.0.extend_from_slice(&b[..usize::from(n)]);
         self
     }
+    /// A byte string with a `u16` length (at most 65535 bytes are kept).
+    pub(super) fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        let n = u16::try_from(b.len()).unwrap_or(u16::MAX);
+        self.u16(n);
+        self.0.extend_from_slice(&b[..usize::from(n)]);
+        self
+    }
     pub(super) fn frame(self) -> Vec<u8> {
         let n = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
         let mut out = Vec::with_capacity(self.0.len() + 4);
@@ -95,6 +102,11 @@ impl<'a> R<'a> {
         let n = self.u16(what)?;
         let s = self.take(usize::from(n), what)?;
         String::from_utf8(s.to_vec()).map_err(|_| DecodeError::BadUtf8)
+    }
+    /// A byte string with a `u16` length, borrowed.
+    pub(super) fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let n = self.u16(what)?;
+        self.take(usize::from(n), what)
     }
     pub(super) fn name(&mut self) -> Result<String, DecodeError> {
         let s = self.str("key name")?;
@@ -236,6 +248,8 @@ pub(crate) mod tag {
     pub const KEYID_PROGRAM: u8 = 16;
     pub const KEYID_STATUS: u8 = 17;
     pub const KEYID_TENANT: u8 = 18;
+    pub const PUBKEY: u8 = 19;
+    pub const DERIVE: u8 = 20;
 
     pub const R_WELCOME: u8 = 0x81;
     pub const R_STATUS: u8 = 0x82;
@@ -247,5 +261,6 @@ pub(crate) mod tag {
     pub const R_KEYIDS: u8 = 0x88;
     pub const R_TENANT_KEY: u8 = 0x89;
     pub const R_TENANT_STOP: u8 = 0x8A;
+    pub const R_PUBLIC: u8 = 0x8B;
     pub const R_ERROR: u8 = 0xFF;
 }
