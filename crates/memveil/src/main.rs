@@ -38,6 +38,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The release profile unwinds (for the PKCS#11 module); this binary's
+    // daemons abort on a panic, as with panic = "abort".
+    memveil_sys::process::abort_on_panic();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Probe(a) => cmd::probe::run(a),

@@ -4,6 +4,9 @@ use cryptoki_sys::*;
 use memveil_vault::ring::Op;
 
 use super::*;
+use crate::asym::{AsymDecrypt, DecryptParams};
+use crate::core::DecOp;
+use crate::object::cap;
 
 /// `CK_GCM_PARAMS` as PKCS#11 2.40 first published it, without `ulIvBits`
 /// (some callers still pass it).
@@ -83,6 +86,41 @@ unsafe fn params(mech: *const CK_MECHANISM, op: Op) -> Result<Params, Rv> {
     })
 }
 
+/// An RSA decryption mechanism's parameters (`CK_RSA_PKCS_OAEP_PARAMS`
+/// and its label), copied out of the caller's memory.
+///
+/// # Safety
+/// As [`params`]; an OAEP label pointer holds its length.
+unsafe fn rsa_params(mech: *const CK_MECHANISM) -> Result<(CK_MECHANISM_TYPE, DecryptParams), Rv> {
+    // SAFETY: the caller's CK_MECHANISM (contract).
+    let m = unsafe { read(mech) }?;
+    // SAFETY: the parameter's bytes (contract).
+    let p = unsafe { bytes(m.pParameter.cast_const().cast::<u8>(), m.ulParameterLen) }?;
+    let dp = match m.mechanism {
+        CKM_RSA_PKCS_OAEP => {
+            if p.len() != std::mem::size_of::<CK_RSA_PKCS_OAEP_PARAMS>() {
+                return Err(CKR_MECHANISM_PARAM_INVALID);
+            }
+            // SAFETY: `p` holds a whole CK_RSA_PKCS_OAEP_PARAMS (length checked).
+            let o = unsafe { read(p.as_ptr().cast::<CK_RSA_PKCS_OAEP_PARAMS>()) }?;
+            if o.source != CKZ_DATA_SPECIFIED && o.ulSourceDataLen != 0 {
+                return Err(CKR_MECHANISM_PARAM_INVALID);
+            }
+            // SAFETY: the label the parameters point to (contract).
+            let label =
+                unsafe { bytes(o.pSourceData.cast_const().cast::<u8>(), o.ulSourceDataLen) }?;
+            DecryptParams::Oaep {
+                hash: o.hashAlg,
+                mgf: o.mgf,
+                label: label.to_vec(),
+            }
+        }
+        _ if p.is_empty() => DecryptParams::None,
+        _ => return Err(CKR_MECHANISM_PARAM_INVALID),
+    };
+    Ok((m.mechanism, dp))
+}
+
 /// # Safety
 /// As [`params`].
 unsafe fn crypt_init(
@@ -93,20 +131,57 @@ unsafe fn crypt_init(
 ) -> Rv {
     guard(|| {
         let (m, s) = session(h)?;
-        // SAFETY: passed on from the caller's contract.
-        let p = unsafe { params(mech, op) }?;
-        let cap = if op == Op::Encrypt { 0 } else { 1 };
-        let k = m.key(key, cap)?;
-        let mut g = lock(&s);
-        let slot = if op == Op::Encrypt {
-            &mut g.enc
+        // SAFETY: the caller's CK_MECHANISM (contract).
+        let which = unsafe { read(mech) }?.mechanism;
+        let new = if op == Op::Decrypt && crate::asym::is_decrypt_mech(which) {
+            // SAFETY: passed on from the caller's contract.
+            let (mt, p) = unsafe { rsa_params(mech) }?;
+            let k = m.key(key, cap::DECRYPT)?;
+            Some(DecOp::Rsa(AsymDecrypt::new(mt, p, k.vault_id, k.kind)?))
         } else {
-            &mut g.dec
+            None
         };
-        if slot.is_some() {
+        let mut g = lock(&s);
+        if op == Op::Decrypt {
+            if g.dec.is_some() {
+                return Err(CKR_OPERATION_ACTIVE);
+            }
+            if let Some(d) = new {
+                g.dec = Some(d);
+                return Ok(());
+            }
+        } else if g.enc.is_some() {
             return Err(CKR_OPERATION_ACTIVE);
         }
-        *slot = Some(CryptOp::new(op, k.vault_id, p));
+        drop(g);
+        // SAFETY: passed on from the caller's contract.
+        let p = unsafe { params(mech, op) }?;
+        let k = m.key(
+            key,
+            if op == Op::Encrypt {
+                cap::ENCRYPT
+            } else {
+                cap::DECRYPT
+            },
+        )?;
+        if k.class != CKO_SECRET_KEY {
+            return Err(CKR_KEY_TYPE_INCONSISTENT);
+        }
+        let c = CryptOp::new(op, k.vault_id, p);
+        let mut g = lock(&s);
+        let slot_busy = if op == Op::Encrypt {
+            g.enc.is_some()
+        } else {
+            g.dec.is_some()
+        };
+        if slot_busy {
+            return Err(CKR_OPERATION_ACTIVE);
+        }
+        if op == Op::Encrypt {
+            g.enc = Some(c);
+        } else {
+            g.dec = Some(DecOp::Aes(c));
+        }
         Ok(())
     })
 }
@@ -116,6 +191,116 @@ enum Part {
     Single,
     Update,
     Final,
+}
+
+/// An operation that turns input into output by parts.
+trait Parts: Clone {
+    fn bound(&self, part: Part, n: usize) -> usize;
+    fn step(
+        &mut self,
+        m: &Module,
+        part: Part,
+        data: &[u8],
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv>;
+}
+
+impl Parts for CryptOp {
+    fn bound(&self, part: Part, n: usize) -> usize {
+        match part {
+            Part::Single => self.single_bound(n),
+            Part::Update => self.update_bound(n),
+            Part::Final => self.final_bound(),
+        }
+    }
+    fn step(
+        &mut self,
+        m: &Module,
+        part: Part,
+        data: &[u8],
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
+        let r = match part {
+            Part::Single => self.single(m, data),
+            Part::Update => self.update(m, data),
+            Part::Final => self.finish(m),
+        };
+        r.map(zeroize::Zeroizing::new)
+    }
+}
+
+impl Parts for AsymDecrypt {
+    fn bound(&self, part: Part, _n: usize) -> usize {
+        if part == Part::Update {
+            0
+        } else {
+            self.k
+        }
+    }
+    fn step(
+        &mut self,
+        m: &Module,
+        part: Part,
+        data: &[u8],
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
+        match part {
+            Part::Update => {
+                self.update(data)?;
+                Ok(zeroize::Zeroizing::new(Vec::new()))
+            }
+            Part::Single | Part::Final => self.decrypt(m, data),
+        }
+    }
+}
+
+/// One part of an operation: returns the answer and, when the held state
+/// changes, the new state (`Some(None)`: the operation ends). A length
+/// query or a short output buffer leaves it as it was (PKCS#11); an update
+/// keeps the advanced state; a finished operation or any other error ends it.
+///
+/// # Safety
+/// `input` holds `in_len` bytes; `outp` is NULL or holds `*out_len`
+/// writable bytes; `out_len` is a writable `CK_ULONG`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_part<T: Parts>(
+    m: &Module,
+    cur: &T,
+    part: Part,
+    input: *const u8,
+    in_len: CK_ULONG,
+    outp: *mut u8,
+    out_len: *mut CK_ULONG,
+) -> (Result<(), Rv>, Option<Option<T>>) {
+    if out_len.is_null() || !out_len.is_aligned() {
+        return (Err(CKR_ARGUMENTS_BAD), Some(None));
+    }
+    // SAFETY: the input the caller passed (contract); it is no longer used
+    // once the output is written (the two may be the same buffer).
+    let data = match unsafe { bytes(input, in_len) } {
+        Ok(d) => d,
+        Err(e) => return (Err(e), Some(None)),
+    };
+    if outp.is_null() {
+        // SAFETY: checked non-NULL and aligned above.
+        unsafe { *out_len = cur.bound(part, data.len()) as CK_ULONG };
+        return (Ok(()), None);
+    }
+    let mut next = cur.clone();
+    let produced = match next.step(m, part, data) {
+        Ok(v) => v,
+        Err(e) => return (Err(e), Some(None)),
+    };
+    // SAFETY: `outp` holds `*out_len` writable bytes (contract).
+    match unsafe { give(outp, out_len, &produced) } {
+        // A short buffer (or a misaligned one): the operation stays as it was.
+        Err(e) => (Err(e), None),
+        Ok(()) => (
+            Ok(()),
+            Some(if part == Part::Update {
+                Some(next)
+            } else {
+                None
+            }),
+        ),
+    }
 }
 
 /// The shared body of `C_Encrypt*` and `C_Decrypt*`.
@@ -135,56 +320,31 @@ unsafe fn crypt(
     guard(|| {
         let (m, s) = session(h)?;
         let mut g = lock(&s);
-        let slot = if op == Op::Encrypt {
-            &mut g.enc
-        } else {
-            &mut g.dec
-        };
-        let cur = slot.as_ref().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
-        if out_len.is_null() || !out_len.is_aligned() {
-            *slot = None;
-            return Err(CKR_ARGUMENTS_BAD);
+        if op == Op::Encrypt {
+            let cur = g.enc.as_ref().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
+            // SAFETY: passed on from the caller's contract.
+            let (r, next) = unsafe { run_part(&m, cur, part, input, in_len, outp, out_len) };
+            if let Some(n) = next {
+                g.enc = n;
+            }
+            return r;
         }
-        // SAFETY: the input the caller passed (contract); it is no longer
-        // used once the output is written (the two may be the same buffer).
-        let data = match unsafe { bytes(input, in_len) } {
-            Ok(d) => d,
-            Err(e) => {
-                *slot = None;
-                return Err(e);
+        let (r, next) = match g.dec.as_ref().ok_or(CKR_OPERATION_NOT_INITIALIZED)? {
+            DecOp::Aes(cur) => {
+                // SAFETY: passed on from the caller's contract.
+                let (r, n) = unsafe { run_part(&m, cur, part, input, in_len, outp, out_len) };
+                (r, n.map(|o| o.map(DecOp::Aes)))
+            }
+            DecOp::Rsa(cur) => {
+                // SAFETY: passed on from the caller's contract.
+                let (r, n) = unsafe { run_part(&m, cur, part, input, in_len, outp, out_len) };
+                (r, n.map(|o| o.map(DecOp::Rsa)))
             }
         };
-        if outp.is_null() {
-            let bound = match part {
-                Part::Single => cur.single_bound(data.len()),
-                Part::Update => cur.update_bound(data.len()),
-                Part::Final => cur.final_bound(),
-            };
-            // SAFETY: checked non-NULL and aligned above.
-            unsafe { *out_len = bound as CK_ULONG };
-            return Ok(());
+        if let Some(n) = next {
+            g.dec = n;
         }
-        let mut next = cur.clone();
-        let r = match part {
-            Part::Single => next.single(&*m, data),
-            Part::Update => next.update(&*m, data),
-            Part::Final => next.finish(&*m),
-        };
-        let produced = match r {
-            Ok(v) => zeroize::Zeroizing::new(v),
-            Err(e) => {
-                *slot = None;
-                return Err(e);
-            }
-        };
-        // SAFETY: `outp` holds `*out_len` writable bytes (contract).
-        unsafe { give(outp, out_len, &produced) }?;
-        *slot = if part == Part::Update {
-            Some(next)
-        } else {
-            None
-        };
-        Ok(())
+        r
     })
 }
 

@@ -47,6 +47,9 @@ pub unsafe extern "C" fn C_Initialize(args: *mut c_void) -> CK_RV {
             None => {}
         }
         *g = Some(Arc::new(Module::new()));
+        if std::env::var_os("MEMVEIL_PKCS11_PANIC_TEST").is_some_and(|v| v == "1") {
+            PANIC_TEST.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     })
 }
@@ -57,6 +60,7 @@ pub unsafe extern "C" fn C_Initialize(args: *mut c_void) -> CK_RV {
 /// None beyond PKCS#11's: `reserved` must be NULL.
 #[no_mangle]
 pub unsafe extern "C" fn C_Finalize(reserved: *mut c_void) -> CK_RV {
+    PANIC_TEST.store(false, std::sync::atomic::Ordering::Relaxed);
     guard(|| {
         if !reserved.is_null() {
             return Err(CKR_ARGUMENTS_BAD);

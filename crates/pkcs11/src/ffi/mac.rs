@@ -3,6 +3,9 @@
 use cryptoki_sys::*;
 
 use super::*;
+use crate::asym::{AsymSign, SignParams};
+use crate::core::SignOp;
+use crate::object::cap;
 
 /// # Safety
 /// `mech` as PKCS#11 states.
@@ -16,19 +19,65 @@ unsafe fn mac_init(
         let (m, s) = session(h)?;
         // SAFETY: the caller's CK_MECHANISM.
         let mm = unsafe { read(mech) }?;
+        let want = if sign { cap::SIGN } else { cap::VERIFY };
+        if crate::asym::is_sign_mech(mm.mechanism) {
+            // SAFETY: the parameter's bytes (contract).
+            let p = unsafe { bytes(mm.pParameter.cast_const().cast::<u8>(), mm.ulParameterLen) }?;
+            let params = if p.is_empty() {
+                SignParams::None
+            } else if p.len() == std::mem::size_of::<CK_RSA_PKCS_PSS_PARAMS>() {
+                // SAFETY: `p` holds a whole CK_RSA_PKCS_PSS_PARAMS (length checked).
+                let pss = unsafe { read(p.as_ptr().cast::<CK_RSA_PKCS_PSS_PARAMS>()) }?;
+                SignParams::Pss {
+                    hash: pss.hashAlg,
+                    mgf: pss.mgf,
+                    salt: pss.sLen,
+                }
+            } else if mm.mechanism == CKM_EDDSA && p.len() == std::mem::size_of::<CK_EDDSA_PARAMS>()
+            {
+                // SAFETY: `p` holds a whole CK_EDDSA_PARAMS (length checked).
+                let e = unsafe { read(p.as_ptr().cast::<CK_EDDSA_PARAMS>()) }?;
+                // Pure Ed25519 only: no prehash, no context.
+                if e.phFlag != 0 || e.ulContextDataLen != 0 {
+                    return Err(CKR_MECHANISM_PARAM_INVALID);
+                }
+                SignParams::None
+            } else {
+                return Err(CKR_MECHANISM_PARAM_INVALID);
+            };
+            // Verification runs in the caller's own library with the public
+            // key it reads; the public key objects here say CKA_VERIFY false.
+            let k = m.key(key, want)?;
+            let op = AsymSign::new(mm.mechanism, params, k.vault_id, k.kind)?;
+            let mut g = lock(&s);
+            if g.sign.is_some() {
+                return Err(CKR_OPERATION_ACTIVE);
+            }
+            g.sign = Some(SignOp::Asym(op));
+            return Ok(());
+        }
         if mm.mechanism != CKM_AES_CMAC {
             return Err(CKR_MECHANISM_INVALID);
         }
         if mm.ulParameterLen != 0 {
             return Err(CKR_MECHANISM_PARAM_INVALID);
         }
-        let k = m.key(key, if sign { 2 } else { 3 })?;
-        let mut g = lock(&s);
-        let slot = if sign { &mut g.sign } else { &mut g.verify };
-        if slot.is_some() {
-            return Err(CKR_OPERATION_ACTIVE);
+        let k = m.key(key, want)?;
+        if k.class != CKO_SECRET_KEY {
+            return Err(CKR_KEY_TYPE_INCONSISTENT);
         }
-        *slot = Some(MacOp::new(k.vault_id));
+        let mut g = lock(&s);
+        if sign {
+            if g.sign.is_some() {
+                return Err(CKR_OPERATION_ACTIVE);
+            }
+            g.sign = Some(SignOp::Cmac(MacOp::new(k.vault_id)));
+        } else {
+            if g.verify.is_some() {
+                return Err(CKR_OPERATION_ACTIVE);
+            }
+            g.verify = Some(MacOp::new(k.vault_id));
+        }
         Ok(())
     })
 }
@@ -39,19 +88,33 @@ unsafe fn mac_update(h: CK_SESSION_HANDLE, d: *const u8, dl: CK_ULONG, sign: boo
     guard(|| {
         let (_, s) = session(h)?;
         let mut g = lock(&s);
-        let slot = if sign { &mut g.sign } else { &mut g.verify };
-        let op = slot.as_mut().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
         // SAFETY: the caller's part (contract).
-        match unsafe { bytes(d, dl) } {
-            Ok(part) => {
-                op.update(part);
+        let part = unsafe { bytes(d, dl) };
+        if !sign {
+            let op = g.verify.as_mut().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
+            return match part {
+                Ok(p) => {
+                    op.update(p);
+                    Ok(())
+                }
+                Err(e) => {
+                    g.verify = None;
+                    Err(e)
+                }
+            };
+        }
+        let op = g.sign.as_mut().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
+        let r = part.and_then(|p| match op {
+            SignOp::Cmac(c) => {
+                c.update(p);
                 Ok(())
             }
-            Err(e) => {
-                *slot = None;
-                Err(e)
-            }
+            SignOp::Asym(a) => a.update(p),
+        });
+        if r.is_err() {
+            g.sign = None;
         }
+        r
     })
 }
 
@@ -73,12 +136,21 @@ unsafe fn sign(
             return Err(CKR_ARGUMENTS_BAD);
         }
         if sig.is_null() {
+            let n = match op {
+                SignOp::Cmac(_) => 16,
+                SignOp::Asym(a) => a.sig_len,
+            };
             // SAFETY: checked non-NULL and aligned.
-            unsafe { *sl = 16 };
+            unsafe { *sl = n as CK_ULONG };
             return Ok(());
         }
         // SAFETY: the caller's data (contract).
-        let r = unsafe { bytes(d, dl) }.and_then(|data| op.sign(&*m, data));
+        let r = unsafe { bytes(d, dl) }.and_then(|data| match op {
+            SignOp::Cmac(c) => c
+                .sign(&*m, data)
+                .map(|t| zeroize::Zeroizing::new(t.to_vec())),
+            SignOp::Asym(a) => a.sign(&*m, data),
+        });
         let tag = match r {
             Ok(t) => t,
             Err(e) => {

@@ -39,10 +39,25 @@ pub use slots::*;
 
 static MODULE: RwLock<Option<Arc<Module>>> = RwLock::new(None);
 
+/// Set by `C_Initialize` when `MEMVEIL_PKCS11_PANIC_TEST=1` is in the
+/// environment: every entry point then panics inside its guard (the test
+/// that a panic becomes `CKR_GENERAL_ERROR` and the host lives on);
+/// `C_Finalize` clears it.
+pub(crate) static PANIC_TEST: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Runs an entry point's body; a panic is caught and answered with
-/// `CKR_GENERAL_ERROR` (where the build unwinds; see docs/pkcs11.md).
+/// `CKR_GENERAL_ERROR`: the library is built to unwind (the workspace's
+/// release profile), so no panic aborts the host.
 pub(crate) fn guard(f: impl FnOnce() -> Result<(), Rv>) -> CK_RV {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    let body = || {
+        assert!(
+            !PANIC_TEST.load(std::sync::atomic::Ordering::Relaxed),
+            "memveil-pkcs11: a panic forced by MEMVEIL_PKCS11_PANIC_TEST"
+        );
+        f()
+    };
+    match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CKR_OK,
         Ok(Err(rv)) => rv,
         Err(_) => CKR_GENERAL_ERROR,
@@ -181,7 +196,7 @@ pub(crate) fn pad<const N: usize>(s: &str) -> [u8; N] {
     a
 }
 
-pub(crate) const MECHS: [CK_MECHANISM_TYPE; 7] = [
+pub(crate) const MECHS: [CK_MECHANISM_TYPE; 32] = [
     CKM_AES_KEY_GEN,
     CKM_AES_ECB,
     CKM_AES_CBC,
@@ -189,6 +204,31 @@ pub(crate) const MECHS: [CK_MECHANISM_TYPE; 7] = [
     CKM_AES_CTR,
     CKM_AES_GCM,
     CKM_AES_CMAC,
+    CKM_RSA_PKCS_KEY_PAIR_GEN,
+    CKM_EC_KEY_PAIR_GEN,
+    CKM_EC_EDWARDS_KEY_PAIR_GEN,
+    CKM_RSA_PKCS,
+    CKM_RSA_X_509,
+    CKM_RSA_PKCS_PSS,
+    CKM_RSA_PKCS_OAEP,
+    CKM_SHA1_RSA_PKCS,
+    CKM_SHA224_RSA_PKCS,
+    CKM_SHA256_RSA_PKCS,
+    CKM_SHA384_RSA_PKCS,
+    CKM_SHA512_RSA_PKCS,
+    CKM_SHA1_RSA_PKCS_PSS,
+    CKM_SHA224_RSA_PKCS_PSS,
+    CKM_SHA256_RSA_PKCS_PSS,
+    CKM_SHA384_RSA_PKCS_PSS,
+    CKM_SHA512_RSA_PKCS_PSS,
+    CKM_ECDSA,
+    CKM_ECDSA_SHA1,
+    CKM_ECDSA_SHA224,
+    CKM_ECDSA_SHA256,
+    CKM_ECDSA_SHA384,
+    CKM_ECDSA_SHA512,
+    CKM_EDDSA,
+    CKM_ECDH1_DERIVE,
 ];
 
 pub(crate) fn version() -> CK_VERSION {

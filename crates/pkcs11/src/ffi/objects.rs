@@ -4,8 +4,10 @@ use cryptoki_sys::*;
 
 use super::*;
 
-/// `C_CreateObject`: imports an AES key into the vault. The key bytes go
-/// from the caller's template straight to the vault's socket.
+/// `C_CreateObject`: imports an AES key (its bytes go from the caller's
+/// template straight to the vault's socket), a private key (its components
+/// copied once into memory wiped after the import) or a certificate into
+/// the vault.
 ///
 /// # Safety
 /// `t` holds `n` attributes; `ph` is NULL or a writable handle.
@@ -18,8 +20,27 @@ pub unsafe extern "C" fn C_CreateObject(
 ) -> CK_RV {
     guard(|| {
         let (m, _) = session(h)?;
-        // SAFETY: passed on from the caller's contract.
-        unsafe { create(&m, h, t, n, ph, true) }
+        // SAFETY: the caller's template of `n` attributes (contract).
+        let attrs = unsafe { template(t, n) }?;
+        let class = attrs
+            .iter()
+            .find(|(ty, _)| *ty == CKA_CLASS)
+            .and_then(|(_, v)| <[u8; std::mem::size_of::<CK_ULONG>()]>::try_from(*v).ok())
+            .map(CK_ULONG::from_ne_bytes);
+        match class {
+            Some(c @ (CKO_PRIVATE_KEY | CKO_CERTIFICATE)) => {
+                // SAFETY: checked by `out`.
+                let p = unsafe { out(ph) }?;
+                let i = crate::asym::check_import(c, &attrs)?;
+                *p = m.import(h, &i)?;
+                Ok(())
+            }
+            // Public keys come with their private key (C_GenerateKeyPair,
+            // or a private key's import).
+            Some(CKO_PUBLIC_KEY) => Err(CKR_ATTRIBUTE_VALUE_INVALID),
+            // SAFETY: passed on from the caller's contract.
+            _ => unsafe { create(&m, h, t, n, ph, true) },
+        }
     })
 }
 

@@ -137,19 +137,43 @@ pub unsafe extern "C" fn C_GetMechanismInfo(
 ) -> CK_RV {
     guard(|| {
         check_slot(slot)?;
-        let flags = match ty {
-            CKM_AES_KEY_GEN => CKF_GENERATE,
+        // Key sizes: bytes for AES, bits for RSA and EC (PKCS#11's units).
+        let ec = CKF_EC_F_P | CKF_EC_NAMEDCURVE | CKF_EC_UNCOMPRESS;
+        let (flags, min, max) = match ty {
+            CKM_AES_KEY_GEN => (CKF_GENERATE, 16, 32),
             CKM_AES_ECB | CKM_AES_CBC | CKM_AES_CBC_PAD | CKM_AES_CTR | CKM_AES_GCM => {
-                CKF_ENCRYPT | CKF_DECRYPT
+                (CKF_ENCRYPT | CKF_DECRYPT, 16, 32)
             }
-            CKM_AES_CMAC => CKF_SIGN | CKF_VERIFY,
+            CKM_AES_CMAC => (CKF_SIGN | CKF_VERIFY, 16, 32),
+            CKM_RSA_PKCS_KEY_PAIR_GEN => (CKF_GENERATE_KEY_PAIR, 2048, 4096),
+            CKM_RSA_PKCS | CKM_RSA_X_509 => (CKF_SIGN | CKF_DECRYPT, 2048, 4096),
+            CKM_RSA_PKCS_OAEP => (CKF_DECRYPT, 2048, 4096),
+            CKM_EC_KEY_PAIR_GEN => (CKF_GENERATE_KEY_PAIR | ec, 256, 384),
+            CKM_ECDH1_DERIVE => (CKF_DERIVE | ec, 256, 384),
+            CKM_EC_EDWARDS_KEY_PAIR_GEN => (CKF_GENERATE_KEY_PAIR, 255, 255),
+            CKM_EDDSA => (CKF_SIGN, 255, 255),
+            m if crate::asym::is_sign_mech(m) && MECHS.contains(&m) => {
+                if matches!(
+                    m,
+                    CKM_ECDSA
+                        | CKM_ECDSA_SHA1
+                        | CKM_ECDSA_SHA224
+                        | CKM_ECDSA_SHA256
+                        | CKM_ECDSA_SHA384
+                        | CKM_ECDSA_SHA512
+                ) {
+                    (CKF_SIGN | ec, 256, 384)
+                } else {
+                    (CKF_SIGN, 2048, 4096)
+                }
+            }
             _ => return Err(CKR_MECHANISM_INVALID),
         };
         // SAFETY: checked by `out`.
         let i = unsafe { out(info) }?;
         *i = CK_MECHANISM_INFO {
-            ulMinKeySize: 16,
-            ulMaxKeySize: 32,
+            ulMinKeySize: min,
+            ulMaxKeySize: max,
             flags,
         };
         Ok(())
