@@ -21,6 +21,7 @@ pub mod shield;
 mod shield_suite;
 pub mod timing;
 pub mod vault;
+pub mod vault_tls;
 pub mod workloads;
 
 pub use report::{write_report, Figure, Plot, Section, Series};
