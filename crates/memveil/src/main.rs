@@ -27,6 +27,8 @@ enum Command {
     /// Host key table (TME-MK's KeyIDs), held by the vault: program, clear, status.
     #[command(long_about = cmd::key::ABOUT)]
     Key(cmd::key::Args),
+    /// SSH agent whose keys live in the vault (ssh-add, ssh, ssh-keygen -Y sign).
+    Agent(cmd::agent::Args),
     /// Encrypted disk: an aes-xts-plain64 image whose key stays in the vault, as a FUSE file and loop device.
     Disk(cmd::disk::Args),
     /// Find AES key schedules (or a byte pattern) in a process, core file or memory image.
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Rng(a) => cmd::rng::run(a),
         Command::Vault(a) => cmd::vault::run(a),
         Command::Key(a) => cmd::key::run(a),
+        Command::Agent(a) => cmd::agent::run(a),
         Command::Disk(a) => cmd::disk::run(a),
         Command::Keyfind(a) => cmd::keyfind::run(a),
         Command::Run(a) => cmd::run::run(a),

@@ -411,7 +411,13 @@ impl Module {
                     continue;
                 }
                 let public = self.public_of(&k)?;
-                let (label, id) = parse_name(&k.name, k.kind);
+                let (label, mut id) = parse_name(&k.name, k.kind);
+                if id.is_empty() {
+                    id = public
+                        .as_deref()
+                        .map(crate::object::default_id)
+                        .unwrap_or_default();
+                }
                 let o = Obj {
                     vault_id: k.id,
                     name: k.name.clone(),
@@ -570,11 +576,17 @@ impl Module {
         want: [bool; 5],
     ) -> Result<Vec<CK_OBJECT_HANDLE>, Rv> {
         let public = self.public_of(info)?;
-        let (label, id) = if token {
+        let (label, mut id) = if token {
             parse_name(&info.name, info.kind)
         } else {
             (label.to_vec(), id.to_vec())
         };
+        if id.is_empty() {
+            id = public
+                .as_deref()
+                .map(crate::object::default_id)
+                .unwrap_or_default();
+        }
         let mut handles = Vec::new();
         for &class in Self::classes(info.kind) {
             let mut caps = self.caps_of(info, class);

@@ -258,6 +258,21 @@ impl Obj {
     }
 }
 
+/// The `CKA_ID` of a key pair whose vault name carries none: SHA-1 of the
+/// public modulus, EC point or Ed25519 key (OpenSC's convention). Clients
+/// such as OpenSSH find a private key by the id of its public key; without
+/// one, every key pair would share the empty id.
+#[must_use]
+pub fn default_id(p: &PublicParts) -> Vec<u8> {
+    use memveil_asym::{hash::digest, Hash};
+    match p {
+        PublicParts::Key(Public::Rsa { n, .. }) => digest(Hash::Sha1, n),
+        PublicParts::Key(Public::Ec { point, .. }) => digest(Hash::Sha1, point),
+        PublicParts::Key(Public::Ed25519(pk)) => digest(Hash::Sha1, pk),
+        PublicParts::Cert(_) => Vec::new(),
+    }
+}
+
 /// The vault name of a token object with `label` and `id`:
 /// `label` alone, or `label..hex(id)` (`..` cannot appear in a label).
 ///

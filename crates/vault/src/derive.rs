@@ -31,37 +31,38 @@ pub(crate) fn derive(
             format!("ECDH derives aes128 or aes256 keys, not {kind}"),
         ));
     }
-    let version =
-        {
-            let t = sh.keys.read().unwrap_or_else(PoisonError::into_inner);
-            match t.get(base) {
-                Some(k)
-                    if k.allows(uid, perm::DECRYPT)
-                        && matches!(k.kind, KeyKind::P256 | KeyKind::P384) =>
-                {
-                    k.version(0).cloned()
-                }
-                Some(k) if k.allows(uid, perm::DECRYPT) => {
-                    return Err(err(
-                        ErrorCode::Invalid,
-                        format!("ECDH needs a p256 or p384 key; {base:?} is {}", k.kind),
-                    ))
-                }
-                Some(k) if k.visible_to(uid) => return Err(err(
+    let version = {
+        let t = sh.keys.read().unwrap_or_else(PoisonError::into_inner);
+        match t.get(base) {
+            Some(k)
+                if k.allows(uid, perm::DECRYPT)
+                    && matches!(k.kind, KeyKind::P256 | KeyKind::P384) =>
+            {
+                k.version(0).cloned()
+            }
+            Some(k) if k.allows(uid, perm::DECRYPT) => {
+                return Err(err(
+                    ErrorCode::Invalid,
+                    format!("ECDH needs a p256 or p384 key; {base:?} is {}", k.kind),
+                ))
+            }
+            Some(k) if k.visible_to(uid) => {
+                return Err(err(
                     ErrorCode::Denied,
                     format!(
                         "uid {uid} lacks the d permission on {base:?} (ECDH derivation needs it)"
                     ),
-                )),
-                _ => None,
+                ))
             }
+            _ => None,
         }
-        .ok_or_else(|| {
-            err(
-                ErrorCode::NotFound,
-                format!("no key {base:?} visible to uid {uid}"),
-            )
-        })?;
+    }
+    .ok_or_else(|| {
+        err(
+            ErrorCode::NotFound,
+            format!("no key {base:?} visible to uid {uid}"),
+        )
+    })?;
     let secmem = |e: memveil_secmem::SecmemError| {
         err(
             ErrorCode::Internal,
