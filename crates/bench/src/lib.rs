@@ -9,6 +9,7 @@
 //! The report is written as `report.md` (with SVG plots beside it) and
 //! `report.json` (one record per figure, stable ids) into a folder.
 
+mod agent;
 pub mod cipher;
 pub mod disk;
 pub mod engine;
