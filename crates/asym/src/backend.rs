@@ -333,44 +333,13 @@ impl Rsa {
         }
     }
 
-    fn raw(&self, input: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
-        if input.len() != self.k {
-            return Err(AsymError::BadInput(
-                "raw RSA takes exactly the modulus' bytes",
-            ));
-        }
+    /// The private operation over `input` with aws-lc's `padding`
+    /// (`RSA_NO_PADDING`: raw; `RSA_PKCS1_PADDING`: block type 1); `out`
+    /// holds k bytes (checked by the caller). aws-lc checks the input is
+    /// below the modulus and runs the blinded, constant-time operation.
+    fn private(&self, input: &[u8], out: &mut [u8], padding: c_int) -> Option<usize> {
         let mut n = 0usize;
-        // SAFETY: live key; `out` holds k bytes (checked by the caller);
-        // `input` is k readable bytes. aws-lc checks input < n and runs the
-        // blinded, constant-time private operation.
-        let ok = unsafe {
-            sys::RSA_decrypt(
-                self.rsa.as_ptr(),
-                &mut n,
-                out.as_mut_ptr(),
-                out.len(),
-                input.as_ptr(),
-                input.len(),
-                sys::RSA_NO_PADDING,
-            )
-        };
-        if ok == 1 {
-            Ok(n)
-        } else {
-            Err(AsymError::Rejected(
-                backend_error("raw RSA (input not below the modulus?)").to_string(),
-            ))
-        }
-    }
-
-    fn sign_pkcs1(&self, input: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
-        if input.len() + 11 > self.k {
-            return Err(AsymError::BadInput(
-                "PKCS#1 v1.5 input longer than k - 11 bytes",
-            ));
-        }
-        let mut n = 0usize;
-        // SAFETY: live key; `out` holds k bytes; `input` is readable.
+        // SAFETY: live key; `out` holds k writable bytes; `input` is readable.
         let ok = unsafe {
             sys::RSA_sign_raw(
                 self.rsa.as_ptr(),
@@ -379,14 +348,34 @@ impl Rsa {
                 out.len(),
                 input.as_ptr(),
                 input.len(),
-                sys::RSA_PKCS1_PADDING,
+                padding,
             )
         };
-        if ok == 1 {
-            Ok(n)
-        } else {
-            Err(backend_error("RSA PKCS#1 v1.5 signature"))
+        (ok == 1).then_some(n)
+    }
+
+    fn raw(&self, input: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
+        if input.len() != self.k {
+            return Err(AsymError::BadInput(
+                "raw RSA takes exactly the modulus' bytes",
+            ));
         }
+        self.private(input, out, sys::RSA_NO_PADDING)
+            .ok_or_else(|| {
+                AsymError::Rejected(
+                    backend_error("raw RSA (input not below the modulus?)").to_string(),
+                )
+            })
+    }
+
+    fn sign_pkcs1(&self, input: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
+        if input.len() + 11 > self.k {
+            return Err(AsymError::BadInput(
+                "PKCS#1 v1.5 input longer than k - 11 bytes",
+            ));
+        }
+        self.private(input, out, sys::RSA_PKCS1_PADDING)
+            .ok_or_else(|| backend_error("RSA PKCS#1 v1.5 signature"))
     }
 
     fn sign_pss(

@@ -285,45 +285,25 @@ impl VaultTls {
     /// The last lines of nginx's error log.
     #[must_use]
     pub fn error_log(&self) -> String {
-        let s = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(5)..].join(" | ")
+        crate::nginx::error_log_in(&self.dir)
     }
 
     /// The master's pid.
     #[must_use]
     pub fn master_pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.dir.join("nginx.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        crate::nginx::master_pid_in(&self.dir)
     }
 
     /// The workers' pids.
     #[must_use]
     pub fn worker_pids(&self) -> Vec<u32> {
-        let Some(m) = self.master_pid() else {
-            return Vec::new();
-        };
-        std::fs::read_to_string(format!("/proc/{m}/task/{m}/children"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
+        crate::nginx::worker_pids_in(&self.dir)
     }
 
-    /// Stops nginx (SIGTERM to the master) and reaps it.
+    /// Stops nginx (SIGTERM to the master) and reaps it; removes the pid
+    /// file so the next start does not read a dead master's pid.
     pub fn stop(&self, child: &mut Child) {
-        if let Some(pid) = self.master_pid() {
-            let _ = memveil_sys::process::send_signal(pid, libc::SIGTERM);
-        } else {
-            let _ = child.kill();
-        }
-        if !crate::shield::exited_within(child, Duration::from_secs(20)) {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::nginx::stop_in(&self.dir, child);
         let _ = std::fs::remove_file(self.dir.join("nginx.pid"));
     }
 

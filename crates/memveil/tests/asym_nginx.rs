@@ -15,8 +15,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::uid_of;
 use memveil_bench::vault_tls::{VaultTls, ENGINE};
 use memveil_testkit::{skip, Need};
+
+mod common;
 
 fn memveil() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_memveil"))
@@ -24,19 +27,7 @@ fn memveil() -> PathBuf {
 
 /// Secrets `memveil keyfind` finds in a `gcore` of `pid`.
 fn secrets_in_core(dir: &Path, pid: u32, keys: &[&Path]) -> usize {
-    let prefix = dir.join("core");
-    let g = Command::new("gcore")
-        .arg("-o")
-        .arg(&prefix)
-        .arg(pid.to_string())
-        .output()
-        .expect("gcore");
-    let core = PathBuf::from(format!("{}.{pid}", prefix.display()));
-    assert!(
-        core.exists(),
-        "gcore of {pid} wrote nothing: {}",
-        String::from_utf8_lossy(&g.stderr)
-    );
+    let core = common::gcore(dir, pid);
     let mut k = Command::new(memveil());
     k.args(["keyfind", "--core"]).arg(&core);
     for key in keys {
@@ -51,17 +42,6 @@ fn secrets_in_core(dir: &Path, pid: u32, keys: &[&Path]) -> usize {
         String::from_utf8_lossy(&out.stderr)
     );
     text.lines().filter(|l| l.starts_with("secret at")).count()
-}
-
-fn uid_of(pid: u32) -> Option<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with("Uid:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 #[test]

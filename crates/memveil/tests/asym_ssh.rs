@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::{gcore, is_root};
 use memveil_testkit::{skip, Need};
+
+mod common;
 
 fn memveil() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_memveil"))
@@ -67,13 +70,6 @@ fn ok(cmd: &mut Command, what: &str) -> String {
     );
     assert!(out.status.success(), "{what}: {text}");
     text
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    })
 }
 
 fn keygen(dir: &Path, t: &str, name: &str) -> PathBuf {
@@ -179,23 +175,6 @@ fn heap_of(pid: u32) -> (u64, u64) {
             ))
         })
         .expect("a [heap] mapping")
-}
-
-fn gcore(dir: &Path, pid: u32) -> PathBuf {
-    let prefix = dir.join("core");
-    let g = Command::new("gcore")
-        .arg("-o")
-        .arg(&prefix)
-        .arg(pid.to_string())
-        .output()
-        .expect("gcore");
-    let core = PathBuf::from(format!("{}.{pid}", prefix.display()));
-    assert!(
-        core.exists(),
-        "gcore: {}",
-        String::from_utf8_lossy(&g.stderr)
-    );
-    core
 }
 
 #[test]

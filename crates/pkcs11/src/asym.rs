@@ -16,6 +16,7 @@ use memveil_vault::proto::{KeyKind, Mode};
 use memveil_vault::ring::{status, AsymParams, Op};
 use zeroize::Zeroizing;
 
+use crate::core::{as_bool, as_ulong};
 use crate::mech::{Failure, Rv};
 use crate::object::{ec_params, ED25519_PARAMS};
 
@@ -356,19 +357,6 @@ impl AsymDecrypt {
         be.run_asym(Op::Decrypt, self.key, self.mode, self.params, &input)
             .map_err(|f| map(f, CKR_ENCRYPTED_DATA_LEN_RANGE, CKR_ENCRYPTED_DATA_INVALID))
     }
-}
-
-fn as_bool(v: &[u8]) -> Result<bool, Rv> {
-    match v {
-        [b] => Ok(*b != 0),
-        _ => Err(CKR_ATTRIBUTE_VALUE_INVALID),
-    }
-}
-
-fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
-    let a: [u8; std::mem::size_of::<CK_ULONG>()] =
-        v.try_into().map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
-    Ok(CK_ULONG::from_ne_bytes(a))
 }
 
 /// The kind named by `CKA_EC_PARAMS` (an OID, or Ed25519's printable name).

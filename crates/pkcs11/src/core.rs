@@ -805,14 +805,14 @@ pub struct Template<'a> {
     pub caps: [bool; 4],
 }
 
-fn as_bool(v: &[u8]) -> Result<bool, Rv> {
+pub(crate) fn as_bool(v: &[u8]) -> Result<bool, Rv> {
     match v {
         [b] => Ok(*b != 0),
         _ => Err(CKR_ATTRIBUTE_VALUE_INVALID),
     }
 }
 
-fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
+pub(crate) fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
     let a: [u8; std::mem::size_of::<CK_ULONG>()] =
         v.try_into().map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
     Ok(CK_ULONG::from_ne_bytes(a))

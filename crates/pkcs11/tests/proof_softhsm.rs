@@ -32,7 +32,12 @@ struct Found {
 fn workload(exe: &Path, memveil: &Path, module: &Path, dir: &Path, env: &[(&str, &Path)]) -> Found {
     let report = dump_and_scan(
         exe,
-        &[module.as_os_str(), "1234".as_ref(), KEY.as_ref()],
+        &[
+            module.as_os_str(),
+            "1234".as_ref(),
+            "aes".as_ref(),
+            KEY.as_ref(),
+        ],
         env,
         memveil,
         &["--show-keys", "--pattern", KEY],
@@ -119,60 +124,65 @@ fn dump_and_scan(
     String::from_utf8_lossy(&k.stdout).into_owned()
 }
 
-#[test]
-fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
-    let Some(softhsm) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
-        skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
-        return;
-    };
-    for (tool, pkg) in [
-        ("gcore", "gdb"),
-        ("softhsm2-util", "softhsm2"),
-        ("cc", "build-essential"),
-    ] {
-        if Command::new(tool).arg("--help").output().is_err() {
-            skip(Need::Installed(pkg), format!("{tool} not on PATH"));
-            return;
-        }
-    }
-    let module = common::module_path();
-    let memveil = module.with_file_name("memveil");
-    if !memveil.exists() {
-        skip(
-            Need::Installed("target/release/memveil"),
-            "scripts/test.sh builds it (cargo build --release --workspace) before the tests",
-        );
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("memveil-p11-proof-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("tokens")).expect("dir");
-    let exe = dir.join("workload");
-    let cc = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/workload.c"))
-        .arg("-ldl")
-        .output()
-        .expect("cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+/// What both proofs need: SoftHSM2, this module, the memveil binary, a
+/// scratch directory with a SoftHSM2 token (`proof`, PIN 1234) and the
+/// compiled workload `name`; `None` after a skip line when one is missing.
+struct Setup {
+    softhsm: PathBuf,
+    module: PathBuf,
+    memveil: PathBuf,
+    dir: PathBuf,
+    conf: PathBuf,
+    exe: PathBuf,
+}
 
-    // SoftHSM2 in a private token directory.
-    let conf = dir.join("softhsm2.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
-            dir.join("tokens").display()
-        ),
-    )
-    .expect("conf");
-    let init = Command::new("softhsm2-util")
-        .args([
+impl Setup {
+    fn new(tag: &str, workload: &str) -> Option<Setup> {
+        let Some(softhsm) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
+            skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
+            return None;
+        };
+        for (tool, pkg) in [
+            ("gcore", "gdb"),
+            ("softhsm2-util", "softhsm2"),
+            ("openssl", "openssl"),
+        ] {
+            if Command::new(tool).arg("--help").output().is_err() {
+                skip(Need::Installed(pkg), format!("{tool} not on PATH"));
+                return None;
+            }
+        }
+        let module = common::module_path();
+        let memveil = module.with_file_name("memveil");
+        if !memveil.exists() {
+            skip(
+                Need::Installed("target/release/memveil"),
+                "scripts/test.sh builds it (cargo build --release --workspace) before the tests",
+            );
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("memveil-p11-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("tokens")).expect("dir");
+        let exe = common::compile_c(workload, &dir)?;
+        let conf = dir.join("softhsm2.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+                dir.join("tokens").display()
+            ),
+        )
+        .expect("conf");
+        let s = Setup {
+            softhsm,
+            module,
+            memveil,
+            dir,
+            conf,
+            exe,
+        };
+        s.softhsm2_util(&[
             "--init-token",
             "--free",
             "--label",
@@ -181,25 +191,42 @@ fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
             "1234",
             "--so-pin",
             "12345678",
-        ])
-        .env("SOFTHSM2_CONF", &conf)
-        .output()
-        .expect("softhsm2-util");
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
-    let hsm = workload(&exe, &memveil, &softhsm, &dir, &[("SOFTHSM2_CONF", &conf)]);
+        ]);
+        Some(s)
+    }
+
+    fn softhsm2_util(&self, args: &[&str]) {
+        let o = Command::new("softhsm2-util")
+            .args(args)
+            .env("SOFTHSM2_CONF", &self.conf)
+            .output()
+            .expect("softhsm2-util");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
+    let Some(p) = Setup::new("proof", "workload") else {
+        return;
+    };
+    let (exe, memveil, softhsm, module, dir, conf) =
+        (&p.exe, &p.memveil, &p.softhsm, &p.module, &p.dir, &p.conf);
+    let hsm = workload(exe, memveil, softhsm, dir, &[("SOFTHSM2_CONF", conf)]);
     let socket = common::vault().socket.clone();
     let mv = workload(
-        &exe,
-        &memveil,
-        &module,
-        &dir,
+        exe,
+        memveil,
+        module,
+        dir,
         &[("MEMVEIL_VAULT_SOCKET", &socket)],
     );
-    let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
         "SoftHSM2 client core: {} schedules, the key's {}; memveil client core: {} schedules, the key's {}",
         hsm.schedules,
@@ -226,56 +253,17 @@ fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
 
 /// The RSA side (issue 27): the same RSA-2048 key imported into SoftHSM2
 /// (`softhsm2-util --import`) and into the vault; a client
-/// (`tests/c/sign_workload.c`) starts a multi-part `CKM_SHA256_RSA_PKCS`
+/// (`tests/c/workload.c rsa`) starts a multi-part `CKM_SHA256_RSA_PKCS`
 /// signature with it and is dumped mid-operation; `memveil keyfind
 /// --private-key` looks for the primes and the private exponent in both
 /// byte orders. SoftHSM2 has the key in the client's heap (the positive
 /// control); memveil's module has none of it.
 #[test]
 fn the_rsa_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
-    let Some(softhsm) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
-        skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
+    let Some(p) = Setup::new("rsaproof", "workload") else {
         return;
     };
-    for (tool, pkg) in [
-        ("gcore", "gdb"),
-        ("softhsm2-util", "softhsm2"),
-        ("cc", "build-essential"),
-        ("openssl", "openssl"),
-    ] {
-        if Command::new(tool).arg("--help").output().is_err() {
-            skip(Need::Installed(pkg), format!("{tool} not on PATH"));
-            return;
-        }
-    }
-    let module = common::module_path();
-    let memveil = module.with_file_name("memveil");
-    if !memveil.exists() {
-        skip(
-            Need::Installed("target/release/memveil"),
-            "scripts/test.sh builds it (cargo build --release --workspace) before the tests",
-        );
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("memveil-p11-rsaproof-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("tokens")).expect("dir");
-    let exe = dir.join("sign_workload");
-    let cc = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/c/sign_workload.c"
-        ))
-        .arg("-ldl")
-        .output()
-        .expect("cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let (exe, memveil, softhsm, module, dir) = (&p.exe, &p.memveil, &p.softhsm, &p.module, &p.dir);
     let key = dir.join("key.pem");
     let g = Command::new("openssl")
         .args([
@@ -290,49 +278,21 @@ fn the_rsa_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
         .output()
         .expect("openssl");
     assert!(g.status.success());
-    let conf = dir.join("softhsm2.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
-            dir.join("tokens").display()
-        ),
-    )
-    .expect("conf");
     let label = common::label("rsaproof");
-    for args in [
-        vec![
-            "--init-token",
-            "--free",
-            "--label",
-            "proof",
-            "--pin",
-            "1234",
-            "--so-pin",
-            "12345678",
-        ],
-        vec![
-            "--import",
-            key.to_str().expect("utf8"),
-            "--token",
-            "proof",
-            "--label",
-            &label,
-            "--id",
-            "01",
-            "--pin",
-            "1234",
-        ],
-    ] {
-        let o = Command::new("softhsm2-util")
-            .args(&args)
-            .env("SOFTHSM2_CONF", &conf)
-            .output()
-            .expect("softhsm2-util");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
+    p.softhsm2_util(&[
+        "--import",
+        key.to_str().expect("utf8"),
+        "--token",
+        "proof",
+        "--label",
+        &label,
+        "--id",
+        "01",
+        "--pin",
+        "1234",
+    ]);
     let socket = common::vault().socket.clone();
-    let i = Command::new(&memveil)
+    let i = Command::new(memveil)
         .args(["vault", "import", &label, "--key-file"])
         .arg(&key)
         .env("MEMVEIL_VAULT_SOCKET", &socket)
@@ -341,22 +301,31 @@ fn the_rsa_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
     assert!(i.status.success(), "{}", String::from_utf8_lossy(&i.stderr));
     let scan = ["--private-key", key.to_str().expect("utf8")];
     let hsm = dump_and_scan(
-        &exe,
-        &[softhsm.as_os_str(), "1234".as_ref(), label.as_ref()],
-        &[("SOFTHSM2_CONF", &conf)],
-        &memveil,
+        exe,
+        &[
+            softhsm.as_os_str(),
+            "1234".as_ref(),
+            "rsa".as_ref(),
+            label.as_ref(),
+        ],
+        &[("SOFTHSM2_CONF", &p.conf)],
+        memveil,
         &scan,
-        &dir,
+        dir,
     );
     let mv = dump_and_scan(
-        &exe,
-        &[module.as_os_str(), "1234".as_ref(), label.as_ref()],
+        exe,
+        &[
+            module.as_os_str(),
+            "1234".as_ref(),
+            "rsa".as_ref(),
+            label.as_ref(),
+        ],
         &[("MEMVEIL_VAULT_SOCKET", &socket)],
-        &memveil,
+        memveil,
         &scan,
-        &dir,
+        dir,
     );
-    let _ = std::fs::remove_dir_all(&dir);
     let hits = |r: &str| r.lines().filter(|l| l.starts_with("secret at")).count();
     eprintln!(
         "RSA key: {} secrets in the SoftHSM2 client's core, {} in the memveil client's",

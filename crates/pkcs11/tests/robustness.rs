@@ -8,32 +8,13 @@ mod common;
 
 use std::process::Command;
 
-use memveil_testkit::{skip, Need};
-
 #[test]
 fn a_hostile_c_caller_gets_the_standard_codes_and_never_crashes_the_module() {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/robust.c");
     let dir = std::env::temp_dir().join(format!("memveil-p11-robust-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let exe = dir.join("robust");
-    let cc = match Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-ldl")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            skip(Need::Installed("build-essential"), format!("cc: {e}"));
-            return;
-        }
+    let Some(exe) = common::compile_c("robust", &dir) else {
+        return;
     };
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
     let out = Command::new(&exe)
         .arg(common::module_path())
         .env("MEMVEIL_VAULT_SOCKET", &common::vault().socket)
@@ -62,28 +43,11 @@ fn a_hostile_c_caller_gets_the_standard_codes_and_never_crashes_the_module() {
 /// module is `CKR_GENERAL_ERROR` to the caller, who lives on.
 #[test]
 fn a_forked_child_signs_on_its_own_and_a_panic_does_not_kill_the_host() {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/fork_panic.c");
     let dir = std::env::temp_dir().join(format!("memveil-p11-fork-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let exe = dir.join("fork_panic");
-    let cc = match Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-ldl")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            skip(Need::Installed("build-essential"), format!("cc: {e}"));
-            return;
-        }
+    let Some(exe) = common::compile_c("fork_panic", &dir) else {
+        return;
     };
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
     let label = common::label("fork");
     let mut c = memveil_vault::Client::connect(&common::vault().socket).expect("vault");
     c.create_key(&label, memveil_vault::proto::KeyKind::Rsa2048, false)
