@@ -271,7 +271,7 @@ fn memveil_module() -> Result<PathBuf, BenchError> {
 /// (master + 2 workers) with its keys in the vault (libp11's engine over
 /// this module) vs the same keys in PEM files, alternating rounds.
 fn tls_figures(opts: &BenchOpts) -> Result<(Vec<Figure>, String), BenchError> {
-    let memveil = crate::shield::memveil_exe()
+    let memveil = crate::procs::memveil_exe()
         .ok_or_else(|| fail("the nginx figures start the vault from the memveil binary; run them through `memveil bench`"))?;
     let module = memveil_module()?;
     let dir = std::env::temp_dir().join(format!("memveil-bench-tls-{}", std::process::id()));

@@ -68,7 +68,7 @@ pub(crate) fn first_line(child: &mut Child, limit: Duration) -> String {
 }
 
 pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
-    let exe = crate::shield::memveil_exe().ok_or_else(|| {
+    let exe = crate::procs::memveil_exe().ok_or_else(|| {
         fail("the vault bench starts the vault from the memveil binary; run it through `memveil bench`")
     })?;
     let dir = std::env::temp_dir().join(format!("memveil-bench-vault-{}", std::process::id()));

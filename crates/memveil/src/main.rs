@@ -6,11 +6,25 @@ mod cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// `memveil --help`, after the subcommands.
+const AFTER_LONG_HELP: &str = "\
+Each subcommand has a short -h (one line per option) and a long --help (the details
+and examples).
+
+Examples:
+  memveil probe                                   # what this host offers, with evidence
+  memveil run -- python3 job.py                   # a program's heap kept as ciphertext
+  memveil vault serve &                           # the key vault
+  memveil key program --keyid 5 --mode random     # a host KeyID, held by the vault
+  memveil bench --only engine                     # one part's figures
+
+See README.md and docs/.";
+
 /// memveil protects data in use on Linux hosts: a software multi-key memory
 /// encryption engine, a key vault in secret memory, an entropy service and a
 /// probe of what the host offers.
 #[derive(Parser)]
-#[command(name = "memveil", version, about, long_about = None)]
+#[command(name = "memveil", version, about, long_about = None, after_long_help = AFTER_LONG_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,11 +39,15 @@ enum Command {
     /// Key vault: serve keys from secret memory, manage keys, encrypt and decrypt.
     Vault(cmd::vault::Args),
     /// Host key table (TME-MK's KeyIDs), held by the vault: program, clear, status.
-    #[command(long_about = cmd::key::ABOUT)]
+    #[command(long_about = cmd::key::ABOUT, after_long_help = cmd::key::AFTER_LONG_HELP)]
     Key(cmd::key::Args),
-    /// SSH agent whose keys live in the vault (ssh-add, ssh, ssh-keygen -Y sign).
+    /// SSH agent whose keys live in the vault (ssh-add, ssh, ssh-keygen -Y sign)
     Agent(cmd::agent::Args),
-    /// Encrypted disk: an aes-xts-plain64 image whose key stays in the vault, as a FUSE file and loop device.
+    /// Encrypted disk whose key stays in the vault (FUSE file, loop device)
+    ///
+    /// Encrypted disk: an aes-xts-plain64 image whose key stays in the vault,
+    /// served as a file in a FUSE mount and a loop device.
+    #[command(verbatim_doc_comment)]
     Disk(cmd::disk::Args),
     /// Find AES key schedules (or a byte pattern) in a process, core file or memory image.
     Keyfind(cmd::keyfind::Args),
@@ -61,5 +79,49 @@ fn main() -> ExitCode {
             eprintln!("memveil: error: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory as _;
+
+    /// Every subcommand under `cmd`, depth first, with its path.
+    fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let p = format!("{path} {}", sub.get_name());
+            out.push((p.clone(), sub.clone()));
+            walk(sub, &p, out);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_has_a_one_line_per_option_h_and_examples_in_its_help() {
+        let mut root = Cli::command();
+        root.build();
+        let mut all = vec![("memveil".to_owned(), root.clone())];
+        walk(&root, "memveil", &mut all);
+        assert!(all.len() > 20, "{} commands", all.len());
+        let mut wrong = Vec::new();
+        for (path, mut cmd) in all {
+            let short = cmd.render_help().to_string();
+            let long = cmd.render_long_help().to_string();
+            // clap puts an option's help on a line of its own (indented by
+            // ten) when one of them does not fit beside its flag.
+            wrong.extend(
+                short
+                    .lines()
+                    .filter(|l| l.chars().count() > 100 || l.starts_with("          "))
+                    .map(|l| format!("`{path} -h`: not one line per option in 100 columns: {l}")),
+            );
+            if !long.contains("\nExamples:\n  ") {
+                wrong.push(format!("`{path} --help` ends without examples"));
+            }
+            if long.lines().count() < short.lines().count() {
+                wrong.push(format!("`{path} --help` says less than -h"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 }

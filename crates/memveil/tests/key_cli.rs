@@ -113,14 +113,15 @@ fn program_clear_status_and_pconfig_statuses_as_exit_codes() {
     assert_eq!(code(&o), 0, "{}", text(&o));
     let t = text(&o);
     assert!(
-        t.contains("KeyIDs 1..=63 programmable, 1 programmed"),
+        t.contains("KeyIDs 1..=63 programmable, 1 programmed, 0 running tenant(s)"),
         "{t}"
     );
     let rows: Vec<&str> = t.lines().skip(2).collect();
     assert_eq!(rows.len(), 3, "KeyID 0 and the two touched: {t}");
+    // KeyID, mode, algorithm, generation, programmed-by, tenants.
     assert!(rows[1]
         .split_whitespace()
-        .eq(["2", "software", "aes-xts-256", "1", "0"]));
+        .eq(["2", "software", "aes-xts-256", "1", "0", "0"]));
     let o = v.key(&["status", "--all"]);
     assert_eq!(text(&o).lines().count(), 2 + 64);
 
@@ -133,6 +134,7 @@ fn program_clear_status_and_pconfig_statuses_as_exit_codes() {
     assert_eq!(j["keyids"][5]["mode"], "clear");
     assert_eq!(j["keyids"][2]["alg"], "aes-xts-256");
     assert_eq!(j["keyids"][0]["mode"], "platform");
+    assert_eq!(j["keyids"][2]["tenants"], 0);
 
     // The key never comes back: not in any output, as bytes or hex
     // (positive control: the hex of the key is found in itself).

@@ -11,6 +11,8 @@
 //!   its own), the two under KeyID 1 share one key, and all finish intact.
 //! - A vault that goes away stops its tenants; a no-encrypt KeyID is refused
 //!   unless accepted; a uid that may not program KeyIDs gets no page key.
+//! - `memveil key status` (table and `--json`) counts each KeyID's running
+//!   tenants: 2 under one KeyID, 0 under another, then 1 and 0 as they end.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::FileExt as _;
@@ -343,6 +345,74 @@ fn a_tenants_pages_are_under_its_keyids_page_key_and_a_clear_stops_it() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("KeyID 5 holds no key"), "{}", text(&o));
     assert!(v.log().contains("tenants_stopped=1"), "{}", v.log());
+}
+
+/// `memveil key status`'s tenants of `keyid`: the table's column and the
+/// `--json` field (which must agree).
+fn status_tenants(v: &VaultProcess, keyid: u16) -> u64 {
+    let o = v.key(&["status", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let json = j["keyids"][usize::from(keyid)]["tenants"]
+        .as_u64()
+        .expect("a count");
+    let o = v.key(&["status"]);
+    let t = text(&o);
+    let row = t
+        .lines()
+        .skip(2)
+        .find(|l| l.split_whitespace().next() == Some(&keyid.to_string()))
+        .unwrap_or_else(|| panic!("no row for KeyID {keyid}: {t}"));
+    let column: u64 = row
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no tenants column: {row}"));
+    assert_eq!(json, column, "{t}");
+    json
+}
+
+#[test]
+fn key_status_counts_the_running_tenants_of_each_keyid() {
+    if !ready("key_status_counts_the_running_tenants_of_each_keyid") {
+        return;
+    }
+    let v = VaultProcess::start(BIN, "tenant-count", &[]);
+    let exe = tenant_exe(&v.dir);
+    program(&v, 3, &software_key(3));
+    program(&v, 4, &software_key(4));
+    assert_eq!(status_tenants(&v, 3), 0, "none before");
+    let t1 = Tenant::start(&exe, &v, 3, "C1", 64);
+    let t2 = Tenant::start(&exe, &v, 3, "C2", 64);
+    // Each tenant has its page key (it printed its ready line): it is
+    // registered.
+    assert_eq!(status_tenants(&v, 3), 2, "two tenants of KeyID 3");
+    assert_eq!(status_tenants(&v, 4), 0, "none of KeyID 4");
+    let o = v.key(&["status"]);
+    assert!(text(&o).contains("2 running tenant(s)"), "{}", text(&o));
+    let (last, code, err) = t1.finish();
+    assert_eq!((last.as_str(), code), ("ok", Some(0)), "{err}");
+    // The vault forgets a tenant when its connection closes, which
+    // memveil run's exit does; the count follows within moments.
+    let mut n = status_tenants(&v, 3);
+    for _ in 0..50 {
+        if n == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        n = status_tenants(&v, 3);
+    }
+    assert_eq!(n, 1, "one left");
+    let (last, code, err) = t2.finish();
+    assert_eq!((last.as_str(), code), ("ok", Some(0)), "{err}");
+    for _ in 0..50 {
+        n = status_tenants(&v, 3);
+        if n == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(n, 0, "none after they stopped");
 }
 
 #[test]

@@ -144,7 +144,13 @@ fn own() -> Result<&'static SharedShield, String> {
     }
     let (cfg, _) = crate::config()?;
     let scfg = SharedConfig {
-        window: cfg.window,
+        // Shared memory keeps a plaintext bound even under a cost budget
+        // alone: its handler has no sweep.
+        window: if cfg.window == memveil_shield::UNBOUNDED {
+            memveil_shield::DEFAULT_WINDOW
+        } else {
+            cfg.window
+        },
         batch: 16,
         policy: cfg.policy,
     };

@@ -42,13 +42,13 @@
 //! eviction without the caller accepting it, or let an adaptive window grow
 //! past its bound.
 
-mod guard;
 mod handler;
 mod pagekey;
 mod policy;
 mod shared;
 mod state;
 mod stats;
+mod sweep;
 mod threads;
 mod zeropool;
 
@@ -59,6 +59,7 @@ pub use shared::{
     MAX_VIEWS,
 };
 pub use stats::{age_bucket, age_bucket_end, Counters, Snapshot, StatsFile, AGE_BUCKETS};
+pub use sweep::Budget;
 pub use threads::{register_thread, reset_after_fork, unregister_thread};
 
 use std::io;
@@ -79,6 +80,9 @@ pub const KEYIDS: u16 = 64;
 /// Default plaintext window in pages (16 MiB), and the least an adaptive
 /// window bounded by a percentage keeps.
 pub const DEFAULT_WINDOW: usize = 4096;
+/// [`Config::window`] for no plaintext bound: a cost budget alone
+/// ([`Config::budget`]) decides what is encrypted.
+pub const UNBOUNDED: usize = usize::MAX;
 
 /// How evicted pages leave the program's view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,12 +104,21 @@ impl Mechanism {
     }
 }
 
-/// Settings of a [`Shield`].
+/// Settings of a [`Shield`]: a plaintext bound ([`Config::window`],
+/// [`Config::max_plaintext`]), a cost budget ([`Config::budget`]), or both,
+/// the bound then winning (it is never exceeded to meet the budget).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Most pages kept as plaintext at once (at least 1); with
-    /// [`Config::max_plaintext`], the least an adaptive window keeps.
+    /// [`Config::max_plaintext`], the least an adaptive window keeps;
+    /// [`UNBOUNDED`]: no bound (then a budget is required, and ranges are
+    /// registered with the userfaultfd chunk by chunk as the sweep needs
+    /// them, so that first touches of fresh memory stay the kernel's own
+    /// page faults).
     pub window: usize,
+    /// Sweep pages idle longer than their period within this budget of the
+    /// program's time (see the crate docs); `None`: no sweep.
+    pub budget: Option<Budget>,
     /// Adapt the window to the working set, up to this bound (`None`: the
     /// window stays at [`Config::window`]).
     pub max_plaintext: Option<Bound>,
@@ -173,6 +186,7 @@ impl Default for Config {
         Self {
             window: DEFAULT_WINDOW,
             max_plaintext: None,
+            budget: None,
             spin: Duration::ZERO,
             policy: Policy::secret_only(),
             accept_unwiped_free: false,
@@ -232,6 +246,13 @@ pub enum ShieldError {
     /// A KeyID outside the table.
     #[error("KeyID {0} out of range: 0..{KEYIDS}")]
     BadKeyId(u16),
+    /// Neither a plaintext bound nor a cost budget: nothing would ever be
+    /// encrypted.
+    #[error(
+        "no guarantee: a shield needs a plaintext bound (window, max_plaintext) or a cost \
+         budget, or it would never encrypt anything"
+    )]
+    NoGuarantee,
     /// The host KeyID's page key could not be had.
     #[error("{0}")]
     PageKey(String),
@@ -376,7 +397,8 @@ impl Shield {
         inner.ensure_key(&mut st, keyid)?;
         let pages = len / PAGE;
         // On any failure below `range` unmaps its own mappings as it drops.
-        let mut range = Range::map(base, pages, keyid).map_err(os("mmap range bookkeeping"))?;
+        let range =
+            Range::map(base, pages, keyid, inner.lazy).map_err(os("mmap range bookkeeping"))?;
         if inner.mechanism == Mechanism::Move {
             // Evicted frames are moved into their slots, which the kernel
             // allows only into a range registered here. The handler touches
@@ -386,33 +408,40 @@ impl Shield {
                 .register(range.store as u64, len as u64, uffd::MODE_MISSING)
                 .map_err(os("UFFDIO_REGISTER store"))?;
         }
-        // Which pages already hold data: they are RESIDENT and join
-        // probation (taken off again if registering fails).
-        let queued = st.queues.probation.len();
-        let fresh = range
-            .mark_resident_now(&mut st.queues.probation)
-            .map_err(os("mincore"));
-        let registered = fresh.and_then(|fresh| {
+        // Registered first (eagerly: under a bound every page counts), then
+        // the pages already holding data are found: a page touched meanwhile
+        // faults to the handler, which waits for this lock. Lazily
+        // registered ranges are left to the sweep's scan.
+        let present = if inner.lazy {
+            Vec::new()
+        } else {
             inner
                 .uffd
                 .register(base as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
                 .map_err(os("UFFDIO_REGISTER"))?;
-            if prot != libc::PROT_READ | libc::PROT_WRITE {
-                // SAFETY: the caller owns the range (function contract).
-                unsafe { uffd::mprotect_direct(addr, len, prot) }.map_err(os("mprotect"))?;
-            }
-            Ok(fresh)
-        });
-        let fresh = match registered {
-            Ok(n) => n,
-            Err(e) => {
-                st.queues.probation.truncate(queued);
-                return Err(e);
+            match range.present(0, pages) {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = inner.uffd.unregister(base as u64, len as u64);
+                    return Err(os("mincore")(e));
+                }
             }
         };
-        st.resident += fresh;
+        if prot != libc::PROT_READ | libc::PROT_WRITE {
+            // SAFETY: the caller owns the range (function contract).
+            if let Err(e) = unsafe { uffd::mprotect_direct(addr, len, prot) } {
+                if !inner.lazy {
+                    let _ = inner.uffd.unregister(base as u64, len as u64);
+                }
+                return Err(os("mprotect")(e));
+            }
+        }
         let pos = st.ranges.partition_point(|r| r.base < base);
         st.ranges.insert(pos, range);
+        let now = st.now_ms();
+        for i in present {
+            st.mark_found(pos, i, now);
+        }
         if prot & libc::PROT_READ == 0 {
             st.set_flags(base, len, PINNED, true);
         } else if prot & libc::PROT_WRITE == 0 {
@@ -420,7 +449,6 @@ impl Shield {
         }
         let c = inner.stats.counters();
         c.pages_protected.fetch_add(pages as u64, Ordering::Relaxed);
-        c.resident.store(st.resident as u64, Ordering::Relaxed);
         inner.shrink_to_window(&mut st);
         Ok(())
     }
@@ -469,7 +497,31 @@ impl Shield {
     /// No live object may be in the range (its bytes become zero).
     pub unsafe fn discard(&self, addr: usize, len: usize) {
         let mut st = self.inner.lock();
-        st.discard(addr, len, &self.inner.stats);
+        let emptied = st.discard(addr, len, &self.inner.stats);
+        self.inner.unregister_empty(&mut st, &emptied);
+    }
+
+    /// Records that the program's allocator handed out `[addr, addr+len)`
+    /// (a lazily registered range's scan looks only at chunks so marked;
+    /// without a budget alone, nothing to do).
+    pub fn note_in_use(&self, addr: usize, len: usize) {
+        if !self.inner.lazy || len == 0 {
+            return;
+        }
+        let mut st = self.inner.lock();
+        let end = addr.saturating_add(len);
+        for r in &mut st.ranges {
+            let lo = addr.max(r.base);
+            let hi = end.min(r.end());
+            if lo >= hi {
+                continue;
+            }
+            if let Some(c) = r.chunks.as_mut() {
+                let first = (lo - r.base) / PAGE / state::CHUNK_PAGES;
+                let last = (hi - r.base - 1) / PAGE / state::CHUNK_PAGES;
+                c.in_use[first..=last].fill(true);
+            }
+        }
     }
 
     /// Records the protection the program gave pages (`mprotect`): pages it
@@ -586,4 +638,59 @@ pub fn set_thread_start_hook(f: fn()) {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Measures what a fault's hand-off costs the faulting thread on this
+/// machine beyond the handler's own work (entering the kernel, the two
+/// thread switches, the wake-ups), in ns: the [`Budget::fault_ns`] a cost
+/// budget counts per fault. A shield of its own with a 16-page window and
+/// no readahead takes 512 faults on a 128-page range (about 10 ms here);
+/// the mean time per fault seen by the touching thread, less the handler's
+/// mean time per fault, is the hand-off.
+///
+/// # Errors
+/// The shield's errors (no userfaultfd, no secret memory...), or a
+/// mapping that could not be made.
+pub fn measure_handoff_ns() -> Result<u64, ShieldError> {
+    const PAGES: usize = 128;
+    let cfg = Config {
+        window: 16,
+        readahead: false,
+        zero_pool: false,
+        ..Config::default()
+    };
+    let shield = Shield::new(&cfg, StatsFile::private())?;
+    let map = uffd::DirectMap::new(PAGES * PAGE).map_err(os("mmap calibration range"))?;
+    let base = map.as_ptr();
+    // SAFETY: a fresh anonymous private mapping owned by `map`, reached
+    // only through the volatile accesses below until it is discarded and
+    // unprotected, before `map` unmaps it.
+    unsafe { shield.encrypt_mprotect(base, PAGES * PAGE, libc::PROT_READ | libc::PROT_WRITE, 1)? };
+    let touch = |i: usize| {
+        // SAFETY: page `i % PAGES` of the protected range, 8-aligned.
+        unsafe {
+            let p = base.add((i % PAGES) * PAGE).cast::<u64>();
+            p.write_volatile(p.read_volatile().wrapping_add(1));
+        }
+    };
+    for i in 0..PAGES {
+        touch(i);
+    }
+    let before = shield.stats();
+    let t = std::time::Instant::now();
+    // A stride coprime with the range: every touch lands outside the
+    // window, and no two in a row are neighbours.
+    for k in 0..4 * PAGES {
+        touch(k * 37);
+    }
+    let elapsed = nanos(t.elapsed());
+    let after = shield.stats();
+    // SAFETY: nothing lives in the range; its contents may become zero.
+    unsafe { shield.discard(base as usize, PAGES * PAGE) };
+    let _ = shield.unprotect(base, PAGES * PAGE);
+    drop(shield);
+    drop(map);
+    let faults = after.handoffs.saturating_sub(before.handoffs).max(1);
+    let handler = after.handler_ns.saturating_sub(before.handler_ns);
+    Ok(elapsed.saturating_sub(handler) / faults)
 }

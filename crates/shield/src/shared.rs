@@ -280,29 +280,14 @@ pub(crate) fn when_gone(
     what: &'static str,
     f: impl FnOnce() + Send + 'static,
 ) -> Result<bool, ShieldError> {
-    let pid = libc::pid_t::try_from(pid).unwrap_or(-1);
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        if errno_of(&e) == libc::ESRCH {
-            return Ok(false);
-        }
-        return Err(os("pidfd_open")(e));
-    }
-    // SAFETY: a descriptor the kernel just returned, owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(RawFd::try_from(fd).unwrap_or(-1)) };
+    let Some(fd) = memveil_sys::process::PidFd::open(pid).map_err(os("pidfd_open"))? else {
+        return Ok(false);
+    };
     let t = stack_thread::spawn(HandlerStack::new()?, move || {
         if let Some(hook) = START_HOOK.get() {
             hook();
         }
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; retried on EINTR.
-        while unsafe { libc::poll(&mut p, 1, -1) } <= 0 {}
+        while !fd.wait(None) {}
         f();
     })
     .map_err(os(what))?;

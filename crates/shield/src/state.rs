@@ -1,6 +1,7 @@
 //! The shield's bookkeeping, all under one mutex: the protected ranges with
-//! a state byte and an eviction stamp per page, the 2Q queues of resident
-//! pages, the window and the readahead streams.
+//! a state byte, an eviction stamp and a time word per page, the 2Q queues
+//! of resident pages (under a plaintext bound), the sweep (under a cost
+//! budget), the window and the readahead streams.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -10,7 +11,9 @@ use memveil_secmem::SecretBox;
 use memveil_sys::uffd;
 
 use crate::policy::{Streams, Window};
+use crate::sweep::{self, Sweep};
 use crate::{StatsFile, PAGE};
+use std::cmp::Reverse;
 
 pub(crate) const ZERO: u8 = 0;
 pub(crate) const RESIDENT: u8 = 1;
@@ -30,9 +33,45 @@ pub(crate) const KEEP: u8 = 0x20;
 /// range writable again before it unmaps it, so only `madvise` on a
 /// read-only page drops a frame unwiped).
 pub(crate) const RDONLY: u8 = 0x08;
-/// Page was taken as a victim by the [`State::victims`] call under way
-/// (a page may sit in the queues twice); cleared before it returns.
+/// Page was taken as a victim by the [`State::victims`] or
+/// [`State::due`] call under way (a page may sit in the queues twice);
+/// cleared before it returns.
 const CHOSEN: u8 = 0x10;
+/// Evicted page left by the sweep (not to make room in a window): when it
+/// comes back, how long it stayed out sets its next period.
+pub(crate) const SWEPT: u8 = 0x04;
+
+/// Pages of a chunk: the unit in which a range under a cost budget alone is
+/// registered with the userfaultfd (2 MiB).
+pub(crate) const CHUNK_PAGES: usize = 512;
+
+/// Chunks of a range registered lazily (a cost budget without a plaintext
+/// bound): a chunk is registered with the userfaultfd only once the sweep
+/// has pages of it to evict, so first touches of memory the program has
+/// just allocated are the kernel's own page faults (2-3 µs here), not a
+/// hand-off to the handler (12-20 µs); a chunk whose pages all went back
+/// to the kernel is unregistered again.
+pub(crate) struct Chunks {
+    pub(crate) registered: Vec<bool>,
+    /// When the scan first found data in an unregistered chunk (ms since
+    /// the shield started, plus one; 0: not seen).
+    pub(crate) seen: Vec<u64>,
+    /// Pages of a registered chunk holding data (not ZERO).
+    pub(crate) live: Vec<u16>,
+    /// Of those, evicted pages (ciphertext: the chunk must stay registered
+    /// while there are any).
+    pub(crate) evicted: Vec<u16>,
+    /// Never-written pages the handler filled in a registered chunk since
+    /// it was registered: a chunk the allocator reuses (its first touches
+    /// are hand-offs while it is registered).
+    pub(crate) zero_fills: Vec<u16>,
+    /// Resident pages of an unregistered chunk at the last scan.
+    pub(crate) unseen: Vec<u16>,
+    /// Chunks the program's allocator has handed out memory from
+    /// ([`crate::Shield::note_in_use`]): the only ones the scan looks at
+    /// (`mincore` over a whole 16 GiB region took about 10 ms here).
+    pub(crate) in_use: Vec<bool>,
+}
 
 /// A protected range and its ciphertext store.
 pub(crate) struct Range {
@@ -44,6 +83,19 @@ pub(crate) struct Range {
     /// One eviction stamp per page (the shield's eviction count when the
     /// page last left the window): how long ago an evicted page left.
     stamps: *mut u32,
+    /// One time word per page ([`sweep::pack`]): the ms tick it last came
+    /// in (resident) or was swept (evicted), and its sweep level.
+    times: *mut u32,
+    /// Lazily registered chunks (`None`: the whole range is registered).
+    pub(crate) chunks: Option<Chunks>,
+    /// The sweep level the last swept page of each block of
+    /// [`sweep::HINT_PAGES`] pages earned coming back: the block's other
+    /// pages are swept no sooner than that level's period.
+    hints: Vec<u8>,
+    /// When each block's probe (the first of its pages swept when the
+    /// block had no fresh evidence at a level) left, as a tick plus one (0:
+    /// never), and at which level.
+    probes: Vec<(u32, u8)>,
     /// Ciphertext, page `i` at `store + i * PAGE`. With the Move mechanism
     /// the store is registered with the userfaultfd (a move's destination
     /// must be) and slot `i` holds a frame exactly while page `i` is
@@ -52,7 +104,8 @@ pub(crate) struct Range {
     pub(crate) store: *mut u8,
 }
 
-/// Bytes of the state and stamp mappings of a range of `pages` pages.
+/// Bytes of the state mapping and of the stamp (and time word) mappings of
+/// a range of `pages` pages.
 fn side_lens(pages: usize) -> (usize, usize) {
     (
         pages.next_multiple_of(PAGE),
@@ -61,20 +114,35 @@ fn side_lens(pages: usize) -> (usize, usize) {
 }
 
 impl Range {
-    /// Maps the state, stamp and store mappings of a range of `pages`
-    /// pages at `base` (the range owns them and unmaps them on drop).
-    pub(crate) fn map(base: usize, pages: usize, keyid: u16) -> std::io::Result<Self> {
+    /// Maps the state, stamp, time and store mappings of a range of
+    /// `pages` pages at `base` (the range owns them and unmaps them on
+    /// drop); `lazy`: its chunks are registered one by one ([`Chunks`]).
+    pub(crate) fn map(base: usize, pages: usize, keyid: u16, lazy: bool) -> std::io::Result<Self> {
         let (sl, tl) = side_lens(pages);
+        let chunks = pages.div_ceil(CHUNK_PAGES);
         let mut r = Range {
             base,
             pages,
             keyid,
             states: std::ptr::null_mut(),
             stamps: std::ptr::null_mut(),
+            times: std::ptr::null_mut(),
+            chunks: lazy.then(|| Chunks {
+                registered: vec![false; chunks],
+                seen: vec![0; chunks],
+                live: vec![0; chunks],
+                evicted: vec![0; chunks],
+                zero_fills: vec![0; chunks],
+                unseen: vec![0; chunks],
+                in_use: vec![false; chunks],
+            }),
+            hints: vec![0; pages.div_ceil(sweep::HINT_PAGES)],
+            probes: vec![(0, 0); pages.div_ceil(sweep::HINT_PAGES)],
             store: std::ptr::null_mut(),
         };
         r.states = uffd::map_anonymous_direct(sl)?;
         r.stamps = uffd::map_anonymous_direct(tl)?.cast();
+        r.times = uffd::map_anonymous_direct(tl)?.cast();
         r.store = uffd::map_anonymous_direct(pages * PAGE)?;
         // Ciphertext and bookkeeping: nothing a core dump needs (a dump
         // would otherwise hold a copy the size of the range, all but the
@@ -83,6 +151,7 @@ impl Range {
             (r.store, pages * PAGE),
             (r.states, sl),
             (r.stamps.cast(), tl),
+            (r.times.cast(), tl),
         ] {
             // SAFETY: advice on mappings just made for this range; it does
             // not change their contents.
@@ -116,31 +185,86 @@ impl Range {
         unsafe { self.stamps.add(i).write(v) }
     }
 
-    /// Marks the pages that already hold data RESIDENT and queues their
-    /// addresses on `queue`; returns how many. `mincore` writes into a small
-    /// scratch mapping, 64 MiB of the range per call, so the state bytes
-    /// (fresh zero memory: ZERO) are written only for resident pages: a
-    /// 16 GiB range would otherwise fault in 4 MiB of state bytes at every
-    /// start (about 6 ms on this VM, where a page fault costs 2.2-3 µs).
-    pub(crate) fn mark_resident_now(
-        &mut self,
-        queue: &mut VecDeque<usize>,
-    ) -> std::io::Result<usize> {
+    /// Page `i`'s time word ([`sweep::pack`]).
+    pub(crate) fn time(&self, i: usize) -> u32 {
+        assert!(i < self.pages);
+        // SAFETY: `times` holds `pages` u32s owned by this range; i < pages.
+        unsafe { self.times.add(i).read() }
+    }
+
+    pub(crate) fn set_time(&mut self, i: usize, v: u32) {
+        assert!(i < self.pages);
+        // SAFETY: as in `time`; `&mut self` gives exclusive access.
+        unsafe { self.times.add(i).write(v) }
+    }
+
+    /// Whether page `i` lies in a chunk registered with the userfaultfd.
+    pub(crate) fn registered(&self, i: usize) -> bool {
+        self.chunks
+            .as_ref()
+            .is_none_or(|c| c.registered[i / CHUNK_PAGES])
+    }
+
+    /// Adds `d` to the count of pages holding data in page `i`'s chunk
+    /// (lazily registered ranges); returns the new count.
+    fn live_add(&mut self, i: usize, d: i32) -> Option<u16> {
+        let c = self.chunks.as_mut()?;
+        let n = &mut c.live[i / CHUNK_PAGES];
+        *n = u16::try_from(i32::from(*n) + d).unwrap_or(0);
+        Some(*n)
+    }
+
+    /// Marks chunk `c`, just unregistered, as untracked: its resident pages
+    /// become ZERO in the bookkeeping (the kernel still holds them; the scan
+    /// counts them); returns how many were resident.
+    pub(crate) fn forget_chunk(&mut self, c: usize) -> usize {
+        let a = c * CHUNK_PAGES;
+        let b = (a + CHUNK_PAGES).min(self.pages);
+        let mut n = 0;
+        for i in a..b {
+            let s = self.state(i);
+            if s & STATE_MASK == RESIDENT {
+                self.set_state(i, ZERO | (s & (PINNED | KEEP | RDONLY)));
+                n += 1;
+            }
+        }
+        if let Some(ch) = self.chunks.as_mut() {
+            ch.registered[c] = false;
+            ch.live[c] = 0;
+            ch.seen[c] = 0;
+            ch.zero_fills[c] = 0;
+        }
+        n
+    }
+
+    /// Adds `d` to the count of evicted pages in page `i`'s chunk (lazily
+    /// registered ranges).
+    fn evicted_add(&mut self, i: usize, d: i32) {
+        if let Some(c) = self.chunks.as_mut() {
+            let n = &mut c.evicted[i / CHUNK_PAGES];
+            *n = u16::try_from(i32::from(*n) + d).unwrap_or(0);
+        }
+    }
+
+    /// The pages of `[a, b)` present in memory (holding data the kernel
+    /// filled). `mincore` writes into a small scratch mapping, 64 MiB of the
+    /// range per call: a vector for a 16 GiB range would itself fault in
+    /// 4 MiB (about 6 ms on this VM, where a page fault costs 2.2-3 µs).
+    pub(crate) fn present(&self, a: usize, b: usize) -> std::io::Result<Vec<usize>> {
         const STEP: usize = 16 * 1024;
-        let mut scratch = uffd::DirectMap::new(STEP)?;
-        let mut found = 0;
-        let mut i = 0;
-        while i < self.pages {
-            let n = (self.pages - i).min(STEP);
+        let mut scratch = uffd::DirectMap::new(STEP.min(b - a).max(1))?;
+        let mut found = Vec::new();
+        let mut i = a;
+        while i < b {
+            let n = (b - i).min(STEP);
             let v = &mut scratch.as_mut_slice()[..n];
             uffd::resident_pages(self.addr(i), n * PAGE, v)?;
-            for (k, b) in v.iter().enumerate() {
-                if b & 1 != 0 {
-                    self.set_state(i + k, RESIDENT);
-                    queue.push_back(self.addr(i + k));
-                    found += 1;
-                }
-            }
+            found.extend(
+                v.iter()
+                    .enumerate()
+                    .filter(|(_, p)| *p & 1 != 0)
+                    .map(|(k, _)| i + k),
+            );
             i += n;
         }
         Ok(found)
@@ -197,6 +321,9 @@ impl Drop for Range {
             if !self.stamps.is_null() {
                 let _ = uffd::unmap_direct(self.stamps.cast(), tl);
             }
+            if !self.times.is_null() {
+                let _ = uffd::unmap_direct(self.times.cast(), tl);
+            }
         }
         self.drop_store();
     }
@@ -245,6 +372,20 @@ pub(crate) struct State {
     pub(crate) bounce: SecretBox<[u8]>,
     /// Eviction is suspended (around fork).
     pub(crate) frozen: bool,
+    /// A plaintext bound is in force: the window limits the resident pages
+    /// and the 2Q queues pick its victims. Without one (a cost budget
+    /// alone) the queues are not kept.
+    pub(crate) bounded: bool,
+    /// The sweep of a cost budget.
+    pub(crate) sweep: Option<Sweep>,
+    /// When the shield started: time words count ms from here.
+    pub(crate) epoch: std::time::Instant,
+    /// Resident pages of lazily registered chunks not yet registered, at
+    /// the last scan (not in `resident`).
+    pub(crate) unseen: usize,
+    /// The earliest time a page that came in since the handler last looked
+    /// is due for the sweep (ms; `u64::MAX`: none).
+    pub(crate) wake_at: u64,
 }
 
 // SAFETY: the raw pointers in `Range` refer to mappings owned by the State
@@ -252,7 +393,8 @@ pub(crate) struct State {
 unsafe impl Send for State {}
 
 impl State {
-    /// Pages holding data (plaintext or ciphertext).
+    /// Pages holding data (plaintext or ciphertext) that the shield tracks
+    /// page by page (resident pages of unregistered chunks are not).
     pub(crate) fn data_pages(&self) -> usize {
         self.resident + self.evicted
     }
@@ -262,18 +404,32 @@ impl State {
         self.window.size(self.data_pages())
     }
 
+    /// Milliseconds since the shield started.
+    pub(crate) fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Books page `i` of range `pos` as evicted (its ciphertext is in its
-    /// store slot) and remembers it in the ghost queue.
-    pub(crate) fn mark_evicted(&mut self, pos: usize, i: usize) {
+    /// store slot): by the sweep (`swept`), or to make room in the window,
+    /// when it is remembered in the ghost queue.
+    pub(crate) fn mark_evicted(&mut self, pos: usize, i: usize, swept: bool, now_ms: u64) {
         let stamp = self.evictions;
         self.evictions = self.evictions.wrapping_add(1);
+        let bounded = self.bounded;
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
         let s = r.state(i);
-        r.set_state(i, EVICTED | GHOST | (s & (PINNED | KEEP | RDONLY)));
+        let ghost = if bounded && !swept { GHOST } else { 0 };
+        let how = if swept { SWEPT } else { 0 };
+        r.set_state(i, EVICTED | ghost | how | (s & (PINNED | KEEP | RDONLY)));
         r.set_stamp(i, stamp);
+        r.set_time(i, sweep::restamp(r.time(i), now_ms));
+        r.evicted_add(i, 1);
         self.resident -= 1;
         self.evicted += 1;
+        if ghost == 0 {
+            return;
+        }
         self.queues.ghosts.push_back(addr);
         if self.queues.ghosts.len() > ghost_capacity(self.window_size()) {
             if let Some(old) = self.queues.ghosts.pop_front() {
@@ -287,21 +443,105 @@ impl State {
     }
 
     /// Books page `i` of range `pos`, which was in state `s` (ZERO or
-    /// EVICTED), as resident; a ghost enters the main queue, anything else
-    /// probation.
-    pub(crate) fn mark_resident(&mut self, pos: usize, i: usize, s: u8) {
+    /// EVICTED), as resident at `now_ms`. Under a bound a ghost enters the
+    /// main queue, anything else probation; under a budget the page is
+    /// queued for the sweep at its level, which a swept page's time away
+    /// sets ([`sweep::relevel`]); a page that held no data starts at 0.
+    pub(crate) fn mark_resident(&mut self, pos: usize, i: usize, s: u8, now_ms: u64) {
+        let bounded = self.bounded;
         let r = &mut self.ranges[pos];
         let addr = r.addr(i);
         r.set_state(i, RESIDENT | (s & (PINNED | KEEP | RDONLY)));
-        if s & GHOST != 0 {
-            self.queues.main.push_back(addr);
-        } else {
-            self.queues.probation.push_back(addr);
+        if s & STATE_MASK == ZERO {
+            if let Some(c) = r.chunks.as_mut() {
+                let z = &mut c.zero_fills[i / CHUNK_PAGES];
+                *z = z.saturating_add(1);
+            }
         }
+        let word = r.time(i);
+        let level = match s & STATE_MASK {
+            EVICTED if s & SWEPT != 0 => {
+                let away = sweep::since(now_ms, sweep::tick_of(word));
+                if let Some(sw) = self.sweep.as_mut() {
+                    sw.pending.back(now_ms.saturating_sub(away), now_ms);
+                }
+                let level = sweep::relevel(sweep::level_of(word), away);
+                // Back sooner than its period: its block is in use at least
+                // that much (a page of it back late says nothing of the
+                // others: it follows its own level).
+                let was = sweep::level_of(word);
+                let b = i / sweep::HINT_PAGES;
+                if away < sweep::PROBE_WAIT * sweep::period_ms(was) {
+                    r.hints[b] = r.hints[b].max((was + 1).min(sweep::TOP));
+                    // The evidence is in: no page of the block waits for a
+                    // probe any longer.
+                    r.probes[b] = (0, 0);
+                }
+                level
+            }
+            EVICTED => sweep::level_of(word),
+            _ => 0,
+        };
+        // Known quiet: it stayed out QUIET_MS or more, so it follows its own
+        // (shortest) period whatever its block does (a secret read once a
+        // second next to a hot array); a page back sooner follows its block.
+        let own = match s & STATE_MASK {
+            EVICTED if s & SWEPT != 0 => {
+                sweep::since(now_ms, sweep::tick_of(word)) >= sweep::QUIET_MS
+            }
+            EVICTED => sweep::is_learned(word),
+            _ => false,
+        };
+        let word = sweep::pack(now_ms, level);
+        r.set_time(i, if own { sweep::learned(word) } else { word });
         if s & STATE_MASK == EVICTED {
+            r.evicted_add(i, -1);
             self.evicted -= 1;
+        } else {
+            r.live_add(i, 1);
         }
         self.resident += 1;
+        if let Some(sw) = self.sweep.as_mut() {
+            sw.arrived(addr, now_ms, level, own);
+            self.wake_at = self.wake_at.min(now_ms + sweep::period_ms(level));
+        }
+        if bounded {
+            if s & GHOST != 0 {
+                self.queues.main.push_back(addr);
+            } else {
+                self.queues.probation.push_back(addr);
+            }
+        }
+    }
+
+    /// Books page `i` of range `pos`, found holding data when its chunk was
+    /// registered, as resident since `since_ms` (level 0).
+    pub(crate) fn mark_found(&mut self, pos: usize, i: usize, since_ms: u64) {
+        let r = &mut self.ranges[pos];
+        let s = r.state(i);
+        if s & STATE_MASK != ZERO {
+            return;
+        }
+        let addr = r.addr(i);
+        r.set_state(i, RESIDENT | (s & (PINNED | KEEP | RDONLY)));
+        // A page whose chunk was registered before keeps the level it
+        // learnt then.
+        let word = r.time(i);
+        let word = if sweep::is_learned(word) {
+            sweep::restamp(word, since_ms)
+        } else {
+            sweep::pack(since_ms, 0)
+        };
+        let level = sweep::level_of(word);
+        r.set_time(i, word);
+        r.live_add(i, 1);
+        self.resident += 1;
+        if let Some(sw) = self.sweep.as_mut() {
+            sw.arrived(addr, since_ms, level, sweep::is_learned(word));
+        }
+        if self.bounded {
+            self.queues.probation.push_back(addr);
+        }
     }
 
     /// How many evictions ago page `i` of range `pos` (evicted) left.
@@ -334,8 +574,12 @@ impl State {
     }
 
     /// Picks up to `n` resident, evictable pages (2Q order, see [`Queues`]),
-    /// sorted by address so that neighbours leave in one move.
+    /// sorted by address so that neighbours leave in one move. None without
+    /// a bound (the queues are not kept).
     pub(crate) fn victims(&mut self, n: usize) -> Vec<(usize, usize)> {
+        if !self.bounded {
+            return Vec::new();
+        }
         let mut victims: Vec<(usize, usize)> = Vec::with_capacity(n);
         let mut pinned = Vec::new();
         let probation_max = self.window_size() / PROBATION_SHARE;
@@ -376,12 +620,183 @@ impl State {
         victims
     }
 
+    /// Picks up to `max` resident pages whose sweep period has ended,
+    /// shortest periods first (the pages least likely to come straight
+    /// back), while the budget has room for what their faults back would
+    /// cost, `fault_ns` each; sorted by address so that neighbours leave in
+    /// one move. Returns them, and how long the most overdue page left
+    /// waiting for the budget has been due (ms; 0 when none waited).
+    pub(crate) fn due(
+        &mut self,
+        max: usize,
+        now_ms: u64,
+        fault_ns: f64,
+        quiet_ns: f64,
+    ) -> (Vec<(usize, usize)>, u64) {
+        let Some(mut sw) = self.sweep.take() else {
+            return (Vec::new(), 0);
+        };
+        let held = sw.pending.reserved(now_ms);
+        let mut reserved = held;
+        let mut victims = Vec::new();
+        // Known quiet pages first.
+        let mut spent = false;
+        while let Some(&Reverse((due, addr, at))) = sw.quiet.peek() {
+            if due > now_ms || victims.len() >= max {
+                break;
+            }
+            let t = sweep::tick_of(sweep::pack(at, 0));
+            let Some((pos, i)) = self.find(addr) else {
+                sw.quiet.pop();
+                continue;
+            };
+            let r = &self.ranges[pos];
+            let st = r.state(i);
+            let word = r.time(i);
+            if st & STATE_MASK != RESIDENT
+                || st & (CHOSEN | PINNED | KEEP) != 0
+                || sweep::tick_of(word) != t
+                || !sweep::is_learned(word)
+            {
+                sw.quiet.pop();
+                continue;
+            }
+            if sw.credit.room(reserved + quiet_ns) < 0.0 {
+                spent = true;
+                break;
+            }
+            reserved += quiet_ns;
+            sw.quiet.pop();
+            self.ranges[pos].set_state(i, st | CHOSEN);
+            victims.push((pos, i));
+        }
+        let mut later = Vec::new();
+        let mut lag = 0;
+        'levels: for (level, q) in (0u8..).zip(sw.queues.iter_mut()) {
+            if spent {
+                break;
+            }
+            let period = sweep::period_ms(level);
+            while let Some(&Reverse((at, addr))) = q.peek() {
+                if at + period > now_ms {
+                    break;
+                }
+                let age = now_ms - at;
+                let t = sweep::tick_of(sweep::pack(at, 0));
+                let Some((pos, i)) = self.find(addr) else {
+                    q.pop();
+                    continue;
+                };
+                let r = &self.ranges[pos];
+                let st = r.state(i);
+                let word = r.time(i);
+                if st & STATE_MASK != RESIDENT
+                    || st & (CHOSEN | PINNED | KEEP) != 0
+                    || sweep::tick_of(word) != t
+                    || sweep::level_of(word) != level
+                {
+                    // Stale: the page left or came in again since.
+                    q.pop();
+                    continue;
+                }
+                let b = i / sweep::HINT_PAGES;
+                let hint = r.hints[b];
+                let own = sweep::is_learned(word);
+                if hint > level && !own {
+                    // A page of its block came back sooner than this
+                    // period: it waits for the block's period (same
+                    // arrival) rather than pay a fault to learn it alone.
+                    q.pop();
+                    self.ranges[pos].set_time(i, sweep::retick(word, t, hint));
+                    later.push((addr, at, hint));
+                    continue;
+                }
+                let (probe, probe_level) = r.probes[b];
+                let left = sweep::since(now_ms, probe.wrapping_sub(1));
+                let out = sweep::PROBE_WAIT * sweep::period_ms(probe_level);
+                if !own && probe != 0 && left < out {
+                    // The block's probe left less than its period ago: what
+                    // it learns decides for this page; due again when the
+                    // probe has been out its period.
+                    q.pop();
+                    let again = (now_ms + out - left).saturating_sub(period);
+                    self.ranges[pos].set_time(
+                        i,
+                        sweep::retick(word, sweep::tick_of(sweep::pack(again, 0)), level),
+                    );
+                    later.push((addr, again, level));
+                    continue;
+                }
+                // A probe that stayed out its period at this level or above
+                // (untouched that long is untouched for any shorter period)
+                // speaks for the block until a page of it comes back sooner
+                // (which raises the block's hint); otherwise this page
+                // probes.
+                let probing = !own && (probe == 0 || probe_level < level);
+                if victims.len() >= max {
+                    break 'levels;
+                }
+                // A page its block's probe vouched for as idle costs what a
+                // known quiet one does; a probe, what any sweep may.
+                let price = if own || probing { fault_ns } else { quiet_ns };
+                if sw.credit.room(reserved + price) < 0.0 {
+                    lag = lag.max(age - period);
+                    break 'levels;
+                }
+                reserved += price;
+                q.pop();
+                if probing {
+                    let tick = sweep::tick_of(sweep::pack(now_ms, 0)) + 1;
+                    self.ranges[pos].probes[b] = (tick, level);
+                }
+                self.ranges[pos].set_state(i, st | CHOSEN);
+                victims.push((pos, i));
+            }
+        }
+        for (addr, at, level) in later {
+            sw.arrived(addr, at, level, false);
+        }
+        sw.reserving = reserved - held;
+        self.sweep = Some(sw);
+        for &(pos, i) in &victims {
+            let s = self.ranges[pos].state(i);
+            self.ranges[pos].set_state(i, s & !CHOSEN);
+        }
+        victims.sort_unstable();
+        (victims, lag)
+    }
+
+    /// Queues page `i` of range `pos`, resident, for the sweep again as if
+    /// it came in at `now_ms` (a sweep that could not evict it).
+    pub(crate) fn requeue(&mut self, pos: usize, i: usize, now_ms: u64) {
+        let r = &mut self.ranges[pos];
+        let addr = r.addr(i);
+        let word = sweep::restamp(r.time(i), now_ms);
+        r.set_time(i, word);
+        if let Some(sw) = self.sweep.as_mut() {
+            sw.arrived(addr, now_ms, sweep::level_of(word), sweep::is_learned(word));
+        }
+        if self.bounded {
+            self.queues.main.push_back(addr);
+        }
+    }
+
     /// Drops the contents of `[addr, addr+len)`: resident pages are wiped
-    /// before their frames go back to the kernel, ciphertext is dropped.
-    pub(crate) fn discard(&mut self, addr: usize, len: usize, stats: &StatsFile) {
+    /// before their frames go back to the kernel (one `MADV_DONTNEED` for
+    /// the whole span), ciphertext is dropped. Pages of chunks not yet
+    /// registered are found with `mincore` and wiped alike. Returns the
+    /// lazily registered chunks left without data, as `(range, chunk)`: the
+    /// caller unregisters them before it lets go of the lock.
+    pub(crate) fn discard(
+        &mut self,
+        addr: usize,
+        len: usize,
+        stats: &StatsFile,
+    ) -> Vec<(usize, usize)> {
         let end = addr.saturating_add(len);
         let (mut dropped_res, mut dropped_ev) = (0, 0);
-        for r in &mut self.ranges {
+        let mut emptied = Vec::new();
+        for (pos, r) in self.ranges.iter_mut().enumerate() {
             let lo = addr.max(r.base).next_multiple_of(PAGE);
             let hi = end.min(r.end());
             if lo >= hi {
@@ -389,33 +804,27 @@ impl State {
             }
             let first = (lo - r.base) / PAGE;
             let last = (hi - r.base) / PAGE;
-            for i in first..last {
-                let s = r.state(i);
-                match s & STATE_MASK {
-                    RESIDENT => {
-                        let p = r.addr(i) as *mut u8;
-                        if s & (PINNED | RDONLY) == 0 {
-                            // SAFETY: the page is resident (present, readable
-                            // and writable: pinned and read-only pages are
-                            // skipped) and the caller of `discard` owns its
-                            // contents.
-                            unsafe { zeroize_page(p) };
-                        }
-                        // SAFETY: as above; the contents are being dropped.
-                        let _ = unsafe { uffd::madvise_direct(p, PAGE, libc::MADV_DONTNEED) };
-                        dropped_res += 1;
+            let mut i = first;
+            while i < last {
+                let c = i / CHUNK_PAGES;
+                let stop = ((c + 1) * CHUNK_PAGES).min(last);
+                if r.registered(i) {
+                    let (res, ev) = discard_tracked(r, i, stop);
+                    dropped_res += res;
+                    dropped_ev += ev;
+                    if res + ev > 0
+                        && r.live_add(i, -i32::try_from(res + ev).unwrap_or(i32::MAX)) == Some(0)
+                    {
+                        emptied.push((pos, c));
                     }
-                    EVICTED => {
-                        // SAFETY: ciphertext store slot owned by the range.
-                        let _ = unsafe {
-                            uffd::madvise_direct(r.slot_ptr(i), PAGE, libc::MADV_DONTNEED)
-                        };
-                        dropped_ev += 1;
-                    }
-                    _ => {}
+                } else {
+                    wipe_untracked(r, i, stop);
                 }
-                r.set_state(i, ZERO | (s & (PINNED | RDONLY)));
+                i = stop;
             }
+            // SAFETY: every page of the span that held plaintext and could be
+            // written was wiped above; the caller owns the span's contents.
+            let _ = unsafe { uffd::madvise_direct(lo as *mut u8, hi - lo, libc::MADV_DONTNEED) };
         }
         self.resident -= dropped_res;
         self.evicted -= dropped_ev;
@@ -424,20 +833,94 @@ impl State {
         c.evicted.store(self.evicted as u64, Ordering::Relaxed);
         c.discards
             .fetch_add((dropped_res + dropped_ev) as u64, Ordering::Relaxed);
-        let limit = 2 * self.window_size() + 1024;
-        let ranges = &self.ranges;
-        let live = |a: &usize| {
-            let pos = ranges.partition_point(|r| r.base <= *a);
-            pos > 0 && {
-                let r = &ranges[pos - 1];
-                *a < r.end() && r.state((*a - r.base) / PAGE) & STATE_MASK == RESIDENT
-            }
-        };
-        for q in [&mut self.queues.probation, &mut self.queues.main] {
-            if q.len() > limit {
-                q.retain(live);
+        if self.bounded {
+            let limit = 2 * self.window_size() + 1024;
+            let ranges = &self.ranges;
+            let live = |a: &usize| {
+                let pos = ranges.partition_point(|r| r.base <= *a);
+                pos > 0 && {
+                    let r = &ranges[pos - 1];
+                    *a < r.end() && r.state((*a - r.base) / PAGE) & STATE_MASK == RESIDENT
+                }
+            };
+            for q in [&mut self.queues.probation, &mut self.queues.main] {
+                if q.len() > limit {
+                    q.retain(live);
+                }
             }
         }
+        emptied
+    }
+}
+
+/// Discards pages `[a, b)` of `r`, tracked page by page: resident ones are
+/// wiped (their frames go with the caller's `MADV_DONTNEED`), evicted ones'
+/// store slots are dropped (a run of neighbours at once), and all become
+/// ZERO. Returns how many were resident and how many evicted.
+fn discard_tracked(r: &mut Range, a: usize, b: usize) -> (usize, usize) {
+    let (mut res, mut ev) = (0, 0);
+    let mut slots: Option<usize> = None;
+    let drop_slots = |r: &Range, from: usize, to: usize| {
+        // SAFETY: ciphertext store slots owned by the range; the pages they
+        // held are being discarded.
+        let _ = unsafe {
+            uffd::madvise_direct(r.slot_ptr(from), (to - from) * PAGE, libc::MADV_DONTNEED)
+        };
+    };
+    for i in a..b {
+        let s = r.state(i);
+        match s & STATE_MASK {
+            RESIDENT => {
+                if s & (PINNED | RDONLY) == 0 {
+                    // SAFETY: the page is resident (present, readable and
+                    // writable: pinned and read-only pages are skipped) and
+                    // the caller of `discard` owns its contents.
+                    unsafe { zeroize_page(r.addr(i) as *mut u8) };
+                }
+                res += 1;
+            }
+            EVICTED => {
+                slots.get_or_insert(i);
+                r.evicted_add(i, -1);
+                ev += 1;
+            }
+            _ => {}
+        }
+        if s & STATE_MASK != EVICTED {
+            if let Some(from) = slots.take() {
+                drop_slots(r, from, i);
+            }
+        }
+        if s & STATE_MASK != ZERO {
+            r.set_state(i, ZERO | (s & (PINNED | RDONLY)));
+        }
+    }
+    if let Some(from) = slots {
+        drop_slots(r, from, b);
+    }
+    (res, ev)
+}
+
+/// Wipes the resident pages of `[a, b)` of `r`, in a chunk not registered
+/// yet (the kernel filled them; `mincore` tells which are present).
+fn wipe_untracked(r: &mut Range, a: usize, b: usize) {
+    let mut v = [0u8; CHUNK_PAGES];
+    let v = &mut v[..b - a];
+    if uffd::resident_pages(r.addr(a), (b - a) * PAGE, v).is_err() {
+        // Unknown: wipe what is readable and writable, as if all present.
+        v.fill(1);
+    }
+    for (k, &present) in v.iter().enumerate() {
+        let s = r.state(a + k);
+        if present & 1 != 0 && s & (PINNED | RDONLY) == 0 {
+            // SAFETY: a present page of the region, readable and writable
+            // (its recorded protection allows both), whose contents the
+            // caller of `discard` owns.
+            unsafe { zeroize_page(r.addr(a + k) as *mut u8) };
+        }
+    }
+    if let Some(c) = r.chunks.as_mut() {
+        c.unseen[a / CHUNK_PAGES] = 0;
     }
 }
 
@@ -449,4 +932,133 @@ pub(crate) unsafe fn zeroize_page(p: *mut u8) {
     use zeroize::Zeroize as _;
     // SAFETY: the caller promises the page is writable and owned.
     unsafe { std::slice::from_raw_parts_mut(p, PAGE) }.zeroize();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::Budget;
+    use memveil_secmem::{Level, Policy, SecretPool};
+
+    /// A state of one range of `pages` pages (bookkeeping only: nothing
+    /// here touches the range's own addresses), every page resident since 0.
+    fn state(pages: usize) -> State {
+        let pool: &'static SecretPool = Box::leak(Box::new(
+            SecretPool::new(64 * 1024, Policy::allow(Level::Locked)).expect("pool"),
+        ));
+        let mut st = State {
+            ranges: vec![Range::map(0x1000_0000, pages, 1, false).expect("range")],
+            queues: Queues::default(),
+            resident: 0,
+            evicted: 0,
+            window: Window::new(crate::UNBOUNDED, None),
+            streams: Streams::default(),
+            evictions: 0,
+            keys: Vec::new(),
+            bounce: pool.alloc_bytes(PAGE).expect("bounce"),
+            frozen: false,
+            bounded: false,
+            sweep: Some(Sweep::new(Budget::percent(100, 1_000), 0)),
+            epoch: std::time::Instant::now(),
+            unseen: 0,
+            wake_at: u64::MAX,
+        };
+        for i in 0..pages {
+            st.mark_found(0, i, 0);
+        }
+        st
+    }
+
+    /// Sweeps what is due at `now` (a budget of the whole time, so it never
+    /// binds) and books it evicted.
+    fn sweep(st: &mut State, now: u64) -> Vec<usize> {
+        if let Some(sw) = st.sweep.as_mut() {
+            sw.credit.refill(now, 0);
+        }
+        let (v, _) = st.due(10_000, now, 1_000.0, 100.0);
+        for &(pos, i) in &v {
+            st.mark_evicted(pos, i, true, now);
+        }
+        v.into_iter().map(|(_, i)| i).collect()
+    }
+
+    #[test]
+    fn a_block_learns_from_its_probe_and_follows_it_up() {
+        let mut st = state(128);
+        // Nothing is due before the shortest period.
+        assert!(sweep(&mut st, 24).is_empty());
+        // One probe per block of 64 pages; the others wait until it has
+        // been out PROBE_WAIT periods (due again at 125).
+        assert_eq!(sweep(&mut st, 25), [0, 64]);
+        // Block 0's probe comes straight back (in use): level 1 for it
+        // and, through the hint, for its block.
+        st.mark_resident(0, 0, EVICTED | SWEPT, 28);
+        assert_eq!(sweep::level_of(st.ranges[0].time(0)), 1);
+        assert!(sweep(&mut st, 77).is_empty());
+        // Page 0, at level 1 since 28, probes its block's new level.
+        assert_eq!(sweep(&mut st, 78), [0]);
+        // Block 1's probe stayed out: its block leaves; block 0's pages
+        // move to level 1 instead.
+        assert_eq!(sweep(&mut st, 125), (65..128).collect::<Vec<_>>());
+        assert_eq!(st.resident, 63);
+        // At level 1 (due at 150) they wait for page 0, out since 78, to
+        // have been out 4 x 50 ms: then, as it stayed out, they leave.
+        assert!(sweep(&mut st, 150).is_empty());
+        assert!(sweep(&mut st, 277).is_empty());
+        assert_eq!(sweep(&mut st, 278), (1..64).collect::<Vec<_>>());
+        assert_eq!(st.resident, 0);
+    }
+
+    #[test]
+    fn pages_of_an_unregistered_chunk_are_wiped_where_present_and_writable() {
+        // A real mapping (the wipe writes it), lazily registered: nothing
+        // of it is tracked page by page.
+        let map = uffd::DirectMap::new(4 * PAGE).expect("mapping");
+        let base = map.as_ptr() as usize;
+        let mut r = Range::map(base, 4, 1, true).expect("range");
+        for i in [0usize, 2, 3] {
+            // SAFETY: page i of the test's own mapping.
+            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 0xa5, PAGE) };
+        }
+        // Page 3 read-only (as the program made it): not written.
+        // SAFETY: the test's own mapping.
+        unsafe {
+            uffd::mprotect_direct((base + 3 * PAGE) as *mut u8, PAGE, libc::PROT_READ)
+                .expect("mprotect");
+        }
+        r.set_state(3, ZERO | RDONLY);
+        wipe_untracked(&mut r, 0, 4);
+        let byte = |i: usize| {
+            // SAFETY: a readable page of the test's own mapping.
+            unsafe { ((base + i * PAGE + 100) as *const u8).read_volatile() }
+        };
+        assert_eq!(
+            (byte(0), byte(1), byte(2)),
+            (0, 0, 0),
+            "present pages wiped"
+        );
+        assert_eq!(
+            byte(3),
+            0xa5,
+            "a read-only page is left alone (writing it would fault)"
+        );
+        drop(r);
+        drop(map);
+    }
+
+    #[test]
+    fn a_page_that_learnt_its_own_level_ignores_its_block() {
+        let mut st = state(64);
+        // The probe goes, comes straight back: the block's hint is 1.
+        assert_eq!(sweep(&mut st, 25), [0]);
+        st.mark_resident(0, 0, EVICTED | SWEPT, 26);
+        // Page 5 is swept and stays out 60 ms (quiet: learned, level 0);
+        // back at 200, it leaves again 25 ms later whatever its block does.
+        st.mark_evicted(0, 5, true, 140);
+        st.mark_resident(0, 5, EVICTED | SWEPT, 200);
+        assert!(sweep::is_learned(st.ranges[0].time(5)));
+        // (page 0, the block's level-1 probe, was due at 76)
+        assert_eq!(sweep(&mut st, 225), [0, 5]);
+        assert_eq!(st.ranges[0].state(5) & STATE_MASK, EVICTED);
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memveil_sys::uffd;
 
-const MAGIC: u64 = 0x6d76_7368_6c64_0005; // "mvshld" v5
+const MAGIC: u64 = 0x6d76_7368_6c64_0006; // "mvshld" v6
 
 /// Buckets of [`Counters::refault_ages`]: bucket 0 counts refaults of pages
 /// that left the window fewer than 256 evictions before, bucket `k` (1 to
@@ -126,6 +126,43 @@ pub struct Counters {
     /// Never-written pages filled with a frame from the pool (the others
     /// were copied in).
     pub pool_fills: AtomicU64,
+    /// Faults handed to the handler (every kind; each costs the faulting thread a hand-off).
+    pub handoffs: AtomicU64,
+    /// The cost budget in percent of the program's time (0: none).
+    pub budget_percent: AtomicU64,
+    /// The hand-off a fault costs beyond the handler's work, as the budget counts it (ns).
+    pub fault_floor_ns: AtomicU64,
+    /// 1 when chunks are registered as the sweep needs them (a budget without a bound).
+    pub lazy: AtomicU64,
+    /// Pages evicted by the sweep (idle past their period).
+    pub swept: AtomicU64,
+    /// Of those, pages that came back (touched again).
+    pub swept_back: AtomicU64,
+    /// Time the sweep spent scanning and evicting (ns).
+    pub sweep_ns: AtomicU64,
+    /// How long the most overdue page has waited for the budget, now (ms).
+    pub sweep_lag_ms: AtomicU64,
+    /// The longest such wait (ms).
+    pub max_sweep_lag_ms: AtomicU64,
+    /// The longest sweep period pages are queued at now (ms).
+    pub max_period_ms: AtomicU64,
+    /// What faults and sweeps have cost the program, as the budget counts it (ns).
+    pub cost_ns: AtomicU64,
+    /// Chunks registered with the userfaultfd as the sweep needed them.
+    pub chunks_registered: AtomicU64,
+    /// Chunks unregistered again once all their pages went back to the kernel.
+    pub chunks_unregistered: AtomicU64,
+    /// Chunks the kernel refused to register (their pages stay plaintext).
+    pub register_failures: AtomicU64,
+    /// Plaintext pages integrated over time (page-ms), from the watchdog's ticks.
+    pub plaintext_page_ms: AtomicU64,
+    /// Pages holding data integrated over time (page-ms).
+    pub data_page_ms: AtomicU64,
+    /// Milliseconds the watchdog has integrated over (the process's life
+    /// under the shield, near enough).
+    pub alive_ms: AtomicU64,
+    /// How long the swept pages that came back had stayed out, summed (ms).
+    pub back_away_ms: AtomicU64,
     /// Decrypting faults by how many evictions ago the page left the window
     /// (see [`age_bucket`]): how much larger a window would have had to be
     /// to keep it.
@@ -211,6 +248,42 @@ pub struct Snapshot {
     pub pool_pages: u64,
     /// Never-written pages filled from a pool.
     pub pool_fills: u64,
+    /// Faults handed to the handler (every kind; each costs the faulting thread a hand-off).
+    pub handoffs: u64,
+    /// The cost budget in percent of the program's time (0: none).
+    pub budget_percent: u64,
+    /// The hand-off a fault costs beyond the handler's work, as the budget counts it (ns).
+    pub fault_floor_ns: u64,
+    /// 1 when chunks are registered as the sweep needs them (a budget without a bound).
+    pub lazy: u64,
+    /// Pages evicted by the sweep (idle past their period).
+    pub swept: u64,
+    /// Of those, pages that came back (touched again).
+    pub swept_back: u64,
+    /// Time the sweep spent scanning and evicting (ns).
+    pub sweep_ns: u64,
+    /// How long the most overdue page has waited for the budget, now (ms).
+    pub sweep_lag_ms: u64,
+    /// The longest such wait (ms).
+    pub max_sweep_lag_ms: u64,
+    /// The longest sweep period pages are queued at now (ms).
+    pub max_period_ms: u64,
+    /// What faults and sweeps have cost the program, as the budget counts it (ns).
+    pub cost_ns: u64,
+    /// Chunks registered with the userfaultfd as the sweep needed them.
+    pub chunks_registered: u64,
+    /// Chunks unregistered again once all their pages went back to the kernel.
+    pub chunks_unregistered: u64,
+    /// Chunks the kernel refused to register (their pages stay plaintext).
+    pub register_failures: u64,
+    /// Plaintext pages integrated over time (page-ms), from the watchdog's ticks.
+    pub plaintext_page_ms: u64,
+    /// Pages holding data integrated over time (page-ms).
+    pub data_page_ms: u64,
+    /// Milliseconds the processes' watchdogs integrated over, summed.
+    pub alive_ms: u64,
+    /// How long the swept pages that came back had stayed out, summed (ms).
+    pub back_away_ms: u64,
     /// Decrypting faults by how long ago their page left the window (see
     /// [`age_bucket`]).
     pub refault_ages: [u64; AGE_BUCKETS],
@@ -226,6 +299,20 @@ impl Snapshot {
         } else {
             self.resident_pages as f64 / data as f64
         }
+    }
+
+    /// Plaintext pages over pages holding data, weighted by time over the
+    /// run (the watchdog integrates both every tick); `None` before any.
+    #[must_use]
+    pub fn time_plaintext_fraction(&self) -> Option<f64> {
+        (self.data_page_ms > 0).then(|| self.plaintext_page_ms as f64 / self.data_page_ms as f64)
+    }
+
+    /// What faults and sweeps cost the processes, as a share of their time
+    /// under the shield (`None` before the watchdogs measured any).
+    #[must_use]
+    pub fn cost_fraction(&self) -> Option<f64> {
+        (self.alive_ms > 0).then(|| self.cost_ns as f64 / 1e6 / self.alive_ms as f64)
     }
 
     /// Faults of any kind (decrypting and zero-fill).
@@ -292,6 +379,24 @@ impl Snapshot {
         self.max_data += o.max_data;
         self.pool_pages += o.pool_pages;
         self.pool_fills += o.pool_fills;
+        self.handoffs += o.handoffs;
+        self.budget_percent = self.budget_percent.max(o.budget_percent);
+        self.fault_floor_ns = self.fault_floor_ns.max(o.fault_floor_ns);
+        self.lazy += o.lazy;
+        self.swept += o.swept;
+        self.swept_back += o.swept_back;
+        self.sweep_ns += o.sweep_ns;
+        self.sweep_lag_ms = self.sweep_lag_ms.max(o.sweep_lag_ms);
+        self.max_sweep_lag_ms = self.max_sweep_lag_ms.max(o.max_sweep_lag_ms);
+        self.max_period_ms = self.max_period_ms.max(o.max_period_ms);
+        self.cost_ns += o.cost_ns;
+        self.chunks_registered += o.chunks_registered;
+        self.chunks_unregistered += o.chunks_unregistered;
+        self.register_failures += o.register_failures;
+        self.plaintext_page_ms += o.plaintext_page_ms;
+        self.data_page_ms += o.data_page_ms;
+        self.alive_ms += o.alive_ms;
+        self.back_away_ms += o.back_away_ms;
         for (a, b) in self.refault_ages.iter_mut().zip(o.refault_ages) {
             *a += b;
         }
@@ -339,6 +444,24 @@ impl Counters {
             max_data: g(&self.max_data),
             pool_pages: g(&self.pool_pages),
             pool_fills: g(&self.pool_fills),
+            handoffs: g(&self.handoffs),
+            budget_percent: g(&self.budget_percent),
+            fault_floor_ns: g(&self.fault_floor_ns),
+            lazy: g(&self.lazy),
+            swept: g(&self.swept),
+            swept_back: g(&self.swept_back),
+            sweep_ns: g(&self.sweep_ns),
+            sweep_lag_ms: g(&self.sweep_lag_ms),
+            max_sweep_lag_ms: g(&self.max_sweep_lag_ms),
+            max_period_ms: g(&self.max_period_ms),
+            cost_ns: g(&self.cost_ns),
+            chunks_registered: g(&self.chunks_registered),
+            chunks_unregistered: g(&self.chunks_unregistered),
+            register_failures: g(&self.register_failures),
+            plaintext_page_ms: g(&self.plaintext_page_ms),
+            data_page_ms: g(&self.data_page_ms),
+            alive_ms: g(&self.alive_ms),
+            back_away_ms: g(&self.back_away_ms),
             refault_ages: std::array::from_fn(|k| g(&self.refault_ages[k])),
         }
     }

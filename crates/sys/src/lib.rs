@@ -1,6 +1,7 @@
 //! The one crate of memveil that holds general-purpose `unsafe`: system calls
-//! (`memfd_secret`, `mmap`, `mprotect`, `mlock`, `madvise`, `prctl`, `umount2`), CPUID,
-//! model-specific registers and the RDRAND/RDSEED instructions.
+//! (`memfd_secret`, `mmap`, `mprotect`, `mlock`, `madvise`, `prctl`, `umount2`, the
+//! `fork` of a cgroup's guardian), CPUID, model-specific registers and the
+//! RDRAND/RDSEED instructions.
 //!
 //! Each unsafe operation is fenced in a small function or a safe type whose
 //! constructor establishes the invariant ([`Mapping`] owns its pages and unmaps
@@ -10,6 +11,7 @@
 //! `std::io::Error`s; naming causes and fixes is the job of the callers.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod cgroup;
 pub mod cpu;
 pub mod ipc;
 pub mod mem;

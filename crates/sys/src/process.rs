@@ -114,6 +114,56 @@ pub fn send_signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// A process watched through a pidfd (`pidfd_open(2)`, Linux 5.3+): it
+/// becomes readable when the process ends, so a waiter wakes at once
+/// instead of finding out at its next poll.
+#[derive(Debug)]
+pub struct PidFd(std::os::fd::OwnedFd);
+
+impl PidFd {
+    /// Opens a pidfd on process `pid`; `Ok(None)` when it is already gone.
+    ///
+    /// # Errors
+    /// The error of `pidfd_open(2)` other than ESRCH (ENOSYS before Linux
+    /// 5.3).
+    pub fn open(pid: u32) -> io::Result<Option<Self>> {
+        use std::os::fd::FromRawFd as _;
+        let pid = libc::pid_t::try_from(pid)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ESRCH) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        let fd = std::os::fd::RawFd::try_from(fd)
+            .map_err(|_| io::Error::other("pidfd_open returned an out-of-range descriptor"))?;
+        // SAFETY: a descriptor the kernel just returned, owned by nobody else.
+        Ok(Some(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })))
+    }
+
+    /// Waits until the process has ended or `timeout` has passed (`None`:
+    /// forever); returns whether it has ended. An interrupted wait returns
+    /// early with what is known then.
+    pub fn wait(&self, timeout: Option<std::time::Duration>) -> bool {
+        use std::os::fd::AsRawFd as _;
+        let ms = timeout.map_or(-1, |t| {
+            libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX)
+        });
+        let mut p = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        n > 0 && p.revents & libc::POLLIN != 0
+    }
+}
+
 /// Names the calling thread (`PR_SET_NAME`, shown by `top -H` and in
 /// `/proc/PID/task/TID/comm`); longer names are cut to 15 bytes.
 ///

@@ -24,13 +24,27 @@ pub fn default_socket() -> PathBuf {
         .map_or_else(|| PathBuf::from("/run/memveil/vault.sock"), PathBuf::from)
 }
 
+/// `memveil vault --help`, after the verbs.
+const AFTER_LONG_HELP: &str = "\
+Examples:
+  memveil vault serve --socket /run/memveil/vault.sock &     # the daemon
+  memveil vault create app --kind aes256                     # a key made in the vault
+  memveil vault encrypt --key app -i secret.txt -o secret.mvve
+  memveil vault decrypt --key app -i secret.mvve
+  memveil vault list                                         # never key bytes
+
+See docs/vault.md.";
+
 /// `memveil vault`.
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
+    /// Control socket (default: $MEMVEIL_VAULT_SOCKET)
+    ///
     /// Control socket (default: $MEMVEIL_VAULT_SOCKET or /run/memveil/vault.sock).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, verbatim_doc_comment)]
     pub socket: Option<PathBuf>,
-    /// What to do.
+    /// What to do
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -38,159 +52,261 @@ pub struct Args {
 /// Verbs.
 #[derive(clap::Subcommand, Debug)]
 pub enum Cmd {
-    /// Run the vault in the foreground (logs to stderr; prints a ready line; sd_notify READY=1).
+    /// Run the vault in the foreground (logs to stderr; prints a ready line)
+    ///
+    /// Run the vault in the foreground: logs and audit lines to stderr, a
+    /// `memveil-vault ready socket=... level=... pid=...` line on stdout once
+    /// it serves, and READY=1 to systemd (Type=notify). Keys live in
+    /// memfd_secret memory; it refuses to start without it unless
+    /// --allow-level=locked.
+    #[command(after_long_help = SERVE_EXAMPLES, verbatim_doc_comment)]
     Serve(ServeArgs),
-    /// Show the vault's status and protection level.
+    /// Show the vault's status and protection level
+    #[command(
+        after_long_help = "Examples:\n  memveil vault status    # level, AES backend, keys, clients, uptime, pid"
+    )]
     Status,
-    /// Generate a key inside the vault.
+    /// Generate a key inside the vault
+    #[command(
+        after_long_help = "Examples:\n  memveil vault create app\n  memveil vault create disk0 --kind xts256 --persistent   # the vault needs --state\n  memveil vault create tls --kind p256 && memveil vault pubkey tls   # a key pair"
+    )]
     Create {
-        /// Key name.
+        /// Key name
         name: String,
-        /// aes128, aes256, xts128, xts256, rsa2048, rsa3072, rsa4096, p256, p384, ed25519.
+        /// Kind: aes*, xts*, rsa2048/3072/4096, p256, p384, ed25519
+        ///
+        /// aes128, aes256, xts128, xts256 (symmetric); rsa2048, rsa3072,
+        /// rsa4096, p256, p384, ed25519 (a key pair: the private half stays in
+        /// the vault, `memveil vault pubkey` prints the public half).
+        #[arg(long, default_value = "aes256", verbatim_doc_comment)]
         #[arg(long, default_value = "aes256")]
         kind: KeyKind,
-        /// Seal the key to disk so it survives restarts.
+        /// Seal the key to disk so it survives restarts
         #[arg(long)]
         persistent: bool,
     },
-    /// Import a key from a file: an AES/XTS key as raw bytes or hex; a private key as PKCS#8, PKCS#1, SEC 1 (PEM or DER) or OpenSSH (unencrypted); a certificate (PEM or DER). One way: private keys never come back out.
+    /// Import a key, private key or certificate from a file; keys never come back out
+    ///
+    /// Import a key from a file: an AES/XTS key as raw bytes or hex; a private
+    /// key as PKCS#8, PKCS#1, SEC 1 (PEM or DER) or OpenSSH (unencrypted); a
+    /// certificate (PEM or DER). The file is read into secret memory and the
+    /// copy wiped. One way: keys never come back out (a key pair's public
+    /// half does, through `pubkey`).
+    #[command(after_long_help = IMPORT_EXAMPLES, verbatim_doc_comment)]
     Import {
-        /// Key name.
+        /// Key name
         name: String,
-        /// aes128, aes256, xts128, xts256 (default aes256 for raw or hex files); rsa2048…ed25519, cert: checked against the file.
-        #[arg(long)]
+        /// Kind (default aes256 for raw or hex files; read from a key file)
+        ///
+        /// aes128, aes256, xts128, xts256 (default aes256 for raw or hex
+        /// files); rsa2048 ... ed25519, cert: read from the file, and checked
+        /// against it when given.
+        #[arg(long, verbatim_doc_comment)]
         kind: Option<KeyKind>,
-        /// File holding the key.
-        #[arg(long)]
+        /// File holding the key
+        #[arg(long, value_name = "FILE")]
         key_file: PathBuf,
-        /// Seal the key to disk.
+        /// Seal the key to disk
         #[arg(long)]
         persistent: bool,
     },
-    /// List the keys this user owns or is granted.
+    /// List the keys this user owns or is granted
+    #[command(
+        after_long_help = "Examples:\n  memveil vault list    # name, id, kind, owner, versions, ACL: never key bytes"
+    )]
     List,
-    /// Print an asymmetric key's public half (or a certificate).
+    /// Print an asymmetric key's public half (or a certificate)
+    #[command(after_long_help = PUBKEY_EXAMPLES)]
     Pubkey {
-        /// Key name.
+        /// Key name
         name: String,
-        /// pem (SubjectPublicKeyInfo; a certificate's PEM), ssh (an authorized_keys line), der.
-        #[arg(long, default_value = "pem")]
+        /// pem (SubjectPublicKeyInfo; a certificate's PEM), ssh, der
+        ///
+        /// pem (SubjectPublicKeyInfo; a certificate's PEM), ssh (an
+        /// authorized_keys line), der.
+        #[arg(long, default_value = "pem", verbatim_doc_comment)]
         format: String,
     },
-    /// Add a new random version of a key (old versions still decrypt).
+    /// Add a new random version of a key (old versions still decrypt)
+    #[command(after_long_help = "Examples:\n  memveil vault rotate app")]
     Rotate {
-        /// Key name.
+        /// Key name
         name: String,
     },
-    /// Wipe a key and all its versions.
+    /// Wipe a key and all its versions
+    #[command(after_long_help = "Examples:\n  memveil vault destroy app")]
     Destroy {
-        /// Key name.
+        /// Key name
         name: String,
     },
-    /// Grant a user permissions on a key (e = encrypt, d = decrypt, a = admin).
+    /// Grant a user permissions on a key (e = encrypt, d = decrypt, a = admin)
+    #[command(
+        after_long_help = "Examples:\n  memveil vault grant app 1000 ed    # uid 1000 may encrypt and decrypt with app"
+    )]
     Grant {
-        /// Key name.
+        /// Key name
         name: String,
-        /// User id.
+        /// User id
         uid: u32,
-        /// Letters from "eda".
+        /// Letters from "eda"
         perms: String,
     },
-    /// Remove a user from a key's ACL.
+    /// Remove a user from a key's ACL
+    #[command(after_long_help = "Examples:\n  memveil vault revoke app 1000")]
     Revoke {
-        /// Key name.
+        /// Key name
         name: String,
-        /// User id.
+        /// User id
         uid: u32,
     },
-    /// Encrypt a file or stdin to a file or stdout.
+    /// Encrypt a file or stdin to a file or stdout
+    #[command(after_long_help = ENCRYPT_EXAMPLES)]
     Encrypt(CryptArgs),
-    /// Decrypt what `encrypt` wrote.
+    /// Decrypt what `encrypt` wrote
+    #[command(
+        after_long_help = "Examples:\n  memveil vault decrypt --key app -i out > in    # mode, IV, key version from the header"
+    )]
     Decrypt(CryptArgs),
 }
+
+/// `memveil vault serve --help`, after the options.
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  memveil vault serve --socket /run/memveil/vault.sock
+  memveil vault serve --state /var/lib/memveil-vault --passphrase-file /etc/memveil/pass
+  memveil vault serve --keyid-bits 6 --key-admin 1000     # uid 1000 may program KeyIDs
+  MEMVEIL_SECRETMEM=off memveil vault serve --allow-level=locked   # mlock only (tests)";
+
+/// `memveil vault import --help`, after the options.
+const IMPORT_EXAMPLES: &str = "\
+Examples:
+  memveil vault import app --kind aes256 --key-file key.hex && shred -u key.hex
+  memveil vault import tls.rsa --key-file server.key      # PKCS#8/PKCS#1/SEC 1, PEM or DER
+  memveil vault import ssh.me --key-file ~/.ssh/id_ed25519   # an unencrypted OpenSSH key
+  memveil vault import tls.crt --key-file server.crt      # a certificate: public data";
+
+/// `memveil vault pubkey --help`, after the options.
+const PUBKEY_EXAMPLES: &str = "\
+Examples:
+  memveil vault pubkey tls.rsa > tls.pub.pem              # SubjectPublicKeyInfo
+  memveil vault pubkey ssh.me --format ssh >> ~/.ssh/authorized_keys
+  memveil vault pubkey tls.crt                            # a certificate's PEM";
+
+/// `memveil vault encrypt --help`, after the options.
+const ENCRYPT_EXAMPLES: &str = "\
+Examples:
+  memveil vault encrypt --key app -i in -o out           # AES-GCM, a 44-byte header first
+  tar c dir | memveil vault encrypt --key app --mode cbc > dir.tar.mvve";
 
 /// Flags of encrypt/decrypt.
 #[derive(clap::Args, Debug)]
 pub struct CryptArgs {
-    /// Key name.
-    #[arg(long)]
+    /// Key name
+    #[arg(long, value_name = "NAME")]
     pub key: String,
+    /// ecb, cbc, ctr, xts, gcm (decrypt reads the header)
+    ///
     /// ecb, cbc, ctr, xts, gcm (encrypt only; decrypt reads it from the header).
-    #[arg(long, default_value = "gcm")]
+    #[arg(long, default_value = "gcm", verbatim_doc_comment)]
     pub mode: Mode,
-    /// Input file (default stdin).
-    #[arg(short, long)]
+    /// Input file (default stdin)
+    #[arg(short, long, value_name = "FILE")]
     pub input: Option<PathBuf>,
-    /// Output file (default stdout).
-    #[arg(short, long)]
+    /// Output file (default stdout)
+    #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 }
 
 /// Flags of `serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// State directory for the sealed keystore (persistent keys).
-    #[arg(long)]
+    /// State directory for the sealed keystore (persistent keys)
+    #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
-    /// File holding the keystore passphrase (stretched with Argon2id).
-    #[arg(long, conflicts_with = "key_file")]
+    /// File holding the keystore passphrase (stretched with Argon2id)
+    #[arg(long, value_name = "FILE", conflicts_with = "key_file")]
     pub passphrase_file: Option<PathBuf>,
-    /// File holding a 32-byte keystore key (raw or 64 hex digits).
-    #[arg(long)]
+    /// File holding a 32-byte keystore key (raw or 64 hex digits)
+    #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
-    /// Accept a weaker protection level when memfd_secret is unavailable ("locked": mlock only, readable by root).
-    #[arg(long, value_name = "LEVEL")]
+    /// Accept mlock-ed memory for keys without memfd_secret
+    ///
+    /// Accept a weaker protection level when memfd_secret is unavailable
+    /// ("locked": mlock only, readable by root).
+    #[arg(long, value_name = "LEVEL", verbatim_doc_comment)]
     pub allow_level: Option<String>,
-    /// Argon2id memory for a new keystore, KiB.
-    #[arg(long, default_value_t = 65536)]
+    /// Argon2id memory for a new keystore, KiB
+    #[arg(long, value_name = "KIB", default_value_t = 65536)]
     pub kdf_memory_kib: u32,
-    /// Argon2id iterations for a new keystore.
-    #[arg(long, default_value_t = 3)]
+    /// Argon2id iterations for a new keystore
+    #[arg(long, value_name = "N", default_value_t = 3)]
     pub kdf_iterations: u32,
+    /// Connections one uid may have open at once
+    ///
     /// Connections one uid may have open at once (per uid, across all its processes).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, value_name = "N", default_value_t = 64, verbatim_doc_comment)]
     pub max_connections: usize,
-    /// Keys one uid may own.
-    #[arg(long, default_value_t = 256)]
+    /// Keys one uid may own
+    #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_keys: usize,
+    /// Key versions the keys of one uid may hold in all
+    ///
     /// Key versions (`rotate` adds one) the keys of one uid may hold in all.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, value_name = "N", default_value_t = 1024, verbatim_doc_comment)]
     pub max_versions: usize,
-    /// KiB of the secret pool one uid's keys and connections may take (default: a quarter of --pool-kib).
-    #[arg(long)]
+    /// KiB of the secret pool one uid may take (default: --pool-kib / 4)
+    ///
+    /// KiB of the secret pool one uid's keys and connections may take (default:
+    /// a quarter of --pool-kib).
+    #[arg(long, value_name = "KIB", verbatim_doc_comment)]
     pub uid_pool_kib: Option<usize>,
+    /// Lanes one uid may have open (a vault thread each)
+    ///
     /// Lanes one uid may have open (each is a vault thread with a secret stack).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, value_name = "N", default_value_t = 64, verbatim_doc_comment)]
     pub max_lanes: usize,
-    /// Buffers one uid may have registered.
-    #[arg(long, default_value_t = 256)]
+    /// Buffers one uid may have registered
+    #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_buffers: usize,
-    /// Shared areas one uid may have registered.
-    #[arg(long, default_value_t = 64)]
+    /// Shared areas one uid may have registered
+    #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_areas: usize,
-    /// MiB of shared areas one uid may have registered.
-    #[arg(long, default_value_t = 4096)]
+    /// MiB of shared areas one uid may have registered
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
     pub max_area_mib: u64,
-    /// Longest GCM message, MiB (opening one takes as much of the vault's private memory).
-    #[arg(long, default_value_t = 64)]
+    /// Longest GCM message, MiB
+    ///
+    /// Longest GCM message, MiB (opening one takes as much of the vault's
+    /// private memory).
+    #[arg(long, value_name = "MIB", default_value_t = 64, verbatim_doc_comment)]
     pub max_gcm_mib: usize,
-    /// Secret pool for key objects, KiB.
-    #[arg(long, default_value_t = 2048)]
+    /// Secret pool for key objects, KiB
+    #[arg(long, value_name = "KIB", default_value_t = 2048)]
     pub pool_kib: usize,
-    /// Socket file mode (octal).
-    #[arg(long, default_value = "666")]
+    /// Socket file mode (octal)
+    #[arg(long, value_name = "MODE", default_value = "666")]
     pub socket_mode: String,
-    /// Microseconds a lane worker spins before sleeping.
-    #[arg(long, default_value_t = 50)]
+    /// Microseconds a lane worker spins before sleeping
+    #[arg(long, value_name = "US", default_value_t = 50)]
     pub spin_us: u64,
-    /// Secret heap for aws-lc (asymmetric keys: about 5 KiB per RSA-2048 key, 9 per RSA-4096, under 1 per EC key, 160 KiB once), KiB.
-    #[arg(long, default_value_t = 2048)]
+    /// Secret heap for aws-lc (asymmetric keys), KiB
+    ///
+    /// Secret heap for aws-lc, KiB (asymmetric keys: about 5 KiB per RSA-2048
+    /// key, 9 per RSA-4096, under 1 per EC key, 160 KiB once).
+    #[arg(long, value_name = "KIB", default_value_t = 2048, verbatim_doc_comment)]
     pub asym_heap_kib: usize,
-    /// KeyID bits of the host key table (`memveil key`): KeyIDs 1..=2^BITS-1 (1..=15; hardware: 6 on Ice Lake servers).
-    #[arg(long, default_value_t = memveil_engine::Config::default().keyid_bits)]
+    /// KeyID bits of the host key table: KeyIDs 1..=2^BITS-1
+    ///
+    /// KeyID bits of the host key table (`memveil key`): KeyIDs 1..=2^BITS-1
+    /// (1..=15; hardware: 6 on Ice Lake servers).
+    #[arg(long, value_name = "BITS", default_value_t = memveil_engine::Config::default().keyid_bits,
+          verbatim_doc_comment)]
     pub keyid_bits: u32,
-    /// A uid that may program and clear KeyIDs besides the vault's own uid and root (repeatable).
-    #[arg(long = "key-admin", value_name = "UID")]
+    /// A uid that may program and clear KeyIDs (repeatable)
+    ///
+    /// A uid that may program and clear KeyIDs besides the vault's own uid and
+    /// root (repeatable).
+    #[arg(long = "key-admin", value_name = "UID", verbatim_doc_comment)]
     pub key_admins: Vec<u32>,
 }
 

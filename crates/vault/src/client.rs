@@ -549,6 +549,25 @@ impl Client {
         }
     }
 
+    /// How many tenants (`memveil run --keyid` processes' connections) run
+    /// under each KeyID, indexed by KeyID; `None` from a vault that predates
+    /// the question (it refuses the request as an unknown tag). Open to
+    /// every uid.
+    ///
+    /// # Errors
+    /// Connection errors.
+    pub fn keyid_tenants(&mut self) -> Result<Option<Vec<u32>>, ClientError> {
+        match self.call(&Request::KeyIdTenants) {
+            Ok(Reply::KeyIdTenants(n)) => Ok(Some(n)),
+            Err(ClientError::Refused {
+                code: ErrorCode::Malformed,
+                message,
+            }) if message.starts_with("unknown message tag") => Ok(None),
+            Ok(o) => Err(unexpected(&o)),
+            Err(e) => Err(e),
+        }
+    }
+
     fn id_reply(&mut self, req: &Request<'_>) -> Result<u32, ClientError> {
         match self.call(req)? {
             Reply::Id(i) => Ok(i),

@@ -968,6 +968,7 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             level: sh.keyids.level().to_string(),
             entries: sh.keyids.states(),
         }),
+        Request::KeyIdTenants => Reply::KeyIdTenants(sh.tenants.counts(sh.keyids.max_keyid())),
     }
 }
 

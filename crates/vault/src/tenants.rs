@@ -100,10 +100,15 @@ impl Tenants {
         self.gone.notify_all();
     }
 
-    /// Running tenants of `keyid`.
-    #[cfg(test)]
-    pub(crate) fn count(&self, keyid: u16) -> usize {
-        self.lock().1.iter().filter(|t| t.keyid == keyid).count()
+    /// Running tenants of each KeyID `0..=max_keyid`, indexed by KeyID.
+    pub(crate) fn counts(&self, max_keyid: u16) -> Vec<u32> {
+        let mut n = vec![0u32; usize::from(max_keyid) + 1];
+        for t in &self.lock().1 {
+            if let Some(c) = n.get_mut(usize::from(t.keyid)) {
+                *c = c.saturating_add(1);
+            }
+        }
+        n
     }
 
     /// Tells every tenant of `keyid` whose key is older than `generation`
@@ -182,7 +187,9 @@ mod tests {
         let (id1, _a1, mut b1) = tenant(&t, 5, 1);
         let (_id2, _a2, mut b2) = tenant(&t, 6, 1);
         let (_id3, _a3, mut b3) = tenant(&t, 5, 2);
-        assert_eq!(t.count(5), 2);
+        assert_eq!(t.counts(6), [0, 0, 0, 0, 0, 2, 1]);
+        // A KeyID past the end is left out.
+        assert_eq!(t.counts(5), [0, 0, 0, 0, 0, 2]);
         let t2 = std::sync::Arc::clone(&t);
         // The tenant of KeyID 5, generation 1, reads its notice and closes.
         let reader = std::thread::spawn(move || {

@@ -10,8 +10,19 @@ use clap::{Parser, Subcommand};
 use memveil_disk::{Cipher, CreateOpts, KeySource, ServeOpts};
 use memveil_vault::proto::KeyKind;
 
+/// `memveil disk --help`, after the verbs.
+const AFTER_LONG_HELP: &str = "\
+Examples:
+  memveil disk create disk.img --size 1G --key disk0          # a new key made in the vault
+  memveil disk serve disk.img --mount /run/disk0              # prints a ready line
+  mkfs.ext4 /dev/loop0 && mount /dev/loop0 /mnt               # the device it names
+  memveil disk info disk.img
+
+See docs/disk.md.";
+
 /// Flags of `memveil disk`.
 #[derive(Parser)]
+#[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
     #[command(subcommand)]
     verb: Verb,
@@ -19,84 +30,137 @@ pub struct Args {
 
 #[derive(Subcommand)]
 enum Verb {
-    /// Create an image (or adopt an existing one) and bind it to a vault key.
+    /// Create an image (or adopt an existing one) and bind it to a vault key
     ///
+    /// Create an image (or adopt an existing one) and bind it to a vault key.
     /// Without --import-key-file or --existing-key, a new random key is made
     /// in the vault. The binding is written to IMAGE.memveil-disk.
+    #[command(verbatim_doc_comment)]
     Create(CreateArgs),
+    /// Serve an image as a file in a FUSE mount and a loop device
+    ///
     /// Serve an image: FUSE mount with the decrypted image as a file, and a
-    /// loop device over it; prints one `memveil-disk ready …` line; SIGTERM
+    /// loop device over it; prints one `memveil-disk ready ...` line; SIGTERM
     /// or SIGINT takes everything down (filesystems on the device, the
     /// device, the mount).
+    #[command(verbatim_doc_comment)]
     Serve(ServeArgs),
-    /// Print an image's binding.
+    /// Print an image's binding
+    #[command(after_long_help = INFO_EXAMPLES)]
     Info {
-        /// The image.
+        /// The image
         image: PathBuf,
     },
 }
 
+/// `memveil disk info --help`, after the options.
+const INFO_EXAMPLES: &str = "\
+Examples:
+  memveil disk info disk.img    # cipher, key name, kind and version, sectors, size, check value";
+
+/// `memveil disk create --help`, after the options.
+const CREATE_EXAMPLES: &str = "\
+Examples:
+  memveil disk create disk.img --size 1G --key disk0 --persistent
+  memveil disk create disk.img --size 1G --key disk1 --key-size 512 --sector-size 4096
+  memveil vault create disk2 --kind xts128 && memveil disk create disk.img --key disk2 --existing-key
+  memveil disk create old.img --key old --import-key-file old.key   # adopt a cryptsetup image
+  memveil disk create base.img --size 1G --plain                    # the benchmark's baseline";
+
 #[derive(Parser)]
+#[command(after_long_help = CREATE_EXAMPLES)]
 struct CreateArgs {
-    /// The image file (created sparse when missing).
+    /// The image file (created sparse when missing)
     image: PathBuf,
-    /// Size of a new image (e.g. 1G, 64M); an existing image keeps its own.
+    /// Size of a new image (e.g. 1G, 64M); an existing image keeps its own
     #[arg(long, value_parser = super::rng::parse_size)]
     size: Option<u64>,
-    /// The vault's socket.
+    /// The vault's socket
     #[arg(long, value_name = "SOCKET")]
     vault: Option<PathBuf>,
-    /// The key's name in the vault.
+    /// The key's name in the vault
     #[arg(long, value_name = "NAME")]
     key: Option<String>,
+    /// Key size in bits, as cryptsetup counts it: 256 or 512
+    ///
     /// Key size in bits as cryptsetup counts it: 256 (AES-128-XTS, cryptsetup's
     /// default for plain mode) or 512 (AES-256-XTS).
-    #[arg(long, default_value_t = 256, value_parser = parse_key_size)]
+    #[arg(long, value_name = "BITS", default_value_t = 256, value_parser = parse_key_size,
+          verbatim_doc_comment)]
     key_size: u32,
+    /// Import the key from this file (raw 32 or 64 bytes; one way)
+    ///
     /// Import the key from this file (raw bytes, as `cryptsetup --key-file`
     /// reads them: 32 or 64). One way: nothing gives it back.
-    #[arg(long, value_name = "FILE", conflicts_with = "existing_key")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "existing_key",
+        verbatim_doc_comment
+    )]
     import_key_file: Option<PathBuf>,
+    /// Bind a key already in the vault
+    ///
     /// Bind a key already in the vault (`memveil vault create NAME --kind xts128`).
-    #[arg(long)]
+    #[arg(long, verbatim_doc_comment)]
     existing_key: bool,
-    /// Keep the key across vault restarts (the vault needs --state).
+    /// Keep the key across vault restarts (the vault needs --state)
     #[arg(long)]
     persistent: bool,
-    /// Encryption sector size: 512 (default) or 4096.
-    #[arg(long, default_value_t = 512)]
+    /// Encryption sector size: 512 (default) or 4096
+    #[arg(long, value_name = "BYTES", default_value_t = 512)]
     sector_size: u32,
+    /// Tweaks count --sector-size sectors, not 512 bytes
+    ///
     /// Tweaks count sectors of --sector-size instead of 512 bytes
     /// (cryptsetup --iv-large-sectors).
-    #[arg(long)]
+    #[arg(long, verbatim_doc_comment)]
     iv_large_sectors: bool,
+    /// No encryption at all (a baseline for measurements)
+    ///
     /// No encryption at all (a baseline for measurements; not dm-crypt format).
-    #[arg(long, conflicts_with_all = ["key", "import_key_file", "existing_key", "vault"])]
+    #[arg(long, conflicts_with_all = ["key", "import_key_file", "existing_key", "vault"],
+          verbatim_doc_comment)]
     plain: bool,
 }
 
+/// `memveil disk serve --help`, after the options.
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  memveil disk serve disk.img --vault /run/memveil/vault.sock --mount /run/disk0
+  memveil disk serve disk.img --mount /run/disk0 --threads 2 --lanes-per-thread 2
+  memveil disk serve disk.img --mount /run/disk0 --no-loop    # the file only
+  kill -TERM PID                    # unmounts, detaches the loop device, unmounts FUSE";
+
 #[derive(Parser)]
+#[command(after_long_help = SERVE_EXAMPLES)]
 struct ServeArgs {
-    /// The image (bound with `memveil disk create`).
+    /// The image (bound with `memveil disk create`)
     image: PathBuf,
-    /// The vault's socket.
+    /// The vault's socket
     #[arg(long, value_name = "SOCKET")]
     vault: Option<PathBuf>,
-    /// An empty directory to mount the FUSE filesystem on.
+    /// An empty directory to mount the FUSE filesystem on
     #[arg(long, value_name = "DIR")]
     mount: PathBuf,
+    /// FUSE worker threads, each with a vault lane
+    ///
     /// FUSE worker threads, each with its own vault lane and buffer.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, value_name = "N", default_value_t = 4, verbatim_doc_comment)]
     threads: usize,
+    /// Vault lanes per worker
+    ///
     /// Vault lanes per worker (2: one batch of sectors computed while the next is submitted).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, verbatim_doc_comment)]
     lanes_per_thread: usize,
-    /// Serve the file only; attach no loop device.
+    /// Serve the file only; attach no loop device
     #[arg(long)]
     no_loop: bool,
+    /// Seconds to wait for busy mounts at shutdown
+    ///
     /// Seconds to wait for busy mounts and the loop device at shutdown
     /// before detaching lazily.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_name = "SECS", default_value_t = 10, verbatim_doc_comment)]
     grace_secs: u64,
 }
 

@@ -39,13 +39,27 @@ flags; 4 refused: this uid may not program KeyIDs; 10 + the PCONFIG status for a
 request the table refused: 11 INVALID_PROG_CMD, 12 ENTROPY_ERROR (retry),
 13 INVALID_KEYID, 14 INVALID_ENC_ALG, 15 DEVICE_BUSY (retry).";
 
+/// `memveil key --help`, after the verbs.
+pub const AFTER_LONG_HELP: &str = "\
+Examples:
+  memveil vault serve &                                  # holds the host key table
+  memveil key program --keyid 5 --mode random            # a random AES-XTS-128 key
+  memveil run --keyid 5 -- ./server                      # a tenant under KeyID 5
+  memveil key status                                     # the table and its tenants
+  memveil key clear 5                                    # crypto-erase: tenants stopped
+
+See docs/vault.md, \"Host key table\".";
+
 /// Flags of `memveil key`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET or /run/memveil/vault.sock).
-    #[arg(long, global = true)]
+    /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET)
+    ///
+    /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET or
+    /// /run/memveil/vault.sock).
+    #[arg(long, global = true, verbatim_doc_comment)]
     pub socket: Option<PathBuf>,
-    /// What to do.
+    /// What to do
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -61,39 +75,89 @@ pub enum ModeArg {
     NoEncrypt,
 }
 
+/// `memveil key program --help`, after the options.
+const PROGRAM_EXAMPLES: &str = "\
+Examples:
+  memveil key program --keyid 5 --mode random
+  memveil key program --keyid 5 --mode random --alg aes-xts-256 --entropy-file seed.bin
+  head -c 64 /dev/urandom > k && memveil key program --keyid 6 --mode software \\
+      --alg aes-xts-256 --key-file k && shred -u k
+  memveil key program --keyid 7 --mode no-encrypt       # tenants then need --accept-no-encrypt";
+
+/// `memveil key clear --help`, after the options.
+const CLEAR_EXAMPLES: &str = "\
+Examples:
+  memveil key clear 5         # KEYID_CLEAR_KEY: key wiped, tenants stopped (exit 123)";
+
+/// `memveil key status --help`, after the options.
+const STATUS_EXAMPLES: &str = "\
+Examples:
+  memveil key status                    # KeyID 0 and every KeyID programmed or cleared
+  memveil key status --all              # every KeyID
+  memveil key status --json | jq '.keyids[] | select(.generation > 0)'";
+
 /// Verbs.
 #[derive(clap::Subcommand, Debug)]
 pub enum Cmd {
-    /// Program a KeyID (PCONFIG MKTME_KEY_PROGRAM); its old key, if any, is wiped.
+    /// Program a KeyID (PCONFIG MKTME_KEY_PROGRAM); its old key is wiped
+    #[command(after_long_help = PROGRAM_EXAMPLES)]
     Program {
+        /// The KeyID (1..=max; KeyID 0 is the platform key)
+        ///
         /// The KeyID (1..=max; KeyID 0 is the platform key and cannot be programmed).
-        #[arg(long)]
+        #[arg(long, value_name = "N", verbatim_doc_comment)]
         keyid: u16,
-        /// random, software or no-encrypt.
-        #[arg(long, value_enum)]
+        /// How to program it
+        ///
+        /// random: a key from the vault's DRNG (KEYID_SET_KEY_RANDOM); software:
+        /// the keys in --key-file (KEYID_SET_KEY_DIRECT); no-encrypt: memory
+        /// under the KeyID is plaintext (KEYID_NO_ENCRYPT).
+        #[arg(long, value_enum, verbatim_doc_comment)]
         mode: ModeArg,
-        /// aes-xts-128 (default) or aes-xts-256; not for no-encrypt.
+        /// aes-xts-128 (default) or aes-xts-256; not for no-encrypt
         #[arg(long)]
         alg: Option<Algorithm>,
-        /// software: raw bytes, the data key then the tweak key (2x16 bytes for aes-xts-128, 2x32 for aes-xts-256). Read by this command and sent once over the vault socket: it passes through this process's (locked) memory.
-        #[arg(long, value_name = "F")]
+        /// software: the data key then the tweak key, raw bytes
+        ///
+        /// software: raw bytes, the data key then the tweak key (2x16 bytes for
+        /// aes-xts-128, 2x32 for aes-xts-256). Read by this command and sent once
+        /// over the vault socket: it passes through this process's (locked)
+        /// memory.
+        #[arg(long, value_name = "F", verbatim_doc_comment)]
         key_file: Option<PathBuf>,
-        /// random: raw bytes XORed into the vault's random key (two halves, each the key length or 64 bytes), as PCONFIG mixes caller entropy.
-        #[arg(long, value_name = "F")]
+        /// random: raw bytes XORed into the vault's random key
+        ///
+        /// random: raw bytes XORed into the vault's random key (two halves, each
+        /// the key length or 64 bytes), as PCONFIG mixes caller entropy.
+        #[arg(long, value_name = "F", verbatim_doc_comment)]
         entropy_file: Option<PathBuf>,
     },
-    /// Clear a KeyID (KEYID_CLEAR_KEY): its key is wiped and it falls back to the platform key.
+    /// Clear a KeyID (KEYID_CLEAR_KEY): back to the platform key
+    ///
+    /// Clear a KeyID (KEYID_CLEAR_KEY): its key is wiped and it falls back to
+    /// the platform key; the vault stops the KeyID's running tenants
+    /// (`memveil run --keyid`) before it answers.
+    #[command(after_long_help = CLEAR_EXAMPLES, verbatim_doc_comment)]
     Clear {
-        /// The KeyID.
+        /// The KeyID
         keyid: u16,
     },
-    /// Show the table: each KeyID's mode, algorithm, generation and who programmed it (never key bytes).
+    /// Show the table: mode, algorithm, generation, programmer, tenants
+    ///
+    /// Show the table: each KeyID's mode, algorithm, generation, who
+    /// programmed it (never key bytes) and how many tenants (`memveil run
+    /// --keyid`) run under it now ("?" and null from a vault that predates
+    /// the count).
+    #[command(after_long_help = STATUS_EXAMPLES, verbatim_doc_comment)]
     Status {
-        /// Machine-readable output (every KeyID).
+        /// Machine-readable output (every KeyID)
         #[arg(long)]
         json: bool,
-        /// List every KeyID, not only KeyID 0 and those programmed or cleared since the vault started.
-        #[arg(long)]
+        /// List every KeyID, not only those programmed or cleared
+        ///
+        /// List every KeyID, not only KeyID 0 and those programmed or cleared
+        /// since the vault started.
+        #[arg(long, verbatim_doc_comment)]
         all: bool,
     },
 }
@@ -111,11 +175,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     match args.cmd {
         Cmd::Status { json, all } => {
             let t = c.keyid_status().map_err(|e| anyhow::anyhow!("{e}"))?;
+            // None from a vault that predates the count.
+            let tenants = c.keyid_tenants().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let tenants = tenants.as_deref();
             let mut out = std::io::stdout().lock();
             let r = if json {
-                writeln!(out, "{}", status_json(&t))
+                writeln!(out, "{}", status_json(&t, tenants))
             } else {
-                print_status(&mut out, &t, all)
+                print_status(&mut out, &t, tenants, all)
             };
             match r {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
@@ -243,21 +310,43 @@ fn fields(s: &KeyIdState) -> String {
     )
 }
 
-fn print_status(out: &mut impl std::io::Write, t: &KeyIdTable, all: bool) -> std::io::Result<()> {
+/// KeyID `keyid`'s running tenants, when the vault said (`tenants`, by KeyID).
+fn tenants_of(tenants: Option<&[u32]>, keyid: u16) -> Option<u32> {
+    tenants.map(|n| n.get(usize::from(keyid)).copied().unwrap_or(0))
+}
+
+fn print_status(
+    out: &mut impl std::io::Write,
+    t: &KeyIdTable,
+    tenants: Option<&[u32]>,
+    all: bool,
+) -> std::io::Result<()> {
     let programmed = t
         .entries
         .iter()
         .filter(|e| e.keyid != 0 && !matches!(e.mode, memveil_engine::KeyIdMode::Clear))
         .count();
+    let running = tenants.map_or_else(
+        || {
+            "running tenants unknown (the vault predates the count: restart it with this build)"
+                .to_owned()
+        },
+        |n| {
+            format!(
+                "{} running tenant(s)",
+                n.iter().map(|&c| u64::from(c)).sum::<u64>()
+            )
+        },
+    );
     writeln!(
         out,
-        "host key table: KeyIDs 1..={} programmable, {programmed} programmed; keys in the vault's {} memory; cleared at vault restart",
+        "host key table: KeyIDs 1..={} programmable, {programmed} programmed, {running}; keys in the vault's {} memory; cleared at vault restart",
         t.max_keyid, t.level
     )?;
     writeln!(
         out,
-        "{:<6} {:<10} {:<11} {:>10} {:>13}",
-        "KEYID", "MODE", "ALG", "GENERATION", "PROGRAMMED-BY"
+        "{:<6} {:<10} {:<11} {:>10} {:>13} {:>7}",
+        "KEYID", "MODE", "ALG", "GENERATION", "PROGRAMMED-BY", "TENANTS"
     )?;
     for e in t
         .entries
@@ -266,19 +355,20 @@ fn print_status(out: &mut impl std::io::Write, t: &KeyIdTable, all: bool) -> std
     {
         writeln!(
             out,
-            "{:<6} {:<10} {:<11} {:>10} {:>13}",
+            "{:<6} {:<10} {:<11} {:>10} {:>13} {:>7}",
             e.keyid,
             e.mode.name(),
             e.mode.algorithm().map_or("-", Algorithm::name),
             e.generation,
             e.programmed_by
-                .map_or_else(|| "-".to_owned(), |u| u.to_string())
+                .map_or_else(|| "-".to_owned(), |u| u.to_string()),
+            tenants_of(tenants, e.keyid).map_or_else(|| "?".to_owned(), |n| n.to_string())
         )?;
     }
     Ok(())
 }
 
-fn status_json(t: &KeyIdTable) -> serde_json::Value {
+fn status_json(t: &KeyIdTable, tenants: Option<&[u32]>) -> serde_json::Value {
     serde_json::json!({
         "max_keyid": t.max_keyid,
         "level": t.level,
@@ -288,6 +378,7 @@ fn status_json(t: &KeyIdTable) -> serde_json::Value {
             "alg": e.mode.algorithm().map(Algorithm::name),
             "generation": e.generation,
             "programmed_by": e.programmed_by,
+            "tenants": tenants_of(tenants, e.keyid),
         })).collect::<Vec<_>>(),
     })
 }

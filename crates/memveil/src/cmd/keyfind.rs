@@ -6,41 +6,68 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use memveil_keyfind::{read_core, read_process, read_raw, scan_image, Image};
 
+/// `memveil keyfind --help`, after the options.
+const AFTER_LONG_HELP: &str = "\
+Keys are shown as a key check value (first 4 bytes of AES_K(0^128)) unless
+--show-keys.
+
+Exit status: 0 nothing found; 3 a key schedule, the pattern or a private key's
+secret was found; 2 usage error; 1 the source could not be read.
+
+Examples:
+  memveil keyfind --pid $(pidof redis-server)          # a live process (root or its owner)
+  gcore -o core $(pidof app) && memveil keyfind --core core.$(pidof app)
+  memveil keyfind --pattern 73656372657421 image.raw   # also look for these bytes
+  memveil keyfind --json --max-errors 0 image.raw      # exact schedules only, as JSON
+  memveil keyfind --core core.1234 --private-key server.key  # an RSA/EC/Ed25519 key's secrets
+
+See docs/keyfind.md.";
+
 /// Flags of `memveil keyfind`.
 ///
 /// Exit status: 0 nothing found, 3 at least one key schedule (or the
-/// `--pattern`) found, 2 usage error, 1 the source could not be read.
+/// `--pattern`, or a `--private-key` secret) found, 2 usage error, 1 the
+/// source could not be read.
 #[derive(clap::Args)]
-#[command(
-    after_help = "Exit status: 0 nothing found; 3 a key schedule or the pattern was found; 2 usage error; 1 the source could not be read.\n\
-Keys are shown as a key check value (first 4 bytes of AES_K(0^128)) unless --show-keys. See docs/keyfind.md."
-)]
+#[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
+    /// Scan every readable mapping of this live process
+    ///
     /// Scan every readable mapping of this live process (/proc/PID/mem; needs
     /// ptrace rights: same user and dumpable, or root).
-    #[arg(long, conflicts_with_all = ["core", "file"])]
+    #[arg(long, conflicts_with_all = ["core", "file"], verbatim_doc_comment)]
     pid: Option<u32>,
+    /// Scan an ELF64 core file (gcore or kernel core)
+    ///
     /// Scan the PT_LOAD segments of an ELF64 core file (gcore or kernel core).
-    #[arg(long, conflicts_with = "file")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "file",
+        verbatim_doc_comment
+    )]
     core: Option<PathBuf>,
-    /// Scan a raw memory image (offsets are file offsets).
+    /// Scan a raw memory image (offsets are file offsets)
     file: Option<PathBuf>,
-    /// Largest number of wrong bits in a schedule still reported.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=64))]
+    /// Largest number of wrong bits in a schedule still reported
+    #[arg(long, value_name = "BITS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=64))]
     max_errors: u32,
-    /// Also search for these exact bytes (hex), e.g. a known secret.
-    #[arg(long)]
+    /// Also search for these exact bytes (hex), e.g. a known secret
+    #[arg(long, value_name = "HEX")]
     pattern: Option<String>,
+    /// Also search for the secrets of this private key file
+    ///
     /// Also search for the secrets of this private key file (PKCS#8, PKCS#1,
     /// SEC 1 or OpenSSH): RSA's d, p and q, an EC scalar, an Ed25519 seed and
     /// expanded scalar, in both byte orders. The file is read into locked
     /// memory and wiped; the secrets are held masked while the scan runs.
-    #[arg(long, value_name = "FILE")]
+    /// Repeat it for several keys.
+    #[arg(long, value_name = "FILE", verbatim_doc_comment)]
     private_key: Vec<PathBuf>,
-    /// Print the keys themselves in hex (default: only a key check value).
+    /// Print the keys themselves in hex (default: only a key check value)
     #[arg(long)]
     show_keys: bool,
-    /// Print JSON.
+    /// Print JSON
     #[arg(long)]
     json: bool,
 }

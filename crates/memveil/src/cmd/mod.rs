@@ -9,5 +9,8 @@ pub mod keyfind;
 pub mod probe;
 pub mod rng;
 pub mod run;
+pub mod run_calibrate;
+pub mod run_cgroup;
 pub mod run_keyid;
+pub mod run_report;
 pub mod vault;

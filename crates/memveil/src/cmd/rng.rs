@@ -12,8 +12,19 @@ use memveil_drng::{DrngError, SourceKind, Stream, StreamKind, StreamOptions};
 #[path = "rng_serve.rs"]
 mod serve_cmd;
 
+/// `memveil rng --help`, after the verbs.
+const AFTER_LONG_HELP: &str = "\
+Examples:
+  memveil rng read --bytes 10M --source drbg | rngtest          # Debian's rngtest
+  memveil rng read --bytes 10M --source seed | memveil rng test  # the same battery
+  memveil rng serve --unix /run/memveil-egd.sock --stats /run/memveil-egd.stats &
+  memveil rng feed-kernel --once --json                          # one batch into the pool
+
+See docs/rng.md.";
+
 /// Flags of `memveil rng`.
 #[derive(clap::Args)]
+#[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
     #[command(subcommand)]
     verb: Verb,
@@ -22,57 +33,92 @@ pub struct Args {
 /// The verbs of `memveil rng`.
 #[derive(clap::Subcommand)]
 enum Verb {
-    /// Write an entropy stream to stdout (binary), for any tool to test.
+    /// Write an entropy stream to stdout (binary), for any tool to test
     Read(ReadArgs),
     /// Run the FIPS 140-2 battery on a stream exactly as rngtest does
+    ///
+    /// Run the FIPS 140-2 battery on a stream exactly as rngtest does
     /// (statistics on stderr, rngtest's exit codes).
+    #[command(verbatim_doc_comment)]
     Test(TestArgs),
+    /// Serve entropy to many consumers over EGD (Unix socket, loopback TCP)
+    ///
     /// Serve entropy to many consumers over the EGD protocol (Unix socket,
     /// loopback TCP), each its own stream, fair shares, counters.
+    #[command(verbatim_doc_comment)]
     Serve(serve_cmd::ServeArgs),
+    /// Feed seed-grade entropy into the kernel pool, as rngd does
+    ///
     /// Feed seed-grade entropy into the kernel pool (RNDADDENTROPY), as rngd
     /// does, with a conservative credit policy.
+    #[command(verbatim_doc_comment)]
     FeedKernel(serve_cmd::FeedArgs),
 }
 
+/// `memveil rng read --help`, after the options.
+const READ_EXAMPLES: &str = "\
+Examples:
+  memveil rng read --bytes 10M --source drbg | rngtest
+  memveil rng read --bytes 1M --source rdrand > rdrand.bin      # raw, health-tested
+  memveil rng read --source seed --input getrandom | head -c 64 | xxd
+  memveil rng read --bytes 4K --prediction-resistance > key-material.bin";
+
 /// Flags of `memveil rng read`.
 #[derive(clap::Args)]
+#[command(after_long_help = READ_EXAMPLES)]
 struct ReadArgs {
+    /// Bytes to write (K, M, G suffixes); default: until stdout closes
+    ///
     /// Bytes to write (suffixes K, M, G = 2^10, 2^20, 2^30); without it the
     /// stream runs until stdout is closed.
-    #[arg(long, value_name = "N", value_parser = parse_size)]
+    #[arg(long, value_name = "N", value_parser = parse_size, verbatim_doc_comment)]
     bytes: Option<u64>,
+    /// The stream: rdrand, rdseed, seed, drbg, getrandom
+    ///
     /// The stream: rdrand, rdseed (raw, health-tested), seed (RDRAND reduced
     /// 512:1 by AES-CBC-MAC), drbg (CTR_DRBG AES-256), getrandom.
-    #[arg(long, default_value = "drbg", value_parser = parse_stream)]
+    #[arg(long, default_value = "drbg", value_parser = parse_stream, verbatim_doc_comment)]
     source: StreamKind,
+    /// Raw source of seed and drbg
+    ///
     /// The raw source under `seed` and `drbg`: rdrand (conditioned 512:1),
     /// rdseed or getrandom (used directly).
-    #[arg(long, default_value = "rdrand", value_parser = parse_source)]
+    #[arg(long, default_value = "rdrand", value_parser = parse_source, verbatim_doc_comment)]
     input: SourceKind,
-    /// Reseed the DRBG from its input before every 64 KiB request.
+    /// Reseed the DRBG from its input before every 64 KiB request
     #[arg(long)]
     prediction_resistance: bool,
-    /// Write binary data even when stdout is a terminal.
+    /// Write binary data even when stdout is a terminal
     #[arg(long)]
     force: bool,
-    /// Do not print the source name and byte count on stderr.
+    /// Do not print the source name and byte count on stderr
     #[arg(long, short)]
     quiet: bool,
 }
 
+/// `memveil rng test --help`, after the options.
+const TEST_EXAMPLES: &str = "\
+Exit status, as rngtest's: 0 every block passed; 1 a block failed, or none was
+tested; 10 --json with --pipe; 11 the input or output failed.
+
+Examples:
+  memveil rng read --bytes 2500000 | memveil rng test           # 1000 blocks
+  memveil rng test -c 100 --json rdrand.bin                     # counters as JSON
+  memveil rng read --bytes 1M | memveil rng test -p > passed.bin # keep the passing blocks";
+
 /// Flags of `memveil rng test`.
 #[derive(clap::Args)]
+#[command(after_long_help = TEST_EXAMPLES)]
 struct TestArgs {
-    /// Input file (default: stdin).
+    /// Input file (default: stdin)
     file: Option<PathBuf>,
-    /// Stop after this many 20000-bit blocks (rngtest -c).
+    /// Stop after this many 20000-bit blocks (rngtest -c)
     #[arg(long, short = 'c', value_name = "N", default_value_t = 0)]
     blockcount: u64,
-    /// Pipe mode (rngtest -p): copy passing blocks to stdout, no banner.
+    /// Pipe mode (rngtest -p): copy passing blocks to stdout, no banner
     #[arg(long, short = 'p')]
     pipe: bool,
-    /// Print the counters as JSON on stdout (not with --pipe).
+    /// Print the counters as JSON on stdout (not with --pipe)
     #[arg(long)]
     json: bool,
 }

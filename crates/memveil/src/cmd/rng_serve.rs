@@ -11,71 +11,113 @@ use memveil_drng::kernel::{FeedError, FeedPolicy, Feeder};
 use memveil_drng::serve::{Listen, Output, SeedSpec, ServeConfig, Server};
 use memveil_drng::SourceKind;
 
+/// `memveil rng serve --help`, after the options.
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  memveil rng serve --unix /run/memveil-egd.sock --stats /run/memveil-egd.stats &
+  qemu-system-x86_64 ... -chardev socket,id=c0,path=/run/memveil-egd.sock \\
+      -object rng-egd,id=rng0,chardev=c0 -device virtio-rng-pci,rng=rng0
+  memveil rng serve --unix /run/vm1.sock --unix /run/vm2.sock --rate-limit 64K
+  memveil rng serve --tcp 127.0.0.1:7070 --source rdseed --fallback seed
+  memveil rng serve --unix /tmp/egd.sock --duration 10      # counters as JSON at the end
+  socat - UNIX-CONNECT:/run/memveil-egd.stats               # the counters while it runs";
+
 /// Flags of `memveil rng serve`.
 #[derive(clap::Args)]
+#[command(after_long_help = SERVE_EXAMPLES)]
 pub(super) struct ServeArgs {
+    /// Serve EGD on a Unix socket at PATH (repeatable)
+    ///
     /// Serve EGD on a Unix socket at PATH (repeatable). QEMU:
     /// `-chardev socket,id=c0,path=PATH -object rng-egd,id=rng0,chardev=c0
     /// -device virtio-rng-pci,rng=rng0`.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
     unix: Vec<PathBuf>,
+    /// Serve EGD on TCP ADDR:PORT (repeatable; loopback only)
+    ///
     /// Serve EGD on TCP ADDR:PORT (repeatable; loopback only unless
     /// --allow-remote).
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", verbatim_doc_comment)]
     tcp: Vec<SocketAddr>,
+    /// Accept non-loopback TCP (EGD has no authentication)
+    ///
     /// Accept non-loopback TCP addresses. EGD has no authentication: anyone
     /// who can connect can drain entropy.
-    #[arg(long)]
+    #[arg(long, verbatim_doc_comment)]
     allow_remote: bool,
-    /// Permission bits of the Unix sockets, octal.
-    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    /// Permission bits of the Unix sockets, octal
+    #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
     unix_mode: u32,
+    /// Seed source: seed, rdseed, getrandom
+    ///
     /// Seed source: seed (RDRAND reduced 512:1 by AES-CBC-MAC), rdseed,
     /// getrandom.
-    #[arg(long, default_value = "seed", value_parser = SeedSpec::parse)]
+    #[arg(long, default_value = "seed", value_parser = SeedSpec::parse, verbatim_doc_comment)]
     source: SeedSpec,
+    /// Fallback seed source (repeatable, in order)
+    ///
     /// Fallback seed source used if the previous one is unavailable or gets
     /// quarantined (repeatable, in order). Without it a failed source stops
     /// serving.
-    #[arg(long, value_parser = SeedSpec::parse)]
+    #[arg(long, value_name = "SOURCE", value_parser = SeedSpec::parse, verbatim_doc_comment)]
     fallback: Vec<SeedSpec>,
+    /// What consumers get: drbg or seed
+    ///
     /// What consumers get: drbg (own CTR_DRBG AES-256 stream each, seeded
     /// from the pool) or seed (seed-grade bytes straight from the pool).
-    #[arg(long, default_value = "drbg")]
+    #[arg(long, default_value = "drbg", verbatim_doc_comment)]
     output: Output,
-    /// Reseed each consumer's DRBG before every request.
+    /// Reseed each consumer's DRBG before every request
     #[arg(long)]
     prediction_resistance: bool,
-    /// DRBG reseed interval, in requests.
-    #[arg(long, default_value_t = 1024)]
+    /// DRBG reseed interval, in requests
+    #[arg(long, value_name = "N", default_value_t = 1024)]
     reseed_interval: u64,
-    /// Per-consumer rate limit in bytes per second (suffixes K, M).
+    /// Per-consumer rate limit in bytes per second (suffixes K, M)
     #[arg(long, value_name = "BYTES", value_parser = super::parse_size)]
     rate_limit: Option<u64>,
+    /// Rate limit for the consumers of one endpoint (repeatable)
+    ///
     /// Rate limit for the consumers of one endpoint, overriding --rate-limit:
     /// `unix:/run/vm1.sock=64K` or `tcp:127.0.0.1:7070=1M` (repeatable; one
     /// socket per VM gives per-VM limits).
-    #[arg(long, value_name = "ENDPOINT=BYTES", value_parser = parse_listener_rate)]
+    #[arg(long, value_name = "ENDPOINT=BYTES", value_parser = parse_listener_rate,
+          verbatim_doc_comment)]
     rate_limit_on: Vec<(String, u64)>,
+    /// Consumers served at once (more are closed)
+    ///
     /// Consumers served at once; more are accepted and closed.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = 256, verbatim_doc_comment)]
     max_consumers: usize,
+    /// Largest read per EGD command (1..=255)
+    ///
     /// Largest blocking read served per EGD command (1..=255).
-    #[arg(long, default_value_t = 255)]
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = 255,
+        verbatim_doc_comment
+    )]
     max_request: u8,
-    /// Seed producer threads.
-    #[arg(long, default_value_t = 1)]
+    /// Seed producer threads
+    #[arg(long, value_name = "N", default_value_t = 1)]
     producers: usize,
+    /// Unix socket that answers each connection with the counters
+    ///
     /// Unix socket that answers every connection with the counters as JSON
     /// (e.g. `socat - UNIX-CONNECT:PATH`).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
     stats: Option<PathBuf>,
+    /// Counters on stderr every SECS s (0: off)
+    ///
     /// Print a one-line counter summary on stderr every SECS seconds (0: off).
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    #[arg(long, default_value_t = 60, value_name = "SECS", verbatim_doc_comment)]
     stats_interval: u64,
+    /// Stop after SECS seconds and print the counters as JSON
+    ///
     /// Stop after SECS seconds and print the counters as JSON on stdout
     /// (default: serve until killed).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", verbatim_doc_comment)]
     duration: Option<f64>,
 }
 
@@ -158,29 +200,43 @@ pub(super) fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// `memveil rng feed-kernel --help`, after the options.
+const FEED_EXAMPLES: &str = "\
+Examples:
+  memveil rng feed-kernel                              # 64 bytes a minute, 4 bits a byte
+  memveil rng feed-kernel --once --json                # one batch, the report as JSON
+  memveil rng feed-kernel --source rdseed --credit-bits-per-byte 0   # mix, credit nothing";
+
 /// Flags of `memveil rng feed-kernel`.
 #[derive(clap::Args)]
+#[command(after_long_help = FEED_EXAMPLES)]
 pub(super) struct FeedArgs {
+    /// Seed-grade input: seed (RDRAND 512:1) or rdseed
+    ///
     /// Seed-grade input: seed (RDRAND 512:1) or rdseed. getrandom is refused
     /// (it is the kernel pool: circular).
-    #[arg(long, default_value = "seed", value_parser = parse_feed_source)]
+    #[arg(long, default_value = "seed", value_parser = parse_feed_source, verbatim_doc_comment)]
     source: SourceKind,
-    /// Bytes per batch (16..=4096).
-    #[arg(long, default_value_t = 64)]
+    /// Bytes per batch (16..=4096)
+    #[arg(long, value_name = "N", default_value_t = 64)]
     bytes: usize,
+    /// Bits credited per byte (0..=8; 0: mix only)
+    ///
     /// Bits credited per byte fed (0..=8; 0 mixes without crediting).
-    #[arg(long, default_value_t = memveil_drng::kernel::DEFAULT_CREDIT_BITS_PER_BYTE)]
+    #[arg(long, value_name = "BITS",
+          default_value_t = memveil_drng::kernel::DEFAULT_CREDIT_BITS_PER_BYTE,
+          verbatim_doc_comment)]
     credit_bits_per_byte: u32,
-    /// Seconds between batches.
-    #[arg(long, default_value_t = 60.0)]
+    /// Seconds between batches
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     interval: f64,
-    /// Feed one batch and exit.
+    /// Feed one batch and exit
     #[arg(long)]
     once: bool,
-    /// The kernel's random device.
-    #[arg(long, default_value = "/dev/random")]
+    /// The kernel's random device
+    #[arg(long, value_name = "PATH", default_value = "/dev/random")]
     device: PathBuf,
-    /// Print the report as JSON on stdout at exit.
+    /// Print the report as JSON on stdout at exit
     #[arg(long)]
     json: bool,
 }

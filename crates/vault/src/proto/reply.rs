@@ -149,6 +149,9 @@ pub enum Reply {
     },
     /// Answer to `KeyIdStatus`.
     KeyIds(KeyIdTable),
+    /// Answer to `KeyIdTenants`: the running tenants (`memveil run --keyid`
+    /// connections) of each KeyID, indexed by KeyID, `0..=max_keyid`.
+    KeyIdTenants(Vec<u32>),
     /// Answer to `TenantKey`: the KeyID's state, then [`TENANT_KEY_LEN`]
     /// bytes of page key that [`encode_reply`] leaves out (its length prefix
     /// counts them; the vault sends them from its secret memory right after,
@@ -358,6 +361,13 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
                 put_keyid_state(&mut w, e);
             }
         }
+        Reply::KeyIdTenants(counts) => {
+            w.u8(tag::R_KEYID_TENANTS)
+                .u32(u32::try_from(counts.len()).unwrap_or(u32::MAX));
+            for &n in counts {
+                w.u32(n);
+            }
+        }
         Reply::TenantKey(state) => {
             w.u8(tag::R_TENANT_KEY);
             put_keyid_state(&mut w, state);
@@ -470,6 +480,14 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, DecodeError> {
                 level,
                 entries,
             })
+        }
+        tag::R_KEYID_TENANTS => {
+            let n = r.u32("keyid count")?;
+            let mut counts = Vec::new();
+            for _ in 0..n {
+                counts.push(r.u32("tenant count")?);
+            }
+            Reply::KeyIdTenants(counts)
         }
         tag::R_TENANT_KEY => {
             let state = r.keyid_state()?;

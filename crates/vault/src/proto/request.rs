@@ -123,6 +123,11 @@ pub enum Request<'a> {
         /// The KeyID.
         keyid: u16,
     },
+    /// How many tenants run under each KeyID (`memveil key status`): a
+    /// request of its own, so that a vault that predates it refuses it as
+    /// an unknown tag and the table's reply stays what older clients read.
+    /// Answered with [`Reply::KeyIdTenants`](super::Reply::KeyIdTenants).
+    KeyIdTenants,
     /// The public half of an asymmetric key, or a certificate's bytes.
     PublicKey {
         /// Name.
@@ -195,6 +200,7 @@ impl fmt::Debug for Request<'_> {
             ),
             Request::KeyIdStatus => f.write_str("KeyIdStatus"),
             Request::TenantKey { keyid } => write!(f, "TenantKey({keyid})"),
+            Request::KeyIdTenants => f.write_str("KeyIdTenants"),
             Request::PublicKey { name } => write!(f, "PublicKey({name:?})"),
             Request::DeriveKey {
                 name,
@@ -303,6 +309,9 @@ pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
         }
         Request::TenantKey { keyid } => {
             w.u8(tag::KEYID_TENANT).u16(*keyid);
+        }
+        Request::KeyIdTenants => {
+            w.u8(tag::KEYID_TENANTS);
         }
         Request::PublicKey { name } => {
             w.u8(tag::PUBKEY).str(name);
@@ -430,6 +439,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
         tag::KEYID_TENANT => Request::TenantKey {
             keyid: r.u16("keyid")?,
         },
+        tag::KEYID_TENANTS => Request::KeyIdTenants,
         tag::PUBKEY => Request::PublicKey { name: r.name()? },
         tag::DERIVE => Request::DeriveKey {
             name: r.name()?,

@@ -49,6 +49,7 @@ fn sample_requests() -> Vec<Request<'static>> {
         Request::ProgramKeyId(KeyProgram::clear(5)),
         Request::KeyIdStatus,
         Request::TenantKey { keyid: 9 },
+        Request::KeyIdTenants,
         Request::PublicKey { name: "srv".into() },
         Request::DeriveKey {
             name: "session".into(),
@@ -189,10 +190,27 @@ fn keyid_replies_round_trip_and_reject_impossible_states() {
             generation: 3,
             message: "cleared by uid 0".into(),
         },
+        Reply::KeyIdTenants(vec![0, 2, 0, u32::MAX]),
+        Reply::KeyIdTenants(Vec::new()),
     ] {
         let f = encode_reply(&rep);
         assert_eq!(decode_reply(body(&f)).expect("decode"), rep);
     }
+    // Tenant counts: one more announced than sent is truncated, one
+    // byte more is trailing.
+    let f = encode_reply(&Reply::KeyIdTenants(vec![1, 2]));
+    let mut b = body(&f).to_vec();
+    b[1] = 3;
+    assert!(matches!(
+        decode_reply(&b),
+        Err(DecodeError::Truncated {
+            what: "tenant count",
+            ..
+        })
+    ));
+    let mut b = body(&f).to_vec();
+    b.push(0);
+    assert_eq!(decode_reply(&b), Err(DecodeError::Trailing(1)));
     // A tenant key: the frame's length counts the key bytes sent after it.
     let rep = Reply::TenantKey(states()[1]);
     let mut f = encode_reply(&rep);
@@ -382,16 +400,21 @@ proptest! {
 
     #[test]
     fn keyid_tables_survive_any_corruption_without_panic(at in 0usize..200, v: u8) {
-        let f = encode_reply(&Reply::KeyIds(KeyIdTable {
-            max_keyid: 5,
-            level: "secret".into(),
-            entries: states(),
-        }));
-        let mut b = body(&f).to_vec();
-        let i = at % b.len();
-        b[i] = v;
-        let _ = decode_reply(&b);
-        let _ = decode_reply(&b[..i]);
+        for rep in [
+            Reply::KeyIds(KeyIdTable {
+                max_keyid: 5,
+                level: "secret".into(),
+                entries: states(),
+            }),
+            Reply::KeyIdTenants(vec![0, 1, 2, 3, 0, 7]),
+        ] {
+            let f = encode_reply(&rep);
+            let mut b = body(&f).to_vec();
+            let i = at % b.len();
+            b[i] = v;
+            let _ = decode_reply(&b);
+            let _ = decode_reply(&b[..i]);
+        }
     }
 
     #[test]

@@ -248,8 +248,9 @@ pub(crate) mod tag {
     pub const KEYID_PROGRAM: u8 = 16;
     pub const KEYID_STATUS: u8 = 17;
     pub const KEYID_TENANT: u8 = 18;
-    pub const PUBKEY: u8 = 19;
-    pub const DERIVE: u8 = 20;
+    pub const KEYID_TENANTS: u8 = 19;
+    pub const PUBKEY: u8 = 20;
+    pub const DERIVE: u8 = 21;
 
     pub const R_WELCOME: u8 = 0x81;
     pub const R_STATUS: u8 = 0x82;
@@ -261,6 +262,7 @@ pub(crate) mod tag {
     pub const R_KEYIDS: u8 = 0x88;
     pub const R_TENANT_KEY: u8 = 0x89;
     pub const R_TENANT_STOP: u8 = 0x8A;
-    pub const R_PUBLIC: u8 = 0x8B;
+    pub const R_KEYID_TENANTS: u8 = 0x8B;
+    pub const R_PUBLIC: u8 = 0x8C;
     pub const R_ERROR: u8 = 0xFF;
 }

@@ -8,6 +8,9 @@
 //! lock would stall every other thread that needs it (a `free` in the
 //! program, the watchdog).
 
+mod budget;
+mod guard;
+
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -21,10 +24,11 @@ use memveil_sys::uffd::{self, Fault, Uffd};
 
 use crate::policy::{Streams, Window, RUN_MAX};
 use crate::state::{zeroize_page, State, EVICTED, PINNED, RDONLY, RESIDENT, STATE_MASK};
+use crate::sweep::{Budget, Sweep};
 use crate::zeropool::ZeroPool;
 use crate::{
-    guard, mechanism_of, nanos, open_uffd, os, Config, HandlerCpu, Mechanism, ShieldError,
-    StatsFile, FOLLOW_EVERY, KEYIDS, PAGE, START_HOOK,
+    mechanism_of, nanos, open_uffd, os, Config, HandlerCpu, Mechanism, ShieldError, StatsFile,
+    FOLLOW_EVERY, KEYIDS, PAGE, START_HOOK,
 };
 
 /// Source of zeros for never-written pages (read-only data, outside any
@@ -57,15 +61,27 @@ pub(crate) struct Inner {
     zeros: Option<Arc<ZeroPool>>,
     /// The host KeyID's key (`memveil run --keyid`).
     pub(crate) page_key: Option<Arc<crate::PageKey>>,
+    /// The cost budget, when one is in force.
+    pub(crate) budget: Option<Budget>,
+    /// Ranges are registered chunk by chunk as the sweep needs them (a
+    /// budget without a plaintext bound; see `state::Chunks`).
+    pub(crate) lazy: bool,
     /// The handler thread's id, for the watchdog.
     pub(crate) handler_tid: AtomicU32,
     /// The watchdog's view of progress: incremented when the handler takes
     /// a batch of faults in hand and again when it has woken their threads,
     /// so it is odd while a batch is in hand.
     pub(crate) progress: AtomicU64,
-    /// The watchdog's sleep, cut short by [`Threads::stop`].
+    /// The watchdog's sleep, cut short by [`Threads::stop`] or a poke.
     pub(crate) guard_stop: Mutex<bool>,
     pub(crate) guard_wake: Condvar,
+    /// When the watchdog (the sweep) wakes next, ms since the shield
+    /// started.
+    pub(crate) guard_at: AtomicU64,
+    /// Set by [`Inner::poke_guard`]: the watchdog looks again at once.
+    pub(crate) poked: AtomicBool,
+    /// When the shield started (for `guard_at`, without the lock).
+    epoch: Instant,
 }
 
 impl Drop for Inner {
@@ -176,17 +192,30 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     )
     .map_err(os("UFFDIO_API"))?;
     let window = Window::new(cfg.window, cfg.max_plaintext);
+    let bounded = cfg.window != crate::UNBOUNDED || cfg.max_plaintext.is_some();
+    if !bounded && cfg.budget.is_none() {
+        return Err(ShieldError::NoGuarantee);
+    }
     let min_window = cfg.window.max(1);
     let batch = cfg.evict_batch.clamp(1, (min_window / 4).max(1));
     let pool = SecretPool::new(64 * 1024, cfg.policy)?;
+    let epoch = Instant::now();
     let level = pool.level();
     let bounce = pool.alloc_bytes(PAGE)?;
     let doorbell = uffd::map_anonymous_direct(PAGE).map_err(os("mmap doorbell"))?;
     fd.register(doorbell as u64, PAGE as u64, uffd::MODE_MISSING)
         .map_err(os("UFFDIO_REGISTER doorbell"))?;
     let c = stats.counters();
-    c.window.store(window.size(0) as u64, Ordering::Relaxed);
-    c.bound.store(window.limit(0) as u64, Ordering::Relaxed);
+    // No bound: the window and its bound read 0 ("none").
+    let shown = |n: usize| if bounded { n as u64 } else { 0 };
+    c.window.store(shown(window.size(0)), Ordering::Relaxed);
+    c.bound.store(shown(window.limit(0)), Ordering::Relaxed);
+    if let Some(b) = cfg.budget {
+        c.budget_percent
+            .store(u64::from(b.as_percent()), Ordering::Relaxed);
+        c.fault_floor_ns.store(b.fault_ns, Ordering::Relaxed);
+    }
+    c.lazy.store(u64::from(!bounded), Ordering::Relaxed);
     c.adaptive
         .store(u64::from(window.adaptive()), Ordering::Relaxed);
     c.mechanism.store(
@@ -233,6 +262,11 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
             keys: (0..KEYIDS).map(|_| None).collect(),
             bounce,
             frozen: false,
+            bounded,
+            sweep: cfg.budget.map(|b| Sweep::new(b, 0)),
+            epoch,
+            wake_at: u64::MAX,
+            unseen: 0,
         }),
         stats,
         stop: AtomicBool::new(false),
@@ -240,10 +274,15 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         pool,
         zeros,
         page_key: cfg.page_key.clone(),
+        budget: cfg.budget,
+        lazy: !bounded,
         handler_tid: AtomicU32::new(0),
         progress: AtomicU64::new(0),
         guard_stop: Mutex::new(false),
         guard_wake: Condvar::new(),
+        guard_at: AtomicU64::new(u64::MAX),
+        poked: AtomicBool::new(false),
+        epoch,
     });
     let worker = Arc::clone(&inner);
     // A thread started directly on its stack runs our code first: no
@@ -251,7 +290,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     let handler = stack_thread::spawn(HandlerStack::new()?, move || worker.serve())
         .map_err(os("spawn handler thread"))?;
     let idle = cfg.idle_handler && many_cpus && cfg.spin.is_zero();
-    let guard = if idle || adaptive {
+    let guard = if idle || adaptive || cfg.budget.is_some() {
         let g = Arc::clone(&inner);
         let spawned = stack_thread::spawn(HandlerStack::new()?, move || guard::run(&g, idle));
         match spawned {
@@ -414,18 +453,28 @@ impl Inner {
         wakes.clear();
         let cpu = {
             let mut st = self.lock();
+            let mut handoffs = 0;
             for f in faults {
                 if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
                     let _ = self.uffd.copy(self.doorbell as u64, doorbell_zeros());
                     continue;
                 }
+                handoffs += 1;
                 self.resolve(&mut st, f, wakes);
             }
+            self.stats
+                .counters()
+                .handoffs
+                .fetch_add(handoffs, Ordering::Relaxed);
             if !st.frozen && st.resident > st.window_size() {
                 // Only when victims were pinned when room was made.
                 self.shrink_to_window(&mut st);
             } else {
                 self.publish(&st);
+            }
+            let due = std::mem::replace(&mut st.wake_at, u64::MAX);
+            if due < self.guard_at.load(Ordering::Acquire) {
+                self.poke_guard();
             }
             // The thread is blocked in the fault just resolved (it is woken
             // below), so its rseq area exists.
@@ -449,16 +498,18 @@ impl Inner {
     /// Publishes the window and page counts to the statistics.
     pub(crate) fn publish(&self, st: &State) {
         let c = self.stats.counters();
-        let data = st.data_pages();
-        let w = st.window_size() as u64;
-        c.window.store(w, Ordering::Relaxed);
-        c.max_window.fetch_max(w, Ordering::Relaxed);
-        c.bound
-            .store(st.window.limit(data) as u64, Ordering::Relaxed);
-        c.resident.store(st.resident as u64, Ordering::Relaxed);
+        let data = st.data_pages() + st.unseen;
+        if st.bounded {
+            let w = st.window_size() as u64;
+            c.window.store(w, Ordering::Relaxed);
+            c.max_window.fetch_max(w, Ordering::Relaxed);
+            c.bound
+                .store(st.window.limit(st.data_pages()) as u64, Ordering::Relaxed);
+        }
+        let resident = (st.resident + st.unseen) as u64;
+        c.resident.store(resident, Ordering::Relaxed);
         c.evicted.store(st.evicted as u64, Ordering::Relaxed);
-        c.max_resident
-            .fetch_max(st.resident as u64, Ordering::Relaxed);
+        c.max_resident.fetch_max(resident, Ordering::Relaxed);
         c.max_data.fetch_max(data as u64, Ordering::Relaxed);
     }
 
@@ -503,6 +554,13 @@ impl Inner {
             wakes.push((addr as u64, PAGE as u64));
             return;
         };
+        if !st.ranges[pos].registered(i) {
+            // A chunk unregistered since the fault was read (all its pages
+            // went back to the kernel): the kernel serves the retry.
+            c.spurious.fetch_add(1, Ordering::Relaxed);
+            wakes.push((addr as u64, PAGE as u64));
+            return;
+        }
         let s = st.ranges[pos].state(i) & STATE_MASK;
         if s == RESIDENT {
             // Resolved meanwhile (a run brought it in, or another thread's
@@ -563,7 +621,9 @@ impl Inner {
             let stop = (i.saturating_add(want)).min(r.pages);
             while end < stop {
                 let s = r.state(end);
-                if s & PINNED != 0 || s & STATE_MASK == RESIDENT {
+                // A run stays inside what the userfaultfd covers: a copy
+                // that reaches an unregistered chunk fails whole (ENOENT).
+                if s & PINNED != 0 || s & STATE_MASK == RESIDENT || !r.registered(end) {
                     break;
                 }
                 end += 1;
@@ -609,6 +669,12 @@ impl Inner {
         let s = st.ranges[pos].state(i);
         let evicted = s & STATE_MASK == EVICTED;
         let c = self.stats.counters();
+        if evicted && s & crate::state::SWEPT != 0 {
+            c.swept_back.fetch_add(1, Ordering::Relaxed);
+            let away =
+                crate::sweep::since(st.now_ms(), crate::sweep::tick_of(st.ranges[pos].time(i)));
+            c.back_away_ms.fetch_add(away, Ordering::Relaxed);
+        }
         match why {
             Why::Fault => {
                 let age = evicted.then(|| st.age(pos, i));
@@ -631,7 +697,8 @@ impl Inner {
             }
             Why::Restore => {}
         }
-        st.mark_resident(pos, i, s);
+        let now = st.now_ms();
+        st.mark_resident(pos, i, s, now);
     }
 
     /// Fills never-written pages `[a, b)` of range `pos` with zeros (one
@@ -784,8 +851,20 @@ impl Inner {
     /// the frames themselves become the ciphertext, and no plaintext frame
     /// is ever freed.
     fn evict(&self, st: &mut State, n: usize) -> usize {
-        let t0 = Instant::now();
         let victims = st.victims(n);
+        self.evict_list(st, &victims, false)
+    }
+
+    /// Evicts `victims` (sorted by address), by the sweep (`swept`) or to
+    /// make room in the window; returns how many left.
+    pub(crate) fn evict_list(
+        &self,
+        st: &mut State,
+        victims: &[(usize, usize)],
+        swept: bool,
+    ) -> usize {
+        let t0 = Instant::now();
+        let now = st.now_ms();
         let mut done = 0;
         let mut k = 0;
         while k < victims.len() {
@@ -802,32 +881,42 @@ impl Inner {
             // tried again on the rest: a page the program owns alone is
             // moved, so its frame is never freed unwiped. Without
             // UFFDIO_MOVE the whole run goes by write-protection.
+            // A run the move refuses for another reason than sharing (it may
+            // cross the edge of a mapping: chunks registered one by one) is
+            // tried again page by page; a page refused alone (shared, or
+            // read-only) goes by write-protection.
             let mut p = a;
             let mut wp_from: Option<usize> = None;
+            let mut single = false;
             while p < b {
-                let moved = if self.mechanism == Mechanism::Move {
-                    self.move_out(st, pos, p, b)
+                let (moved, busy) = if self.mechanism == Mechanism::Move {
+                    let to = if single { p + 1 } else { b };
+                    self.move_out(st, pos, p, to, swept, now)
                 } else {
-                    0
+                    (0, true)
                 };
                 if moved > 0 {
                     if let Some(f) = wp_from.take() {
-                        done += self.evict_wp_or_requeue(st, pos, f, p);
+                        done += self.evict_wp_or_requeue(st, pos, f, p, swept, now);
                     }
                     p += moved;
                     done += moved;
                 }
-                if p < b {
+                if p >= b {
+                    break;
+                }
+                if self.mechanism != Mechanism::Move {
                     wp_from.get_or_insert(p);
-                    p = if self.mechanism == Mechanism::Move {
-                        p + 1
-                    } else {
-                        b
-                    };
+                    p = b;
+                } else if busy || single {
+                    wp_from.get_or_insert(p);
+                    p += 1;
+                } else {
+                    single = true;
                 }
             }
             if let Some(f) = wp_from {
-                done += self.evict_wp_or_requeue(st, pos, f, b);
+                done += self.evict_wp_or_requeue(st, pos, f, b, swept, now);
             }
             k = e;
         }
@@ -839,14 +928,25 @@ impl Inner {
 
     /// Moves the pages `[a, b)` of range `pos` (as many as `UFFDIO_MOVE`
     /// takes, from `a`) out of the program's view into their store slots,
-    /// encrypts them there and marks them evicted; returns how many.
-    fn move_out(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
+    /// encrypts them there and marks them evicted; returns how many, and
+    /// whether the move stopped at a page shared with another process.
+    fn move_out(
+        &self,
+        st: &mut State,
+        pos: usize,
+        a: usize,
+        b: usize,
+        swept: bool,
+        now: u64,
+    ) -> (usize, bool) {
         let r = &st.ranges[pos];
         let len = ((b - a) * PAGE) as u64;
-        let (bytes, _) = self
+        let (bytes, res) = self
             .uffd
             .move_run(r.slot_ptr(a) as u64, r.addr(a) as u64, len, false);
         let moved = usize::try_from(bytes).unwrap_or(0) / PAGE;
+        // EBUSY: the page is shared (with a forked child).
+        let busy = res.is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY));
         self.stats
             .counters()
             .evict_moves
@@ -856,18 +956,26 @@ impl Inner {
             let r = &mut ranges[pos];
             let addr = r.addr(j);
             encrypt_page(keys, r.keyid, addr, r.store_page(j));
-            st.mark_evicted(pos, j);
+            st.mark_evicted(pos, j, swept, now);
         }
-        moved
+        (moved, busy)
     }
 
-    /// [`Inner::evict_wp_run`] over `[a, b)`; what it could not evict goes
-    /// back to the main queue. Returns how many were evicted.
-    fn evict_wp_or_requeue(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
-        let n = self.evict_wp_run(st, pos, a, b);
+    /// [`Inner::evict_wp_run`] over `[a, b)`; what it could not evict is
+    /// queued again (the main queue, the sweep). Returns how many were
+    /// evicted.
+    fn evict_wp_or_requeue(
+        &self,
+        st: &mut State,
+        pos: usize,
+        a: usize,
+        b: usize,
+        swept: bool,
+        now: u64,
+    ) -> usize {
+        let n = self.evict_wp_run(st, pos, a, b, swept, now);
         for p in a + n..b {
-            let addr = st.ranges[pos].addr(p);
-            st.queues.main.push_back(addr);
+            st.requeue(pos, p, now);
         }
         n
     }
@@ -880,7 +988,15 @@ impl Inner {
     /// fault on this very thread). One write-protect, one drop and one
     /// release for the whole run: each is a TLB shootdown, and per page
     /// they made a fork of a 128 MiB heap take 2.3 s.
-    fn evict_wp_run(&self, st: &mut State, pos: usize, a: usize, b: usize) -> usize {
+    fn evict_wp_run(
+        &self,
+        st: &mut State,
+        pos: usize,
+        a: usize,
+        b: usize,
+        swept: bool,
+        now: u64,
+    ) -> usize {
         let start = st.ranges[pos].addr(a);
         let len = ((b - a) * PAGE) as u64;
         if self.uffd.write_protect(start as u64, len, true).is_err() {
@@ -937,7 +1053,7 @@ impl Inner {
             return 0;
         }
         for i in a..saved {
-            st.mark_evicted(pos, i);
+            st.mark_evicted(pos, i, swept, now);
         }
         self.stats
             .counters()

@@ -23,6 +23,13 @@
 //!
 //! Once a second it also ages an adaptive window (`policy::Window::tick`)
 //! and evicts what the window gave back.
+//!
+//! Under a cost budget it is also the sweep (`crate::sweep`): it wakes when
+//! the next queued page is due, evicts the pages whose period has ended as
+//! far as the budget allows, and, for lazily registered ranges, scans every
+//! [`SCAN_PERIOD`] for chunks that hold data and registers them. Each tick
+//! it integrates the plaintext and data pages over time (the time-weighted
+//! plaintext fraction).
 
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
@@ -30,8 +37,17 @@ use std::time::{Duration, Instant};
 
 use memveil_sys::process::SchedPolicy;
 
-use crate::handler::{set_handler_policy, Inner};
+use super::{set_handler_policy, Inner};
 use crate::START_HOOK;
+
+/// Between two scans for chunks to register (lazily registered ranges).
+const SCAN_PERIOD: Duration = Duration::from_millis(50);
+/// Sweep batches taken in one wake-up before the watchdog looks again.
+const MAX_BATCHES: usize = 8;
+/// The soonest the sweep wakes again for a due page.
+const SWEEP_MIN: Duration = Duration::from_millis(1);
+/// How soon it looks again while due pages wait for the budget.
+const SWEEP_WAIT: Duration = Duration::from_millis(10);
 
 /// Between two looks while the program faults.
 const BUSY_PERIOD: Duration = Duration::from_millis(10);
@@ -59,11 +75,25 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
     let mut next_tick = Instant::now() + TICK;
     let mut last = inner.progress.load(Ordering::Relaxed);
     let mut period = BUSY_PERIOD;
+    let mut scratch = if inner.lazy {
+        memveil_sys::uffd::DirectMap::new(16 * 1024).ok()
+    } else {
+        None
+    };
+    let mut next_scan = Instant::now();
+    let mut integrated = Instant::now();
     loop {
+        // When this thread wakes next, for the handler to poke it sooner
+        // when a page comes in due before that (see `Inner::poke_guard`).
+        let wake = inner
+            .lock_free_now_ms()
+            .saturating_add(u64::try_from(period.as_millis()).unwrap_or(u64::MAX));
+        inner.guard_at.store(wake, Ordering::Release);
         if wait(inner, period) {
             break;
         }
         let now = Instant::now();
+        integrate(inner, &mut integrated);
         let progress = inner.progress.load(Ordering::Acquire);
         if idle {
             let stuck = progress == last && (progress % 2 == 1 || inner.uffd.pending());
@@ -95,6 +125,17 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
             BUSY_PERIOD
         };
         last = progress;
+        if inner.budget.is_some() {
+            if let Some(scratch) = scratch.as_mut().filter(|_| now >= next_scan) {
+                inner.scan_chunks(scratch);
+                next_scan = Instant::now() + SCAN_PERIOD;
+            }
+            period = period.min(sweep(inner));
+            if scratch.is_some() {
+                period = period.min(next_scan.saturating_duration_since(Instant::now()));
+            }
+            period = period.max(SWEEP_MIN);
+        }
         if now >= next_tick {
             next_tick = now + TICK;
             // Never wait for the lock: a starved handler may hold it, and
@@ -113,6 +154,53 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
     }
 }
 
+/// Sweeps the pages that are due (never waiting for the lock: a starved
+/// handler may hold it); returns how soon to look again.
+fn sweep(inner: &Inner) -> Duration {
+    for _ in 0..MAX_BATCHES {
+        // The handler first: a fault waiting (or a batch in hand) waits on
+        // this thread's lock and, on a shared CPU, on this thread itself
+        // (the handler runs at SCHED_IDLE): a sweep under way made hot pages
+        // come back hundreds of ms late, and so look idle.
+        if inner.uffd.pending() || inner.progress.load(Ordering::Acquire) % 2 == 1 {
+            return SWEEP_MIN;
+        }
+        let Some(mut st) = inner.try_lock() else {
+            return SWEEP_MIN;
+        };
+        let step = inner.sweep_step(&mut st);
+        drop(st);
+        if step.waiting {
+            return SWEEP_WAIT;
+        }
+        if !step.more {
+            return step.next_due_ms.map_or(QUIET_PERIOD, Duration::from_millis);
+        }
+    }
+    SWEEP_MIN
+}
+
+/// Adds the plaintext and data pages since the last call, times the time
+/// passed, to the statistics (the time-weighted plaintext fraction), and
+/// publishes what faults and sweeps have cost so far.
+fn integrate(inner: &Inner, last: &mut Instant) {
+    let now = Instant::now();
+    let ms = u64::try_from(now.duration_since(*last).as_millis()).unwrap_or(0);
+    if ms == 0 {
+        return;
+    }
+    *last = now;
+    let c = inner.stats.counters();
+    let resident = c.resident.load(Ordering::Relaxed);
+    let data = resident + c.evicted.load(Ordering::Relaxed);
+    c.plaintext_page_ms
+        .fetch_add(resident.saturating_mul(ms), Ordering::Relaxed);
+    c.data_page_ms
+        .fetch_add(data.saturating_mul(ms), Ordering::Relaxed);
+    c.alive_ms.fetch_add(ms, Ordering::Relaxed);
+    c.cost_ns.store(inner.cost_ns(), Ordering::Relaxed);
+}
+
 /// Sleeps up to `d`; returns whether the shield is stopping.
 fn wait(inner: &Inner, d: Duration) -> bool {
     let stop = inner
@@ -122,10 +210,14 @@ fn wait(inner: &Inner, d: Duration) -> bool {
     if *stop {
         return true;
     }
+    if inner.poked.swap(false, Ordering::AcqRel) {
+        return false;
+    }
     let (stop, _) = inner
         .guard_wake
         .wait_timeout(stop, d)
         .unwrap_or_else(PoisonError::into_inner);
+    inner.poked.store(false, Ordering::Release);
     *stop
 }
 

@@ -1,0 +1,69 @@
+//! Runs the canary of the exposure figures once, plainly or under `memveil
+//! run` with the given flags, and prints the fraction of random samples in
+//! which its secret was ciphertext and the heap's plaintext fraction.
+//!
+//! `cargo run --release -p memveil-bench --example exposure -- PERIOD [memveil run FLAGS...]`
+//! where PERIOD is `idle`, `continuous` or milliseconds; `plain` as the
+//! first flag runs it without memveil (the positive control).
+use std::ffi::OsStr;
+use std::time::Duration;
+
+use memveil_bench::shield::suite::{compile_canary, exposure};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let period = match args.first().map(String::as_str) {
+        Some("idle") => exposure::Period::Once,
+        Some("continuous") => exposure::Period::Continuous,
+        Some(ms) => exposure::Period::EveryMs(ms.parse().unwrap_or(1000)),
+        None => {
+            eprintln!("usage: exposure idle|continuous|MS [plain | memveil run flags...]");
+            std::process::exit(2);
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("memveil-exposure-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let exe = match compile_canary(&dir) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let memveil = std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.parent()?.join("memveil")))
+        .unwrap_or_else(|| "memveil".into());
+    let mut wrap: Vec<&OsStr> = Vec::new();
+    let flags = &args[1..];
+    if flags.first().map(String::as_str) != Some("plain") {
+        wrap.push(memveil.as_os_str());
+        wrap.push(OsStr::new("run"));
+        wrap.extend(flags.iter().map(OsStr::new));
+        wrap.push(OsStr::new("--"));
+    }
+    let got = exposure::measure(
+        &exe,
+        &wrap,
+        256,
+        period,
+        Duration::from_secs(5),
+        Duration::from_secs(10),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    match got {
+        Ok(e) => println!(
+            "{}: secret ciphertext in {:.4} of {} samples; heap plaintext {:?}; {} passes, {} secret reads",
+            period.id(),
+            e.encrypted_fraction(),
+            e.samples,
+            e.heap_plaintext,
+            e.passes,
+            e.secret_reads
+        ),
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! The cost budget: `memveil run`'s default guarantee (`--max-overhead`).
+//!
+//! A plaintext bound (`policy::Window`) keeps at most a fraction of the data
+//! in plaintext, whatever it costs: a program whose working set exceeds it
+//! faults on most accesses (0.05-0.2 of plain speed on this kind of VM). The
+//! budget inverts the trade, as RamCrypt and TransCrypt do: the shield
+//! spends at most a fraction of the program's time on faults and evictions,
+//! and within it encrypts every page that has been idle longer than its
+//! sweep period.
+//!
+//! Nothing tells user space which resident pages are in use here (no
+//! accessed-bit interface: no idle page tracking, no multi-gen LRU, no
+//! soft-dirty, no DAMON for virtual addresses). A page's use is learnt the
+//! only way left: it is swept (evicted) once it has been resident for its
+//! period, and a page that faults back sooner than that period was in use,
+//! so its period doubles ([`relevel`]); one that stays out [`QUIET_MS`] or
+//! more goes back to the shortest. Periods run from [`BASE_PERIOD_MS`]
+//! (25 ms) to `BASE_PERIOD_MS << (LEVELS - 1)` (12.8 s). A secret the
+//! program touches once a second keeps the shortest period and is
+//! ciphertext about 97% of the time; a hot page climbs to the longest
+//! period and costs one fault every 12.8 s. Blocks of [`HINT_PAGES`] pages
+//! learn from one probe page, so a hot array pays one fault per block and
+//! level rather than one per page.
+//!
+//! [`Credit`] is the budget itself, a token bucket in nanoseconds of the
+//! program's time: it fills at the budget's rate and empties by what faults
+//! and sweeps measurably cost (handler time, plus a hand-off of
+//! [`Budget::fault_ns`] per fault). A sweep also reserves the cost of the
+//! fault its page would take coming back ([`Pending`]) until the page has
+//! stayed out [`PENDING_MS`], so a sweep of pages that are in use cannot
+//! overdraw it. When the budget is spent, due pages wait, cheapest levels
+//! first, and the wait is reported (`sweep_lag_ms`).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Periods: level `l` sweeps a page `BASE_PERIOD_MS << l` ms after it
+/// came in.
+pub(crate) const LEVELS: usize = 10;
+/// The highest level.
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) const TOP: u8 = LEVELS as u8 - 1;
+/// The shortest sweep period, in ms.
+pub(crate) const BASE_PERIOD_MS: u64 = 25;
+/// How long a chunk of a lazily registered range holds data before it is
+/// registered (its pages then are swept at once if their period is over):
+/// memory an allocator hands out and takes back within that time never
+/// costs a hand-off.
+pub(crate) const REGISTER_AFTER_MS: u64 = 100;
+/// How long a swept page's fault cost stays reserved ([`Pending`]): pages
+/// of a program that touches all its data came back 130 ms after their
+/// sweep on average (python3 in the suite), and a cost that arrives after
+/// its reservation ended overdraws the budget.
+pub(crate) const PENDING_MS: u64 = 400;
+/// Width of one [`Pending`] bucket, in ms.
+const BUCKET_MS: u64 = 10;
+/// Buckets kept: more than [`PENDING_MS`] worth.
+const BUCKETS: usize = 48;
+/// Most nanoseconds of credit the bucket keeps, per unit of budget fraction
+/// (a quarter of a second's worth of budget): an idle program cannot bank a
+/// burst larger than that.
+const CAP_NS_PER_FRACTION: f64 = 0.25e9;
+
+/// Pages of a block that shares what its pages learn: pages touched
+/// together tend to sit together (a hash table, an arena, a buffer). When a
+/// block's pages fall due at a level and nothing fresh is known of the block
+/// at that level, one page (its probe) is swept first and the others wait
+/// one period of the level; if the probe comes back sooner, they take its
+/// new level without each paying a fault to learn it, and otherwise they
+/// are swept too. A page that has been swept itself (learned) follows its
+/// own level.
+pub(crate) const HINT_PAGES: usize = 64;
+/// How many of its periods a block's probe must stay out before the block
+/// is taken as idle at that level (a program that faults often runs slower,
+/// and its hot pages come back later than they would plainly); a probe
+/// back within that time raises the block's hint.
+pub(crate) const PROBE_WAIT: u64 = 4;
+
+/// Bits of the tick (ms) in a page's time word; above it the "learned"
+/// bit, then the level.
+const TICK_BITS: u32 = 27;
+const TICK_MASK: u32 = (1 << TICK_BITS) - 1;
+/// The page is known quiet (once swept, it stayed out [`QUIET_MS`] or
+/// more): it follows its own level, not its block's hint.
+const LEARNED: u32 = 1 << TICK_BITS;
+const LEVEL_SHIFT: u32 = TICK_BITS + 1;
+
+/// The sweep period of `level`, in ms.
+pub(crate) fn period_ms(level: u8) -> u64 {
+    BASE_PERIOD_MS << level.min(TOP)
+}
+
+/// A page that stays out this long (ms) once swept is cheap to sweep at the
+/// shortest period: at most one fault per this long.
+pub(crate) const QUIET_MS: u64 = 50;
+
+/// The level of a page that was swept at `level` and came back `away_ms`
+/// later: the shortest period when it stayed out [`QUIET_MS`] or more
+/// (sweeping it costs at most a fault per that long, whatever its period,
+/// and the shortest period leaves it plaintext least), one up when it came
+/// back sooner than its period (it is in use: the sweep bought nothing but
+/// a fault), the same otherwise.
+pub(crate) fn relevel(level: u8, away_ms: u64) -> u8 {
+    if away_ms >= QUIET_MS {
+        0
+    } else if away_ms < period_ms(level) {
+        (level + 1).min(TOP)
+    } else {
+        level
+    }
+}
+
+/// A page's time word: the ms tick of its last arrival (resident) or sweep
+/// (evicted), 27 bits wrapping (37 hours: only equality and short
+/// differences are read), whether it is known quiet (learned), and its
+/// level.
+pub(crate) fn pack(now_ms: u64, level: u8) -> u32 {
+    // The tick is cut to 27 bits on purpose (it wraps).
+    #[allow(clippy::cast_possible_truncation)]
+    let t = (now_ms as u32) & TICK_MASK;
+    pack_tick(t, level)
+}
+
+/// A time word with tick `t` (a time word's tick) and `level`, not learned.
+pub(crate) fn pack_tick(t: u32, level: u8) -> u32 {
+    (t & TICK_MASK) | (u32::from(level.min(TOP)) << LEVEL_SHIFT)
+}
+
+/// `word` with its tick set to `now_ms`, level and learned bit kept.
+pub(crate) fn restamp(word: u32, now_ms: u64) -> u32 {
+    pack(now_ms, level_of(word)) | (word & LEARNED)
+}
+
+/// `word` with its tick set to `t` (a tick) and its level to `level`, the
+/// learned bit kept.
+pub(crate) fn retick(word: u32, t: u32, level: u8) -> u32 {
+    pack_tick(t, level) | (word & LEARNED)
+}
+
+/// `word` marked learned (its level is the page's own).
+pub(crate) fn learned(word: u32) -> u32 {
+    word | LEARNED
+}
+
+/// Whether `word`'s level is the page's own.
+pub(crate) fn is_learned(word: u32) -> bool {
+    word & LEARNED != 0
+}
+
+/// The tick part of a time word.
+pub(crate) fn tick_of(word: u32) -> u32 {
+    word & TICK_MASK
+}
+
+/// The level part of a time word.
+pub(crate) fn level_of(word: u32) -> u8 {
+    // Four bits.
+    #[allow(clippy::cast_possible_truncation)]
+    let l = (word >> LEVEL_SHIFT) as u8;
+    l.min(TOP)
+}
+
+/// Milliseconds from tick `t` (a time word's) to `now_ms`.
+pub(crate) fn since(now_ms: u64, t: u32) -> u64 {
+    #[allow(clippy::cast_possible_truncation)]
+    let now = (now_ms as u32) & TICK_MASK;
+    u64::from(now.wrapping_sub(t) & TICK_MASK)
+}
+
+/// The cost budget of a shield.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    /// Largest share of the program's time faults and sweeps may take
+    /// (0.10 for 10%).
+    pub fraction: f64,
+    /// What one fault's hand-off costs the program beyond the handler's own
+    /// work (entering the kernel, the two thread switches, the wake-ups), in
+    /// ns: `memveil run` measures it at start; without that,
+    /// [`Budget::DEFAULT_FAULT_NS`].
+    pub fault_ns: u64,
+}
+
+impl Budget {
+    /// `memveil run`'s default: 10% of the program's time.
+    pub const DEFAULT_PERCENT: u8 = 10;
+    /// A hand-off when none was measured: this 2-vCPU VM's floor was
+    /// 5.6-11 µs (`shield.fault_floor_us`).
+    pub const DEFAULT_FAULT_NS: u64 = 8_000;
+
+    /// A budget of `percent` of the program's time (1-100).
+    #[must_use]
+    pub fn percent(percent: u8, fault_ns: u64) -> Self {
+        Self {
+            fraction: f64::from(percent.clamp(1, 100)) / 100.0,
+            fault_ns,
+        }
+    }
+
+    /// Parses `10%` or `10` (a percentage of the program's time, 1-100).
+    ///
+    /// # Errors
+    /// A message naming the accepted form.
+    pub fn parse_percent(s: &str) -> Result<u8, String> {
+        let t = s.trim();
+        let t = t.strip_suffix('%').unwrap_or(t).trim();
+        match t.parse::<u8>() {
+            Ok(p) if (1..=100).contains(&p) => Ok(p),
+            _ => Err(format!(
+                "bad overhead budget {s:?}: give a percentage of the program's time, 1%-100% \
+                 (e.g. 10%)"
+            )),
+        }
+    }
+
+    /// The budget as a whole percentage.
+    #[must_use]
+    pub fn as_percent(&self) -> u8 {
+        // 1-100 by construction.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let p = (self.fraction * 100.0).round() as u8;
+        p
+    }
+}
+
+/// The budget's token bucket, in ns of the program's time.
+#[derive(Debug)]
+pub(crate) struct Credit {
+    fraction: f64,
+    tokens: f64,
+    cap: f64,
+    last_ms: u64,
+    last_cost: u64,
+}
+
+impl Credit {
+    pub(crate) fn new(fraction: f64, now_ms: u64) -> Self {
+        Self {
+            fraction,
+            // Full at start: a program's data is all new then, and its
+            // first sweep the largest.
+            tokens: fraction * CAP_NS_PER_FRACTION,
+            cap: fraction * CAP_NS_PER_FRACTION,
+            last_ms: now_ms,
+            last_cost: 0,
+        }
+    }
+
+    /// Adds the budget's share of the time since the last call and takes
+    /// away what was spent meanwhile (`cost_ns`: everything spent so far).
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn refill(&mut self, now_ms: u64, cost_ns: u64) {
+        let dt = now_ms.saturating_sub(self.last_ms) as f64 * 1e6;
+        let spent = cost_ns.saturating_sub(self.last_cost) as f64;
+        self.tokens = (self.tokens + dt * self.fraction - spent).min(self.cap);
+        self.last_ms = now_ms;
+        self.last_cost = self.last_cost.max(cost_ns);
+    }
+
+    /// Tokens left once `reserved_ns` is set aside (negative: in debt).
+    pub(crate) fn room(&self, reserved_ns: f64) -> f64 {
+        self.tokens - reserved_ns
+    }
+}
+
+/// Swept pages whose fault back is still reserved against the budget: per
+/// [`BUCKET_MS`] of sweep time, how many were swept and how many of those
+/// came back since.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    id: [u64; BUCKETS],
+    swept: [u32; BUCKETS],
+    back: [u32; BUCKETS],
+    /// What the sweeps of the bucket reserved, ns.
+    cost: [f64; BUCKETS],
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Self {
+            id: [0; BUCKETS],
+            swept: [0; BUCKETS],
+            back: [0; BUCKETS],
+            cost: [0.0; BUCKETS],
+        }
+    }
+}
+
+impl Pending {
+    fn slot(&mut self, t_ms: u64) -> Option<usize> {
+        let id = t_ms / BUCKET_MS + 1;
+        // usize: BUCKETS is small.
+        #[allow(clippy::cast_possible_truncation)]
+        let k = (id % BUCKETS as u64) as usize;
+        if self.id[k] != id {
+            if self.id[k] > id {
+                return None;
+            }
+            self.id[k] = id;
+            self.swept[k] = 0;
+            self.back[k] = 0;
+            self.cost[k] = 0.0;
+        }
+        Some(k)
+    }
+
+    /// `n` pages were swept at `now_ms`, reserving `cost` ns in all.
+    pub(crate) fn swept(&mut self, now_ms: u64, n: usize, cost: f64) {
+        if let Some(k) = self.slot(now_ms) {
+            self.swept[k] = self.swept[k].saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+            self.cost[k] += cost;
+        }
+    }
+
+    /// A page swept at `at_ms` came back at `now_ms`: its reservation ends
+    /// (its fault is counted as spent).
+    pub(crate) fn back(&mut self, at_ms: u64, now_ms: u64) {
+        if now_ms.saturating_sub(at_ms) >= PENDING_MS {
+            return;
+        }
+        let id = at_ms / BUCKET_MS + 1;
+        #[allow(clippy::cast_possible_truncation)]
+        let k = (id % BUCKETS as u64) as usize;
+        if self.id[k] == id && self.back[k] < self.swept[k] {
+            self.back[k] += 1;
+        }
+    }
+
+    fn live(&self, k: usize, now_ms: u64) -> bool {
+        self.id[k] != 0 && now_ms.saturating_sub((self.id[k] - 1) * BUCKET_MS) < PENDING_MS
+    }
+
+    /// Pages swept less than [`PENDING_MS`] before `now_ms` that have not
+    /// come back.
+    #[cfg(test)]
+    pub(crate) fn pages(&self, now_ms: u64) -> u64 {
+        (0..BUCKETS)
+            .filter(|&k| self.live(k, now_ms))
+            .map(|k| u64::from(self.swept[k] - self.back[k]))
+            .sum()
+    }
+
+    /// What those pages still hold reserved, ns (each bucket's reservation
+    /// in proportion to its pages not back).
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn reserved(&self, now_ms: u64) -> f64 {
+        (0..BUCKETS)
+            .filter(|&k| self.live(k, now_ms) && self.swept[k] > 0)
+            .map(|k| {
+                self.cost[k] * f64::from(self.swept[k] - self.back[k]) / f64::from(self.swept[k])
+            })
+            .sum()
+    }
+}
+
+/// A queued page: `(arrival in ms, page address)`, earliest first.
+pub(crate) type Entry = Reverse<(u64, usize)>;
+
+/// The sweep: resident pages waiting for their period to end, one queue per
+/// level ordered by arrival (the first is due first), and the budget.
+#[derive(Debug)]
+pub(crate) struct Sweep {
+    /// An entry whose page has left or come in again since (another tick in
+    /// its time word) is stale and skipped.
+    pub(crate) queues: [BinaryHeap<Entry>; LEVELS],
+    /// Pages known quiet (their time word's learned bit), by when they are
+    /// due: `(due, address, arrival)`. Swept before any level's pages: they
+    /// are the cheapest (they stay out) and the most worth it.
+    pub(crate) quiet: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    pub(crate) credit: Credit,
+    pub(crate) pending: Pending,
+    /// What the victims [`crate::state::State::due`] last picked reserve,
+    /// ns (booked in `pending` once they are evicted).
+    pub(crate) reserving: f64,
+    /// When chunks were last given back to the kernel for a spent budget
+    /// (ms).
+    pub(crate) released_at: u64,
+}
+
+impl Sweep {
+    pub(crate) fn new(budget: Budget, now_ms: u64) -> Self {
+        Self {
+            queues: std::array::from_fn(|_| BinaryHeap::new()),
+            quiet: BinaryHeap::new(),
+            credit: Credit::new(budget.fraction, now_ms),
+            pending: Pending::default(),
+            reserving: 0.0,
+            released_at: 0,
+        }
+    }
+
+    /// Queues a page that came in at `at_ms` at `level` (`quiet`: known
+    /// quiet, see [`Sweep::quiet`]).
+    pub(crate) fn arrived(&mut self, addr: usize, at_ms: u64, level: u8, quiet: bool) {
+        if quiet {
+            self.quiet
+                .push(Reverse((at_ms + period_ms(level), addr, at_ms)));
+        } else {
+            self.queues[usize::from(level.min(TOP))].push(Reverse((at_ms, addr)));
+        }
+    }
+
+    /// Milliseconds until the first queued page is due (0: some are due
+    /// now), or `None` when nothing is queued.
+    pub(crate) fn next_due_ms(&self, now_ms: u64) -> Option<u64> {
+        self.queues
+            .iter()
+            .zip(0u8..)
+            .filter_map(|(q, l)| q.peek().map(|Reverse((t, _))| t + period_ms(l)))
+            .chain(self.quiet.peek().map(|Reverse((due, _, _))| *due))
+            .min()
+            .map(|due| due.saturating_sub(now_ms))
+    }
+
+    /// The period of the highest level with pages queued (ms; 0: none).
+    pub(crate) fn longest_period_ms(&self) -> u64 {
+        (0u8..)
+            .zip(self.queues.iter())
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(l, _)| period_ms(l))
+            .max()
+            .unwrap_or(if self.quiet.is_empty() {
+                0
+            } else {
+                BASE_PERIOD_MS
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_double_per_level_up_to_the_last() {
+        assert_eq!(period_ms(0), 25);
+        assert_eq!(period_ms(1), 50);
+        assert_eq!(period_ms(9), 12_800);
+        assert_eq!(period_ms(200), 12_800);
+    }
+
+    #[test]
+    fn a_page_back_sooner_than_its_period_climbs_and_a_quiet_one_falls() {
+        // In use: back in 3 ms after a 25 ms sweep.
+        let mut l = 0;
+        for want in 1..=TOP {
+            l = relevel(l, 3);
+            assert_eq!(l, want);
+        }
+        assert_eq!(relevel(l, 3), TOP, "capped");
+        // A secret touched once a second stays at the shortest period, and
+        // one that climbed while it was in use falls back at once.
+        assert_eq!(relevel(0, 975), 0);
+        assert_eq!(relevel(TOP, 500), 0);
+        assert_eq!(relevel(3, QUIET_MS), 0);
+        // Out longer than its period but less than QUIET_MS: unchanged.
+        assert_eq!(relevel(0, 30), 0);
+        assert_eq!(relevel(1, 60), 0, "quiet");
+        // Back sooner than its period: up.
+        assert_eq!(relevel(3, 40), 4);
+    }
+
+    #[test]
+    fn time_words_keep_level_and_wrap_their_tick() {
+        let w = pack(1_234, 7);
+        assert_eq!(level_of(w), 7);
+        assert_eq!(since(1_300, tick_of(w)), 66);
+        assert!(!is_learned(w) && is_learned(learned(w)));
+        assert_eq!(level_of(learned(w)), 7);
+        let r = restamp(learned(w), 2_000);
+        assert!(is_learned(r) && level_of(r) == 7 && since(2_001, tick_of(r)) == 1);
+        let r = retick(learned(w), 9, 2);
+        assert!(is_learned(r) && level_of(r) == 2 && tick_of(r) == 9);
+        // Across the 27-bit wrap.
+        let t0 = (1u64 << 27) - 5;
+        let w = pack(t0, 2);
+        assert_eq!(since(t0 + 10, tick_of(w)), 10);
+        assert_eq!(level_of(pack(0, 99)), TOP);
+    }
+
+    #[test]
+    fn the_budget_parses_percentages_only() {
+        assert_eq!(Budget::parse_percent("10%"), Ok(10));
+        assert_eq!(Budget::parse_percent(" 5 "), Ok(5));
+        assert_eq!(Budget::parse_percent("100%"), Ok(100));
+        for bad in ["0%", "101", "x", "", "-3%", "2.5%"] {
+            assert!(Budget::parse_percent(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(Budget::percent(10, 1).as_percent(), 10);
+    }
+
+    #[test]
+    fn credit_fills_at_the_budget_rate_and_caps_at_a_quarter_second_of_it() {
+        let mut c = Credit::new(0.10, 0);
+        // Full at start: 25 ms.
+        assert!((c.room(0.0) - 25e6).abs() < 1.0);
+        // Spending 20 ms of it, then 100 ms at 10%: 15 ms of credit.
+        c.refill(0, 20_000_000);
+        c.refill(100, 20_000_000);
+        assert!((c.room(0.0) - 15e6).abs() < 1.0);
+        assert!((c.room(1e6) - 14e6).abs() < 1.0);
+        // An idle hour banks only a quarter second's worth (25 ms).
+        c.refill(3_600_000, 20_000_000);
+        assert!((c.room(0.0) - 25e6).abs() < 1.0);
+        // Overspending puts it in debt.
+        c.refill(3_600_000, 20_000_000 + 300_000_000);
+        assert!(c.room(0.0) < 0.0);
+    }
+
+    #[test]
+    fn pending_pages_end_when_back_or_after_the_pending_time() {
+        let mut p = Pending::default();
+        p.swept(1_000, 100, 1000.0);
+        p.swept(1_020, 50, 5000.0);
+        assert_eq!(p.pages(1_030), 150);
+        assert!((p.reserved(1_030) - 6000.0).abs() < 1e-6);
+        p.back(1_000, 1_005);
+        p.back(1_021, 1_030);
+        assert_eq!(p.pages(1_030), 148);
+        assert!((p.reserved(1_030) - (990.0 + 4900.0)).abs() < 1e-6);
+        // A page back after the pending time ends nothing (it was released).
+        p.back(1_000, 1_000 + PENDING_MS);
+        assert_eq!(p.pages(1_005 + PENDING_MS), 49);
+        assert_eq!(p.pages(1_020 + PENDING_MS), 0);
+        // Old buckets are reused without underflow.
+        p.swept(5_000, 3, 3.0);
+        assert_eq!(p.pages(5_001), 3);
+    }
+
+    #[test]
+    fn the_first_due_page_is_found_across_levels() {
+        let mut s = Sweep::new(Budget::percent(10, 8_000), 0);
+        assert_eq!(s.next_due_ms(0), None);
+        s.arrived(0x1000, 10, 3, false); // due at 10 + 200
+        s.arrived(0x2000, 100, 0, false); // due at 125
+        assert_eq!(s.next_due_ms(100), Some(25));
+        assert_eq!(s.next_due_ms(130), Some(0));
+        assert_eq!(s.longest_period_ms(), 200);
+        s.arrived(0x3000, 90, 0, true); // quiet: due at 115
+        assert_eq!(s.next_due_ms(100), Some(15));
+    }
+}
