@@ -34,15 +34,18 @@ pub(crate) fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free loopback port: {e}"))
 }
 
-fn tool(cmd: &mut Command, what: &str) -> Result<String, String> {
+/// Runs `cmd` (stdin empty) and returns its stdout; a failure carries its
+/// status, stdout and stderr.
+pub(crate) fn tool(cmd: &mut Command, what: &str) -> Result<String, String> {
     let out = cmd
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("{what}: {e} (install it: scripts/install.sh)"))?;
     if !out.status.success() {
         return Err(format!(
-            "{what} failed ({}): {}",
+            "{what} failed ({}): {}{}",
             out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }

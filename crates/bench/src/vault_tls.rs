@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::nginx::free_port;
+use crate::nginx::{free_port, tool as run};
 
 /// libp11's OpenSSL engine on Debian 12 (`libengine-pkcs11-openssl`).
 pub const ENGINE: &str = "/usr/lib/x86_64-linux-gnu/engines-3/pkcs11.so";
@@ -27,22 +27,6 @@ pub const ENGINE: &str = "/usr/lib/x86_64-linux-gnu/engines-3/pkcs11.so";
 /// The uid nginx's workers run as when started by root (Debian's
 /// `www-data`).
 pub const WWW_DATA: u32 = 33;
-
-fn run(cmd: &mut Command, what: &str) -> Result<String, String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{what}: {e} (install it: scripts/install.sh)"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{what} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// The site: a vault with the two keys, certificates, configurations.
 pub struct VaultTls {
@@ -110,32 +94,17 @@ impl VaultTls {
             as_root,
         };
         let p = |n: &str| dir.join(n);
-        run(
-            Command::new("openssl")
-                .args([
-                    "genpkey",
-                    "-algorithm",
-                    "RSA",
-                    "-pkeyopt",
-                    "rsa_keygen_bits:2048",
-                    "-out",
-                ])
-                .arg(p("rsa.pem")),
-            "openssl genpkey (RSA)",
-        )?;
-        run(
-            Command::new("openssl")
-                .args([
-                    "genpkey",
-                    "-algorithm",
-                    "EC",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-out",
-                ])
-                .arg(p("ec.pem")),
-            "openssl genpkey (P-256)",
-        )?;
+        for (alg, opt, file) in [
+            ("RSA", "rsa_keygen_bits:2048", "rsa.pem"),
+            ("EC", "ec_paramgen_curve:P-256", "ec.pem"),
+        ] {
+            run(
+                Command::new("openssl")
+                    .args(["genpkey", "-algorithm", alg, "-pkeyopt", opt, "-out"])
+                    .arg(p(file)),
+                &format!("openssl genpkey ({opt})"),
+            )?;
+        }
         for (name, file) in [("rsa", "rsa.pem"), ("ec", "ec.pem")] {
             site.vault_cli(&["import", name, "--key-file", &p(file).display().to_string()])?;
             site.vault_cli(&["grant", name, &WWW_DATA.to_string(), "e"])?;

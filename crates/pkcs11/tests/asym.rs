@@ -68,6 +68,20 @@ fn gen_pair(
     (pubh, privh)
 }
 
+/// `mech` with its parameter bytes (none: a null pointer); the caller keeps
+/// `param` alive while the mechanism is in use.
+fn mechanism(mech: CK_MECHANISM_TYPE, param: Option<&mut [u8]>) -> CK_MECHANISM {
+    let (p, pl) = match param {
+        Some(p) => (p.as_mut_ptr().cast(), p.len() as CK_ULONG),
+        None => (std::ptr::null_mut(), 0),
+    };
+    CK_MECHANISM {
+        mechanism: mech,
+        pParameter: p,
+        ulParameterLen: pl,
+    }
+}
+
 fn sign(
     h: CK_SESSION_HANDLE,
     key: CK_OBJECT_HANDLE,
@@ -75,15 +89,7 @@ fn sign(
     param: Option<&mut [u8]>,
     parts: &[&[u8]],
 ) -> Result<Vec<u8>, CK_RV> {
-    let (p, pl) = match param {
-        Some(p) => (p.as_mut_ptr().cast(), p.len() as CK_ULONG),
-        None => (std::ptr::null_mut(), 0),
-    };
-    let mut m = CK_MECHANISM {
-        mechanism: mech,
-        pParameter: p,
-        ulParameterLen: pl,
-    };
+    let mut m = mechanism(mech, param);
     // SAFETY: the mechanism and its parameter outlive the call.
     let rv = unsafe { ffi::C_SignInit(h, &mut m, key) };
     if rv != CKR_OK {
@@ -125,15 +131,7 @@ fn decrypt(
     param: Option<&mut [u8]>,
     ct: &[u8],
 ) -> Result<Vec<u8>, CK_RV> {
-    let (p, pl) = match param {
-        Some(p) => (p.as_mut_ptr().cast(), p.len() as CK_ULONG),
-        None => (std::ptr::null_mut(), 0),
-    };
-    let mut m = CK_MECHANISM {
-        mechanism: mech,
-        pParameter: p,
-        ulParameterLen: pl,
-    };
+    let mut m = mechanism(mech, param);
     // SAFETY: the mechanism outlives the call.
     let rv = unsafe { ffi::C_DecryptInit(h, &mut m, key) };
     if rv != CKR_OK {

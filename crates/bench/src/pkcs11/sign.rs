@@ -4,7 +4,7 @@
 //! in a loop (`C_SignInit` + `C_Sign`, `CKM_SHA256_RSA_PKCS` over 32 bytes,
 //! `CKM_ECDSA` over a 32-byte digest), in alternating rounds.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::Instant;
 
 use cryptoki_sys::*;
@@ -139,79 +139,30 @@ pub(super) fn import(
     })
 }
 
-/// Signatures a second with `threads` threads for about `secs` seconds.
-fn rate(s: &Signer, rsa: bool, threads: usize, secs: f64) -> Result<f64, BenchError> {
-    let sessions: Vec<CK_SESSION_HANDLE> = (0..threads)
-        .map(|_| session(s.f, s.slot))
-        .collect::<Result<_, _>>()?;
-    let barrier = Arc::new(Barrier::new(threads + 1));
-    let (f, key) = (s.f, if rsa { s.rsa } else { s.ec });
-    let mech_type = if rsa { CKM_SHA256_RSA_PKCS } else { CKM_ECDSA };
-    let counts = std::thread::scope(|sc| {
-        let hs: Vec<_> = sessions
-            .iter()
-            .map(|&h| {
-                let b = Arc::clone(&barrier);
-                sc.spawn(move || -> Result<u64, BenchError> {
-                    let mut data = [0x3cu8; 32];
-                    let mut sig = [0u8; 512];
-                    let mut mech = CK_MECHANISM {
-                        mechanism: mech_type,
-                        pParameter: std::ptr::null_mut(),
-                        ulParameterLen: 0,
-                    };
-                    b.wait();
-                    let t = Instant::now();
-                    let mut n = 0u64;
-                    while t.elapsed().as_secs_f64() < secs {
-                        call!(f, C_SignInit, h, &mut mech, key)?;
-                        let mut l = sig.len() as CK_ULONG;
-                        call!(
-                            f,
-                            C_Sign,
-                            h,
-                            data.as_mut_ptr(),
-                            32,
-                            sig.as_mut_ptr(),
-                            &mut l
-                        )?;
-                        n += 1;
-                    }
-                    Ok(n)
-                })
-            })
-            .collect();
-        barrier.wait();
-        let t = Instant::now();
-        let mut total = 0u64;
-        for h in hs {
-            total += h.join().map_err(|_| fail("a signing thread panicked"))??;
-        }
-        Ok::<f64, BenchError>(total as f64 / t.elapsed().as_secs_f64())
-    })?;
-    for h in sessions {
-        call!(s.f, C_CloseSession, h)?;
-    }
-    Ok(counts)
-}
+/// One thread's signing loop: made on its thread (so it may hold what is
+/// not `Send`), then called once per signature.
+type SignOnce<'a> = Box<dyn FnMut() -> Result<(), BenchError> + 'a>;
 
-/// The same loop with OpenSSL in this process (RSA PKCS#1 v1.5, SHA-256).
-fn openssl_rate(key: &PKey<Private>, threads: usize, secs: f64) -> Result<f64, BenchError> {
+/// Operations a second of `threads` threads for about `secs` seconds: each
+/// thread makes its loop with `make(thread)`, all start together, and each
+/// calls its loop until `secs` have passed.
+fn rate_on_threads<'a, F>(threads: usize, secs: f64, make: F) -> Result<f64, BenchError>
+where
+    F: Fn(usize) -> Result<SignOnce<'a>, BenchError> + Sync,
+{
     let barrier = Barrier::new(threads + 1);
     std::thread::scope(|sc| {
         let hs: Vec<_> = (0..threads)
-            .map(|_| {
-                let b = &barrier;
+            .map(|i| {
+                let (b, make) = (&barrier, &make);
                 sc.spawn(move || -> Result<u64, BenchError> {
+                    let once = make(i);
                     b.wait();
+                    let mut once = once?;
                     let t = Instant::now();
                     let mut n = 0u64;
                     while t.elapsed().as_secs_f64() < secs {
-                        let mut s =
-                            openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), key)
-                                .map_err(|e| fail(e.to_string()))?;
-                        s.update(&[0x3c; 32]).map_err(|e| fail(e.to_string()))?;
-                        std::hint::black_box(s.sign_to_vec().map_err(|e| fail(e.to_string()))?);
+                        once()?;
                         n += 1;
                     }
                     Ok(n)
@@ -225,6 +176,55 @@ fn openssl_rate(key: &PKey<Private>, threads: usize, secs: f64) -> Result<f64, B
             total += h.join().map_err(|_| fail("a signing thread panicked"))??;
         }
         Ok(total as f64 / t.elapsed().as_secs_f64())
+    })
+}
+
+/// Signatures a second with `threads` threads for about `secs` seconds.
+fn rate(s: &Signer, rsa: bool, threads: usize, secs: f64) -> Result<f64, BenchError> {
+    let sessions: Vec<CK_SESSION_HANDLE> = (0..threads)
+        .map(|_| session(s.f, s.slot))
+        .collect::<Result<_, _>>()?;
+    let (f, key) = (s.f, if rsa { s.rsa } else { s.ec });
+    let mech_type = if rsa { CKM_SHA256_RSA_PKCS } else { CKM_ECDSA };
+    let counts = rate_on_threads(threads, secs, |i| {
+        let h = sessions[i];
+        let mut data = [0x3cu8; 32];
+        let mut sig = [0u8; 512];
+        let mut mech = CK_MECHANISM {
+            mechanism: mech_type,
+            pParameter: std::ptr::null_mut(),
+            ulParameterLen: 0,
+        };
+        Ok(Box::new(move || {
+            call!(f, C_SignInit, h, &mut mech, key)?;
+            let mut l = sig.len() as CK_ULONG;
+            call!(
+                f,
+                C_Sign,
+                h,
+                data.as_mut_ptr(),
+                32,
+                sig.as_mut_ptr(),
+                &mut l
+            )
+        }))
+    });
+    for h in sessions {
+        call!(s.f, C_CloseSession, h)?;
+    }
+    counts
+}
+
+/// The same loop with OpenSSL in this process (RSA PKCS#1 v1.5, SHA-256).
+fn openssl_rate(key: &PKey<Private>, threads: usize, secs: f64) -> Result<f64, BenchError> {
+    rate_on_threads(threads, secs, |_| {
+        Ok(Box::new(move || {
+            let mut s = openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), key)
+                .map_err(|e| fail(e.to_string()))?;
+            s.update(&[0x3c; 32]).map_err(|e| fail(e.to_string()))?;
+            std::hint::black_box(s.sign_to_vec().map_err(|e| fail(e.to_string()))?);
+            Ok(())
+        }))
     })
 }
 
