@@ -81,6 +81,24 @@ macro_rules! call {
 
 mod sign;
 
+/// A read-write session of `f` on `slot`.
+fn session(
+    f: &'static CK_FUNCTION_LIST,
+    slot: CK_SLOT_ID,
+) -> Result<CK_SESSION_HANDLE, BenchError> {
+    let mut s = 0;
+    call!(
+        f,
+        C_OpenSession,
+        slot,
+        CKF_SERIAL_SESSION | CKF_RW_SESSION,
+        std::ptr::null_mut(),
+        None,
+        &mut s
+    )?;
+    Ok(s)
+}
+
 /// Initialises `f`, opens a session on the first token whose label starts
 /// with `label`, logs in and imports `key`.
 fn open(
@@ -115,16 +133,7 @@ fn open(
         }
     }
     let slot = slot.ok_or_else(|| fail(format!("{name}: no token labelled {label:?}")))?;
-    let mut session = 0;
-    call!(
-        f,
-        C_OpenSession,
-        slot,
-        CKF_SERIAL_SESSION | CKF_RW_SESSION,
-        std::ptr::null_mut(),
-        None,
-        &mut session
-    )?;
+    let session = session(f, slot)?;
     let mut pin = *b"1234";
     call!(f, C_Login, session, CKU_USER, pin.as_mut_ptr(), 4)?;
     let (class, kt) = (CKO_SECRET_KEY, CKK_AES);

@@ -119,18 +119,23 @@ impl VaultTls {
             ),
         )
         .map_err(|e| e.to_string())?;
+        // Self-signed certificates for CN=localhost, valid two days.
+        let req = || {
+            let mut c = Command::new("openssl");
+            c.args([
+                "req",
+                "-new",
+                "-x509",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=localhost",
+            ]);
+            c
+        };
         // The RSA certificate is signed by the vault's key, through the engine.
         run(
-            Command::new("openssl")
-                .args([
-                    "req",
-                    "-new",
-                    "-x509",
-                    "-days",
-                    "2",
-                    "-subj",
-                    "/CN=localhost",
-                ])
+            req()
                 .args([
                     "-engine",
                     "pkcs11",
@@ -138,25 +143,16 @@ impl VaultTls {
                     "engine",
                     "-key",
                     &uri("rsa"),
-                    "-out",
                 ])
+                .arg("-out")
                 .arg(p("rsa.crt"))
                 .env("OPENSSL_CONF", p("openssl.cnf"))
                 .env("MEMVEIL_VAULT_SOCKET", &site.socket),
             "openssl req with the pkcs11 engine",
         )?;
         run(
-            Command::new("openssl")
-                .args([
-                    "req",
-                    "-new",
-                    "-x509",
-                    "-days",
-                    "2",
-                    "-subj",
-                    "/CN=localhost",
-                    "-key",
-                ])
+            req()
+                .arg("-key")
                 .arg(p("ec.pem"))
                 .arg("-out")
                 .arg(p("ec.crt")),

@@ -10,7 +10,7 @@ use std::time::Instant;
 use cryptoki_sys::*;
 use openssl::pkey::{PKey, Private};
 
-use super::{check, fail, median};
+use super::{check, fail, median, session};
 use crate::{BenchError, BenchOpts, Figure};
 
 /// One module's side: its function list, a slot and the imported keys.
@@ -28,23 +28,6 @@ fn at(ty: CK_ATTRIBUTE_TYPE, v: &[u8]) -> CK_ATTRIBUTE {
         pValue: v.as_ptr().cast_mut().cast(),
         ulValueLen: v.len() as CK_ULONG,
     }
-}
-
-fn session(
-    f: &'static CK_FUNCTION_LIST,
-    slot: CK_SLOT_ID,
-) -> Result<CK_SESSION_HANDLE, BenchError> {
-    let mut s = 0;
-    call!(
-        f,
-        C_OpenSession,
-        slot,
-        CKF_SERIAL_SESSION | CKF_RW_SESSION,
-        std::ptr::null_mut(),
-        None,
-        &mut s
-    )?;
-    Ok(s)
 }
 
 /// Imports `rsa` and `ec` into `f` (already initialised and logged in on
