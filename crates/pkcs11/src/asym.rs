@@ -614,10 +614,7 @@ pub fn check_import<'a>(
                 if f[..5].iter().any(|x| x.is_empty()) {
                     return Err(CKR_TEMPLATE_INCOMPLETE);
                 }
-                let n = f[0];
-                let n = &n[n.iter().take_while(|b| **b == 0).count()..];
-                let bits = n.len() * 8 - n.first().map_or(8, |b| b.leading_zeros() as usize);
-                let kind = match bits {
+                let kind = match memveil_vault::keyfile::rsa_bits(f[0]) {
                     2048 => KeyKind::Rsa2048,
                     3072 => KeyKind::Rsa3072,
                     4096 => KeyKind::Rsa4096,

@@ -192,10 +192,7 @@ impl Obj {
             (CKA_PUBLIC_KEY_INFO, p) => keyfile::spki_der(p),
             (CKA_MODULUS, Public::Rsa { n, .. }) => n.clone(),
             (CKA_PUBLIC_EXPONENT, Public::Rsa { e, .. }) => e.clone(),
-            (CKA_MODULUS_BITS, Public::Rsa { n, .. }) => ck_ulong(
-                (n.len() * 8).saturating_sub(n.first().map_or(8, |b| b.leading_zeros() as usize))
-                    as CK_ULONG,
-            ),
+            (CKA_MODULUS_BITS, Public::Rsa { n, .. }) => ck_ulong(keyfile::rsa_bits(n) as CK_ULONG),
             (CKA_EC_PARAMS, Public::Ec { curve, .. }) => ec_params(*curve).to_vec(),
             (CKA_EC_PARAMS, Public::Ed25519(_)) => ED25519_PARAMS.to_vec(),
             (CKA_EC_POINT, Public::Ec { point, .. }) => keyfile::der(0x04, point),

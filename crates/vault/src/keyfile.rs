@@ -187,9 +187,16 @@ fn curve_of_oid(oid: &[u8]) -> R<Curve> {
     ))
 }
 
+/// The size in bits of a big-endian modulus `n` (leading zero bytes and
+/// bits not counted; 0 for an empty or all-zero `n`).
+#[must_use]
+pub fn rsa_bits(n: &[u8]) -> usize {
+    let n = &n[n.iter().take_while(|b| **b == 0).count()..];
+    (n.len() * 8).saturating_sub(n.first().map_or(0, |b| b.leading_zeros() as usize))
+}
+
 fn rsa_kind(n: &[u8]) -> R<KeyKind> {
-    let bits = n.len() * 8 - n.first().map_or(8, |b| b.leading_zeros() as usize);
-    match bits {
+    match rsa_bits(n) {
         2048 => Ok(KeyKind::Rsa2048),
         3072 => Ok(KeyKind::Rsa3072),
         4096 => Ok(KeyKind::Rsa4096),
@@ -799,6 +806,39 @@ mod tests {
         assert_eq!(ssh_public(&ssh_blob(&p)).expect("blob"), p);
         let pem_text = pem("PUBLIC KEY", &spki_der(&p));
         assert!(openssl::pkey::PKey::public_key_from_pem(pem_text.as_bytes()).is_ok());
+    }
+
+    /// The `keyfile` fuzz target's crash: a PKCS#1 key whose modulus is
+    /// empty made the bit count subtract 8 from 0.
+    #[test]
+    fn an_empty_or_zero_modulus_is_refused_not_a_panic() {
+        assert_eq!(rsa_bits(&[]), 0);
+        assert_eq!(rsa_bits(&[0, 0]), 0);
+        assert_eq!(rsa_bits(&[0, 0x80, 0]), 16);
+        assert_eq!(rsa_bits(&[1]), 1);
+        let crash = [
+            0x30, 0x3f, 0x02, 0x02, 0x02, 0x02, 0x02, 0x01, 0x00, 0x02, 0x02, 0x02, 0x02, 0x02,
+            0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x7e, 0x02, 0x02, 0x02, 0xe4, 0x02, 0x02, 0x02,
+            0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x01, 0x00, 0x02,
+            0x02, 0xfe, 0xfd, 0xfd, 0xfe, 0x02, 0x02, 0x02, 0x02, 0x00, 0x02, 0x02, 0x02, 0x02,
+            0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02, 0x02,
+            0x80,
+        ];
+        assert!(read(&crash).is_err());
+        let mut out = [0u8; 64];
+        assert!(matches!(
+            pkcs1(
+                &crate::keyfile::der(
+                    SEQ,
+                    &[
+                        2, 1, 0, 2, 0, 2, 1, 3, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1,
+                        1
+                    ]
+                ),
+                &mut out
+            ),
+            Err(KeyFileError::Unsupported(_))
+        ));
     }
 
     proptest! {
