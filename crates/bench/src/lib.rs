@@ -9,6 +9,7 @@
 //! The report is written as `report.md` (with SVG plots beside it) and
 //! `report.json` (one record per figure, stable ids) into a folder.
 
+mod agent;
 pub mod cipher;
 pub mod disk;
 pub mod engine;
@@ -22,6 +23,7 @@ pub mod sheet;
 pub mod shield;
 pub mod timing;
 pub mod vault;
+pub mod vault_tls;
 pub mod workloads;
 
 pub use report::{write_report, Figure, Plot, Section, Series};

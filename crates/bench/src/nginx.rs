@@ -34,15 +34,18 @@ pub(crate) fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free loopback port: {e}"))
 }
 
-fn tool(cmd: &mut Command, what: &str) -> Result<String, String> {
+/// Runs `cmd` (stdin empty) and returns its stdout; a failure carries its
+/// status, stdout and stderr.
+pub(crate) fn tool(cmd: &mut Command, what: &str) -> Result<String, String> {
     let out = cmd
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("{what}: {e} (install it: scripts/install.sh)"))?;
     if !out.status.success() {
         return Err(format!(
-            "{what} failed ({}): {}",
+            "{what} failed ({}): {}{}",
             out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
@@ -168,46 +171,68 @@ impl Site {
     /// The last lines of nginx's error log.
     #[must_use]
     pub fn error_log(&self) -> String {
-        let s = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(5)..].join(" | ")
+        error_log_in(&self.dir)
     }
 
     /// The master's process id, from its pid file.
     #[must_use]
     pub fn master_pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.dir.join("nginx.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        master_pid_in(&self.dir)
     }
 
     /// The worker processes: the master's children.
     #[must_use]
     pub fn worker_pids(&self) -> Vec<u32> {
-        let Some(master) = self.master_pid() else {
-            return Vec::new();
-        };
-        let path = format!("/proc/{master}/task/{master}/children");
-        std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
+        worker_pids_in(&self.dir)
     }
 
     /// Stops nginx (SIGTERM to the master: a fast shutdown) and reaps it.
     pub fn stop(&self, server: &mut Child) {
-        if let Some(pid) = self.master_pid().and_then(|p| i32::try_from(p).ok()) {
-            // SAFETY: kill(2) with a pid nginx wrote; no memory is shared.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        } else {
+        stop_in(&self.dir, server);
+    }
+}
+
+/// The last lines of the error log of an nginx whose files are in `dir`.
+pub(crate) fn error_log_in(dir: &Path) -> String {
+    let s = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
+/// The master's pid, from `dir/nginx.pid`.
+pub(crate) fn master_pid_in(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("nginx.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The workers: the master's children.
+pub(crate) fn worker_pids_in(dir: &Path) -> Vec<u32> {
+    let Some(master) = master_pid_in(dir) else {
+        return Vec::new();
+    };
+    let path = format!("/proc/{master}/task/{master}/children");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Stops the nginx of `dir` (SIGTERM to the master: a fast shutdown) and
+/// reaps it.
+pub(crate) fn stop_in(dir: &Path, server: &mut Child) {
+    match master_pid_in(dir) {
+        Some(pid) => {
+            let _ = memveil_sys::process::send_signal(pid, libc::SIGTERM);
+        }
+        None => {
             let _ = server.kill();
         }
-        if crate::procs::exited_within(server, Duration::from_secs(20)) {
-            return;
-        }
+    }
+    if !crate::procs::exited_within(server, Duration::from_secs(20)) {
         let _ = server.kill();
         let _ = server.wait();
     }

@@ -27,10 +27,12 @@ const SOFTHSM: [&str; 2] = [
     "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so",
 ];
 
-/// A loaded module: its function list, a logged-in session and the key.
+/// A loaded module: its function list, the slot, a logged-in session and
+/// the key.
 struct Module {
     name: &'static str,
     f: &'static CK_FUNCTION_LIST,
+    slot: CK_SLOT_ID,
     session: CK_SESSION_HANDLE,
     key: CK_OBJECT_HANDLE,
 }
@@ -77,6 +79,26 @@ macro_rules! call {
     }};
 }
 
+mod sign;
+
+/// A read-write session of `f` on `slot`.
+fn session(
+    f: &'static CK_FUNCTION_LIST,
+    slot: CK_SLOT_ID,
+) -> Result<CK_SESSION_HANDLE, BenchError> {
+    let mut s = 0;
+    call!(
+        f,
+        C_OpenSession,
+        slot,
+        CKF_SERIAL_SESSION | CKF_RW_SESSION,
+        std::ptr::null_mut(),
+        None,
+        &mut s
+    )?;
+    Ok(s)
+}
+
 /// Initialises `f`, opens a session on the first token whose label starts
 /// with `label`, logs in and imports `key`.
 fn open(
@@ -111,16 +133,7 @@ fn open(
         }
     }
     let slot = slot.ok_or_else(|| fail(format!("{name}: no token labelled {label:?}")))?;
-    let mut session = 0;
-    call!(
-        f,
-        C_OpenSession,
-        slot,
-        CKF_SERIAL_SESSION | CKF_RW_SESSION,
-        std::ptr::null_mut(),
-        None,
-        &mut session
-    )?;
+    let session = session(f, slot)?;
     let mut pin = *b"1234";
     call!(f, C_Login, session, CKU_USER, pin.as_mut_ptr(), 4)?;
     let (class, kt) = (CKO_SECRET_KEY, CKK_AES);
@@ -152,6 +165,7 @@ fn open(
     Ok(Module {
         name,
         f,
+        slot,
         session,
         key: key_h,
     })
@@ -261,6 +275,81 @@ fn memveil_module() -> Result<PathBuf, BenchError> {
     .ok_or_else(|| fail("libmemveil_pkcs11.so not found beside the memveil binary or in /usr/local/lib/memveil (cargo build --release)"))
 }
 
+/// `nginx.tls_rsa2048_vault_vs_file` and `nginx.tls_p256_vault_vs_file`:
+/// full TLS handshakes a second (`openssl s_time -new`) against nginx
+/// (master + 2 workers) with its keys in the vault (libp11's engine over
+/// this module) vs the same keys in PEM files, alternating rounds.
+fn tls_figures(opts: &BenchOpts) -> Result<(Vec<Figure>, String), BenchError> {
+    let memveil = crate::procs::memveil_exe()
+        .ok_or_else(|| fail("the nginx figures start the vault from the memveil binary; run them through `memveil bench`"))?;
+    let module = memveil_module()?;
+    let dir = std::env::temp_dir().join(format!("memveil-bench-tls-{}", std::process::id()));
+    let site = crate::vault_tls::VaultTls::prepare(&dir, &memveil, &module).map_err(fail)?;
+    let rounds = opts.pick(4, 8);
+    let secs = opts.pick(3, 5);
+    opts.say(&format!(
+        "pkcs11: nginx TLS, {rounds} alternating rounds of {secs} s per key, vault vs PEM file"
+    ));
+    // [vault, file] x [rsa, ec]
+    let mut got: [[Vec<f64>; 2]; 2] = Default::default();
+    for r in 0..rounds {
+        for k in 0..2 {
+            let vault = (k + r) % 2 == 0;
+            let mut nginx = site.start(vault).map_err(fail)?;
+            let m = crate::nginx::s_time(site.rsa_port, false, secs)
+                .and_then(|a| Ok((a, crate::nginx::s_time(site.ec_port, false, secs)?)));
+            site.stop(&mut nginx);
+            let (rsa, ec) = m.map_err(fail)?;
+            let i = usize::from(!vault);
+            got[i][0].push(rsa);
+            got[i][1].push(ec);
+            opts.say(&format!(
+                "nginx TLS round {} ({}): RSA {rsa:.0}/s, P-256 {ec:.0}/s",
+                r + 1,
+                if vault { "vault" } else { "file" }
+            ));
+        }
+    }
+    let ratios = |i: usize| -> Vec<f64> {
+        got[0][i]
+            .iter()
+            .zip(&got[1][i])
+            .map(|(v, f)| v / f)
+            .collect()
+    };
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{lo:.3}–{hi:.3}")
+    };
+    let (rrs, ers) = (ratios(0), ratios(1));
+    let (rr, er) = (median(rrs.clone()), median(ers.clone()));
+    let (rrange, erange) = (range(&rrs), range(&ers));
+    let [vault, file] = got;
+    let (vr, ve, fr, fe) = (
+        median(vault[0].clone()),
+        median(vault[1].clone()),
+        median(file[0].clone()),
+        median(file[1].clone()),
+    );
+    let md = format!(
+        "\n### nginx TLS with its keys in the vault (issue 27)\n\nnginx 1.22 (master + 2 workers as www-data), libp11's engine over this module, keys imported into a vault started for the run, against the same keys as PEM files; `openssl s_time -new` for {secs} s per key, {rounds} alternating rounds; medians (the client's own handshake work shares the 2 vCPUs).\n\n| key | vault | PEM file | ratio (rounds) |\n|---|---|---|---|\n| RSA-2048 | {vr:.0}/s | {fr:.0}/s | {rr:.3} ({rrange}) |\n| P-256 | {ve:.0}/s | {fe:.0}/s | {er:.3} ({erange}) |\n"
+    );
+    let figs = vec![
+        Figure::vs("nginx.tls_rsa2048_vault_vs_file", vr, fr, "conn/s", "full TLS handshakes a second (s_time -new), nginx with its RSA-2048 key in the vault (libp11 engine) vs the same key in a PEM file; ratio = median of rounds' ratios")
+            .with_ratio(rr)
+            .target(">= 0.8"),
+        Figure::vs("nginx.tls_p256_vault_vs_file", ve, fe, "conn/s", "full TLS handshakes a second (s_time -new), nginx with its P-256 key in the vault vs in a PEM file; ratio = median of rounds' ratios")
+            .with_ratio(er)
+            .target(">= 0.7"),
+    ];
+    drop(site);
+    let (afig, amd) = crate::agent::figure(opts, &memveil)?;
+    let mut figs = figs;
+    figs.push(afig);
+    Ok((figs, md + &amd))
+}
+
 /// Runs the PKCS#11 part.
 ///
 /// # Errors
@@ -324,7 +413,7 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         spread(&gcm_r),
         spread(&cbc_add)
     );
-    let figs = vec![
+    let mut figs = vec![
         Figure::vs("pkcs11.gcm_64k_vs_softhsm", gm, gh, "GB/s", "AES-256-GCM, 64 KiB messages, C_EncryptInit+C_Encrypt, memveil module vs SoftHSM2 in the same run")
             .with_ratio(gr)
             .target(">= 0.9"),
@@ -332,11 +421,29 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
             .with_ratio(ca)
             .target("<= 2 us added"),
     ];
+    // Signatures (issue 27): the same RSA-2048 and P-256 keys in both.
+    let e = |e: openssl::error::ErrorStack| fail(e.to_string());
+    let rsa =
+        openssl::pkey::PKey::from_rsa(openssl::rsa::Rsa::generate(2048).map_err(e)?).map_err(e)?;
+    let group =
+        openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).map_err(e)?;
+    let ec = openssl::pkey::PKey::from_ec_key(openssl::ec::EcKey::generate(&group).map_err(e)?)
+        .map_err(e)?;
+    let smv = sign::import(mv.name, mv.f, mv.slot, mv.session, &rsa, &ec)?;
+    let shsm = sign::import(hsm.name, hsm.f, hsm.slot, hsm.session, &rsa, &ec)?;
+    let (mut sfigs, smd) = sign::figures(opts, &smv, &shsm, &rsa)?;
+    figs.append(&mut sfigs);
+    let mut md = md;
+    md.push_str(&smd);
     for m in [&mv, &hsm] {
         call!(m.f, C_CloseSession, m.session)?;
         call!(m.f, C_Finalize, std::ptr::null_mut())?;
     }
     drop(d);
+    // nginx with its keys in the vault, and memveil agent (issue 27).
+    let (mut tfigs, tmd) = tls_figures(opts)?;
+    figs.append(&mut tfigs);
+    md.push_str(&tmd);
     Ok(Section {
         part: "pkcs11".into(),
         title: "PKCS#11: memveil's module against SoftHSM2".into(),

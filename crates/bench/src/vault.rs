@@ -47,6 +47,26 @@ impl Drop for Daemon {
     }
 }
 
+/// The first line a child writes on its (piped) stdout within `limit`
+/// (empty if none); the rest of its output is drained in the background.
+pub(crate) fn first_line(child: &mut Child, limit: Duration) -> String {
+    let Some(out) = child.stdout.take() else {
+        return String::new();
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        let mut sink = String::new();
+        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    rx.recv_timeout(limit).unwrap_or_default()
+}
+
 pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
     let exe = crate::procs::memveil_exe().ok_or_else(|| {
         fail("the vault bench starts the vault from the memveil binary; run it through `memveil bench`")
@@ -63,19 +83,7 @@ pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| fail(format!("starting {} vault serve: {e}", exe.display())))?;
-    let out = child.stdout.take().ok_or_else(|| fail("no stdout"))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(out);
-        let mut line = String::new();
-        let _ = r.read_line(&mut line);
-        let _ = tx.send(line);
-        let mut sink = String::new();
-        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
-    let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    let line = first_line(&mut child, Duration::from_secs(30));
     let d = Daemon { child, dir, socket };
     if !line.starts_with("memveil-vault ready") {
         return Err(fail(

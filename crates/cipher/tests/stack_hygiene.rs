@@ -24,16 +24,14 @@
 //! array on its stack is caught, each of the three.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::hint::black_box;
-use std::os::unix::fs::FileExt;
-use std::sync::mpsc;
 
 #[path = "common/mod.rs"]
 mod common;
 
 use aes::hazmat::{cipher_round, equiv_inv_cipher_round, inv_mix_columns};
 use memveil_cipher::{Aes, Gcm, Path, Xts};
+use memveil_testkit::stack_after;
 
 type B16 = [u8; 16];
 
@@ -157,56 +155,6 @@ fn add_xts(s: &mut Secrets, k1: &[u8], k2: &[u8], unit: u128, input: &[u8], enc:
 
 /// Runs `f` 64 KiB deep in a fresh thread's stack, then returns that
 /// thread's whole stack mapping, read from another thread.
-fn stack_after(f: impl FnOnce() + Send) -> Vec<u8> {
-    #[inline(never)]
-    fn deep(n: usize, f: &mut Option<Box<dyn FnOnce() + Send + '_>>) {
-        let mut pad = [0u8; 4096];
-        black_box(&mut pad);
-        if n == 0 {
-            if let Some(f) = f.take() {
-                f();
-            }
-        } else {
-            deep(n - 1, f);
-        }
-        black_box(&pad);
-    }
-    let (tx, rx) = mpsc::channel::<usize>();
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    std::thread::scope(|sc| {
-        sc.spawn(move || {
-            let mut f: Option<Box<dyn FnOnce() + Send + '_>> = Some(Box::new(f));
-            deep(16, &mut f);
-            let here = 0u8;
-            tx.send(std::ptr::from_ref(black_box(&here)) as usize)
-                .expect("send");
-            let _ = done_rx.recv();
-        });
-        let sp = rx.recv().expect("thread ran");
-        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
-        let (lo, hi) = maps
-            .lines()
-            .filter_map(|l| {
-                let r = l.split_whitespace().next()?;
-                let (a, b) = r.split_once('-')?;
-                Some((
-                    usize::from_str_radix(a, 16).ok()?,
-                    usize::from_str_radix(b, 16).ok()?,
-                ))
-            })
-            .find(|(a, b)| (*a..*b).contains(&sp))
-            .expect("the thread's stack mapping");
-        let mut buf = vec![0u8; hi - lo];
-        File::open("/proc/self/mem")
-            .expect("/proc/self/mem")
-            .read_exact_at(&mut buf, lo as u64)
-            .expect("read the stack");
-        done_tx.send(()).expect("release");
-        buf
-    })
-}
-
-/// Every pattern found in `stack`, at any byte offset.
 fn found(stack: &[u8], s: &Secrets) -> Vec<(usize, String)> {
     stack
         .windows(16)

@@ -1,7 +1,8 @@
 //! A key finder in the manner of `aeskeyfind` (Halderman et al., "Lest We
 //! Remember", 2008): it looks for expanded AES-128 and AES-256 *encryption*
 //! key schedules in memory images, tolerating a few flipped bits, and for
-//! exact byte patterns.
+//! exact byte patterns, and for known secrets held masked ([`Secrets`]: an
+//! RSA key's primes, an EC scalar) in both byte orders.
 //!
 //! Every 4-byte-aligned offset of an image is taken as the start of a
 //! candidate schedule (176 bytes for AES-128, 240 for AES-256): the schedule
@@ -23,8 +24,10 @@
 #![forbid(unsafe_code)]
 
 mod aes;
+mod secrets;
 mod sources;
 
+pub use secrets::{Hit, Secrets};
 pub use sources::{read_core, read_process, read_raw, Image, Region};
 
 /// A key schedule found in an image.

@@ -41,6 +41,8 @@ enum Command {
     /// Host key table (TME-MK's KeyIDs), held by the vault: program, clear, status.
     #[command(long_about = cmd::key::ABOUT, after_long_help = cmd::key::AFTER_LONG_HELP)]
     Key(cmd::key::Args),
+    /// SSH agent whose keys live in the vault (ssh-add, ssh, ssh-keygen -Y sign)
+    Agent(cmd::agent::Args),
     /// Encrypted disk whose key stays in the vault (FUSE file, loop device)
     ///
     /// Encrypted disk: an aes-xts-plain64 image whose key stays in the vault,
@@ -56,12 +58,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The release profile unwinds (for the PKCS#11 module); this binary's
+    // daemons abort on a panic, as with panic = "abort".
+    memveil_sys::process::abort_on_panic();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Probe(a) => cmd::probe::run(a),
         Command::Rng(a) => cmd::rng::run(a),
         Command::Vault(a) => cmd::vault::run(a),
         Command::Key(a) => cmd::key::run(a),
+        Command::Agent(a) => cmd::agent::run(a),
         Command::Disk(a) => cmd::disk::run(a),
         Command::Keyfind(a) => cmd::keyfind::run(a),
         Command::Run(a) => cmd::run::run(a),

@@ -11,16 +11,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use cryptoki_sys::*;
 use memveil_vault::client::{ClientError, LaneClient, Session as Shared};
-use memveil_vault::proto::{perm, ErrorCode, KeyInfo, KeyKind};
-use memveil_vault::ring::{status, Entry};
+use memveil_vault::proto::{perm, ErrorCode, KeyInfo, KeyKind, Mode, PublicParts};
+use memveil_vault::ring::{status, AsymParams, Entry, Op};
 use memveil_vault::Client;
+use zeroize::Zeroizing;
 
+use crate::asym::{AsymBackend, AsymDecrypt, AsymSign, Ecdh, Import, PairTemplate};
 use crate::mech::{Backend, CryptOp, Failure, MacOp, Req, Rv};
+use crate::object::{cap, CERT_PREFIX, SESSION_PREFIX};
+pub use crate::object::{parse_name, token_name, Attr, Obj};
 
 /// The one slot's id.
 pub const SLOT: CK_SLOT_ID = 0;
-/// Prefix of the vault names of session objects: `p11s.<pid>.<n>`.
-const SESSION_PREFIX: &str = "p11s.";
 /// Lanes (vault worker threads) one process uses at most, by default.
 const DEFAULT_LANES: usize = 8;
 /// Bytes of a lane's shared data buffer at first (grown on demand).
@@ -51,127 +53,22 @@ fn client_rv(e: &ClientError) -> Rv {
     }
 }
 
-/// A key as a PKCS#11 object.
-#[derive(Debug, Clone)]
-pub struct Obj {
-    /// Vault key id.
-    pub vault_id: u32,
-    /// Vault key name.
-    pub name: String,
-    /// AES-128 or AES-256.
-    pub kind: KeyKind,
-    /// `CKA_LABEL`.
-    pub label: Vec<u8>,
-    /// `CKA_ID`.
-    pub id: Vec<u8>,
-    /// `CKA_TOKEN`.
-    pub token: bool,
-    /// The session that owns a session object (0 for token objects).
-    pub session: CK_SESSION_HANDLE,
-    /// Generated inside the vault by this module (`CKA_LOCAL`).
-    pub local: bool,
-    /// `CKA_ENCRYPT`, `CKA_DECRYPT`, `CKA_SIGN`, `CKA_VERIFY`.
-    pub caps: [bool; 4],
+/// A decryption in progress.
+#[derive(Clone)]
+pub enum DecOp {
+    /// With an AES key.
+    Aes(CryptOp),
+    /// With an RSA key.
+    Rsa(AsymDecrypt),
 }
 
-fn ck_bool(b: bool) -> Vec<u8> {
-    vec![if b { CK_TRUE } else { CK_FALSE }]
-}
-
-fn ck_ulong(v: CK_ULONG) -> Vec<u8> {
-    v.to_ne_bytes().to_vec()
-}
-
-/// What `C_GetAttributeValue` finds for one attribute.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Attr {
-    /// The value's bytes.
-    Value(Vec<u8>),
-    /// `CKA_VALUE`: never leaves the vault.
-    Sensitive,
-    /// Not an attribute of a secret key here.
-    Invalid,
-}
-
-impl Obj {
-    /// One attribute.
-    #[must_use]
-    pub fn attr(&self, t: CK_ATTRIBUTE_TYPE) -> Attr {
-        let v = match t {
-            CKA_CLASS => ck_ulong(CKO_SECRET_KEY),
-            CKA_KEY_TYPE => ck_ulong(CKK_AES),
-            CKA_VALUE_LEN => ck_ulong(self.kind.key_len() as CK_ULONG),
-            CKA_LABEL => self.label.clone(),
-            CKA_ID => self.id.clone(),
-            CKA_TOKEN => ck_bool(self.token),
-            CKA_PRIVATE => ck_bool(false),
-            CKA_MODIFIABLE
-            | CKA_COPYABLE
-            | CKA_EXTRACTABLE
-            | CKA_WRAP
-            | CKA_UNWRAP
-            | CKA_DERIVE
-            | CKA_TRUSTED
-            | CKA_WRAP_WITH_TRUSTED
-            | CKA_ALWAYS_AUTHENTICATE => ck_bool(false),
-            CKA_SENSITIVE | CKA_NEVER_EXTRACTABLE | CKA_DESTROYABLE => ck_bool(true),
-            CKA_ALWAYS_SENSITIVE | CKA_LOCAL => ck_bool(self.local),
-            CKA_ENCRYPT => ck_bool(self.caps[0]),
-            CKA_DECRYPT => ck_bool(self.caps[1]),
-            CKA_SIGN => ck_bool(self.caps[2]),
-            CKA_VERIFY => ck_bool(self.caps[3]),
-            CKA_KEY_GEN_MECHANISM => ck_ulong(if self.local {
-                CKM_AES_KEY_GEN
-            } else {
-                CK_UNAVAILABLE_INFORMATION
-            }),
-            CKA_START_DATE | CKA_END_DATE => Vec::new(),
-            CKA_VALUE => return Attr::Sensitive,
-            _ => return Attr::Invalid,
-        };
-        Attr::Value(v)
-    }
-}
-
-/// The vault name of a token object with `label` and `id`:
-/// `label` alone, or `label..hex(id)` (`..` cannot appear in a label).
-///
-/// # Errors
-/// `CKR_ATTRIBUTE_VALUE_INVALID` when the label has characters outside
-/// `[A-Za-z0-9._-]`, contains `..`, or the name would pass 64 characters.
-pub fn token_name(label: &[u8], id: &[u8]) -> Result<String, Rv> {
-    let label = std::str::from_utf8(label).map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
-    if label.contains("..") || label.starts_with(SESSION_PREFIX) {
-        return Err(CKR_ATTRIBUTE_VALUE_INVALID);
-    }
-    let name = if id.is_empty() {
-        label.to_owned()
-    } else {
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{label}..{hex}")
-    };
-    if memveil_vault::proto::valid_name(&name) {
-        Ok(name)
-    } else {
-        Err(CKR_ATTRIBUTE_VALUE_INVALID)
-    }
-}
-
-/// Label and id back from a vault name (see [`token_name`]).
-#[must_use]
-pub fn parse_name(name: &str) -> (Vec<u8>, Vec<u8>) {
-    if let Some((label, hex)) = name.rsplit_once("..") {
-        if !hex.is_empty() && hex.len() % 2 == 0 && !label.contains("..") {
-            let id: Option<Vec<u8>> = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-                .collect();
-            if let Some(id) = id {
-                return (label.as_bytes().to_vec(), id);
-            }
-        }
-    }
-    (name.as_bytes().to_vec(), Vec::new())
+/// A signature in progress.
+#[derive(Clone)]
+pub enum SignOp {
+    /// `CKM_AES_CMAC`.
+    Cmac(MacOp),
+    /// With an asymmetric key.
+    Asym(AsymSign),
 }
 
 /// One session's state.
@@ -182,9 +79,9 @@ pub struct Sess {
     /// Encryption in progress.
     pub enc: Option<CryptOp>,
     /// Decryption in progress.
-    pub dec: Option<CryptOp>,
-    /// CMAC signature in progress.
-    pub sign: Option<MacOp>,
+    pub dec: Option<DecOp>,
+    /// Signature in progress.
+    pub sign: Option<SignOp>,
     /// CMAC verification in progress.
     pub verify: Option<MacOp>,
     /// Handles a search has still to return.
@@ -388,9 +285,13 @@ impl Module {
             .filter(|(_, o)| !o.token && o.session == h)
             .map(|(k, o)| (*k, o.name.clone()))
             .collect();
+        let mut gone = std::collections::BTreeSet::new();
         for (k, name) in mine {
             lock(&self.objects).remove(&k);
-            let _ = self.with_vault(|c| c.destroy_key(&name).map_err(|e| client_rv(&e)));
+            // A key pair is two objects over one vault key.
+            if gone.insert(name.clone()) {
+                let _ = self.with_vault(|c| c.destroy_key(&name).map_err(|e| client_rv(&e)));
+            }
         }
         if lock(&self.sessions).is_empty() {
             self.logged_in.store(false, Ordering::Relaxed);
@@ -445,7 +346,11 @@ impl Module {
 
     // ---- objects ----
 
-    fn caps_of(&self, k: &KeyInfo) -> [bool; 4] {
+    /// What this uid may do with an object of `class` over vault key `k`:
+    /// an AES key encrypts and signs (CMAC) with `e`, decrypts and verifies
+    /// with `d`; a private key signs with `e`, decrypts (RSA) and derives
+    /// (EC) with `d`; public keys and certificates do nothing here.
+    fn caps_of(&self, k: &KeyInfo, class: CK_OBJECT_CLASS) -> [bool; 5] {
         let uid = self.uid();
         let bits = if k.owner == uid {
             perm::ALL
@@ -454,7 +359,25 @@ impl Module {
         };
         let e = bits & perm::ENCRYPT != 0;
         let d = bits & perm::DECRYPT != 0;
-        [e, d, e, d]
+        match class {
+            CKO_SECRET_KEY => [e, d, e, d, false],
+            CKO_PRIVATE_KEY => {
+                let rsa = crate::object::key_type(k.kind) == CKK_RSA;
+                let ec = crate::object::key_type(k.kind) == CKK_EC;
+                [false, d && rsa, e, false, d && ec]
+            }
+            _ => [false; 5],
+        }
+    }
+
+    /// The classes a vault kind shows as.
+    fn classes(kind: KeyKind) -> &'static [CK_OBJECT_CLASS] {
+        match kind {
+            KeyKind::Aes128 | KeyKind::Aes256 => &[CKO_SECRET_KEY],
+            KeyKind::Xts128 | KeyKind::Xts256 => &[],
+            KeyKind::Cert => &[CKO_CERTIFICATE],
+            _ => &[CKO_PRIVATE_KEY, CKO_PUBLIC_KEY],
+        }
     }
 
     /// Re-reads the keys this uid may see from the vault: token objects
@@ -464,35 +387,64 @@ impl Module {
     /// The vault cannot be reached.
     pub fn refresh(&self) -> Result<(), Rv> {
         let keys = self.with_vault(|c| c.list_keys().map_err(|e| client_rv(&e)))?;
-        let mut objs = lock(&self.objects);
         let mut seen = Vec::new();
         for k in keys {
-            if !matches!(k.kind, KeyKind::Aes128 | KeyKind::Aes256)
-                || k.name.starts_with(SESSION_PREFIX)
-            {
+            if k.name.starts_with(SESSION_PREFIX) {
                 continue;
             }
-            seen.push(k.id);
-            if let Some(o) = objs.values_mut().find(|o| o.vault_id == k.id) {
-                o.caps = self.caps_of(&k);
-                continue;
+            for &class in Self::classes(k.kind) {
+                seen.push((k.id, class));
+                let known = {
+                    let mut objs = lock(&self.objects);
+                    match objs
+                        .values_mut()
+                        .find(|o| o.vault_id == k.id && o.class == class)
+                    {
+                        Some(o) => {
+                            o.caps = self.caps_of(&k, class);
+                            true
+                        }
+                        None => false,
+                    }
+                };
+                if known {
+                    continue;
+                }
+                let public = self.public_of(&k)?;
+                let (label, mut id) = parse_name(&k.name, k.kind);
+                if id.is_empty() {
+                    id = public
+                        .as_deref()
+                        .map(crate::object::default_id)
+                        .unwrap_or_default();
+                }
+                let o = Obj {
+                    vault_id: k.id,
+                    name: k.name.clone(),
+                    kind: k.kind,
+                    class,
+                    label,
+                    id,
+                    token: true,
+                    session: 0,
+                    local: false,
+                    caps: self.caps_of(&k, class),
+                    public,
+                };
+                lock(&self.objects).insert(self.handle(), o);
             }
-            let (label, id) = parse_name(&k.name);
-            let o = Obj {
-                vault_id: k.id,
-                name: k.name.clone(),
-                kind: k.kind,
-                label,
-                id,
-                token: true,
-                session: 0,
-                local: false,
-                caps: self.caps_of(&k),
-            };
-            objs.insert(self.handle(), o);
         }
-        objs.retain(|_, o| !o.token || seen.contains(&o.vault_id));
+        lock(&self.objects).retain(|_, o| !o.token || seen.contains(&(o.vault_id, o.class)));
         Ok(())
+    }
+
+    /// The public half (or certificate) of vault key `k`, if it has one.
+    fn public_of(&self, k: &KeyInfo) -> Result<Option<Arc<PublicParts>>, Rv> {
+        if k.kind.is_symmetric() {
+            return Ok(None);
+        }
+        let p = self.with_vault(|c| c.public_key(&k.name).map_err(|e| client_rv(&e)))?;
+        Ok(Some(Arc::new(p)))
     }
 
     /// The object `h`.
@@ -543,7 +495,125 @@ impl Module {
         Ok(v)
     }
 
-    /// Creates a key in the vault: generated when `value` is `None`,
+    /// The vault name for a new object: `LABEL..ID` (certificates:
+    /// `crt.LABEL..ID`), `p11-<random>` for a token object without either,
+    /// `p11s.<pid>.<n>` for a session object.
+    fn new_name(&self, token: bool, label: &[u8], id: &[u8], kind: KeyKind) -> Result<String, Rv> {
+        if !token {
+            return Ok(format!(
+                "{SESSION_PREFIX}{}.{}",
+                std::process::id(),
+                self.next.fetch_add(1, Ordering::Relaxed)
+            ));
+        }
+        let name = if label.is_empty() && id.is_empty() {
+            let mut r = [0u8; 4];
+            self.random(&mut r)?;
+            format!(
+                "p11-{}",
+                r.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            )
+        } else {
+            token_name(label, id)?
+        };
+        if kind == KeyKind::Cert {
+            let n = format!("{CERT_PREFIX}{name}");
+            return if memveil_vault::proto::valid_name(&n) {
+                Ok(n)
+            } else {
+                Err(CKR_ATTRIBUTE_VALUE_INVALID)
+            };
+        }
+        Ok(name)
+    }
+
+    /// Makes a vault key for a new object of `session`: generated when
+    /// `value` is `None`, imported otherwise (the bytes go from the caller's
+    /// buffer to the socket). Token objects are sealed to disk when the
+    /// vault has a keystore (`--state`), and live as long as the vault
+    /// otherwise.
+    fn vault_key(
+        &self,
+        session: CK_SESSION_HANDLE,
+        token: bool,
+        label: &[u8],
+        id: &[u8],
+        kind: KeyKind,
+        value: Option<&[u8]>,
+    ) -> Result<KeyInfo, Rv> {
+        let s = self.session(session)?;
+        if token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        let name = self.new_name(token, label, id, kind)?;
+        self.with_vault(|c| {
+            let make = |c: &mut Client, persistent: bool| match value {
+                None => c.create_key(&name, kind, persistent),
+                Some(v) => c.import_key(&name, kind, persistent, v),
+            };
+            match make(c, token) {
+                Err(ClientError::Refused {
+                    code: ErrorCode::NotDurable,
+                    ..
+                }) => make(c, false),
+                r => r,
+            }
+            .map_err(|e| client_rv(&e))
+        })
+    }
+
+    /// Adds the objects of a new vault key; returns their handles in the
+    /// order of [`Module::classes`].
+    #[allow(clippy::too_many_arguments)]
+    fn add_objects(
+        &self,
+        session: CK_SESSION_HANDLE,
+        info: &KeyInfo,
+        token: bool,
+        label: &[u8],
+        id: &[u8],
+        local: bool,
+        want: [bool; 5],
+    ) -> Result<Vec<CK_OBJECT_HANDLE>, Rv> {
+        let public = self.public_of(info)?;
+        let (label, mut id) = if token {
+            parse_name(&info.name, info.kind)
+        } else {
+            (label.to_vec(), id.to_vec())
+        };
+        if id.is_empty() {
+            id = public
+                .as_deref()
+                .map(crate::object::default_id)
+                .unwrap_or_default();
+        }
+        let mut handles = Vec::new();
+        for &class in Self::classes(info.kind) {
+            let mut caps = self.caps_of(info, class);
+            for (c, w) in caps.iter_mut().zip(want) {
+                *c &= w;
+            }
+            let o = Obj {
+                vault_id: info.id,
+                name: info.name.clone(),
+                kind: info.kind,
+                class,
+                label: label.clone(),
+                id: id.clone(),
+                token,
+                session: if token { 0 } else { session },
+                local,
+                caps,
+                public: public.clone(),
+            };
+            let h = self.handle();
+            lock(&self.objects).insert(h, o);
+            handles.push(h);
+        }
+        Ok(handles)
+    }
+
+    /// Creates an AES key in the vault: generated when `value` is `None`,
     /// imported from the caller's bytes otherwise (passed straight to the
     /// socket, never copied here).
     ///
@@ -555,39 +625,87 @@ impl Module {
         t: &Template<'_>,
         value: Option<&[u8]>,
     ) -> Result<CK_OBJECT_HANDLE, Rv> {
-        let s = self.session(session)?;
-        if t.token && !lock(&s).rw {
-            return Err(CKR_SESSION_READ_ONLY);
-        }
         let kind = match t.key_len {
             16 => KeyKind::Aes128,
             32 => KeyKind::Aes256,
             _ => return Err(CKR_ATTRIBUTE_VALUE_INVALID),
         };
-        let name = if t.token {
-            if t.label.is_empty() && t.id.is_empty() {
-                let mut r = [0u8; 4];
-                self.random(&mut r)?;
-                format!(
-                    "p11-{}",
-                    r.iter().map(|b| format!("{b:02x}")).collect::<String>()
-                )
-            } else {
-                token_name(t.label, t.id)?
-            }
-        } else {
-            format!(
-                "{SESSION_PREFIX}{}.{}",
-                std::process::id(),
-                self.next.fetch_add(1, Ordering::Relaxed)
-            )
+        let info = self.vault_key(session, t.token, t.label, t.id, kind, value)?;
+        let want = [t.caps[0], t.caps[1], t.caps[2], t.caps[3], false];
+        let h = self.add_objects(
+            session,
+            &info,
+            t.token,
+            t.label,
+            t.id,
+            value.is_none(),
+            want,
+        )?;
+        h.first().copied().ok_or(CKR_GENERAL_ERROR)
+    }
+
+    /// Generates a key pair inside the vault; returns the public and the
+    /// private key's handles.
+    ///
+    /// # Errors
+    /// The vault's refusal (name taken, quota) or a read-only session.
+    pub fn generate_pair(
+        &self,
+        session: CK_SESSION_HANDLE,
+        t: &PairTemplate<'_>,
+    ) -> Result<(CK_OBJECT_HANDLE, CK_OBJECT_HANDLE), Rv> {
+        let kind = t.kind.ok_or(CKR_TEMPLATE_INCOMPLETE)?;
+        let info = self.vault_key(session, t.token, t.label, t.id, kind, None)?;
+        let want = [false, t.decrypt, t.sign, false, t.derive];
+        match self.add_objects(session, &info, t.token, t.label, t.id, true, want)?[..] {
+            [private, public] => Ok((public, private)),
+            _ => Err(CKR_GENERAL_ERROR),
+        }
+    }
+
+    /// Imports a private key or a certificate (`C_CreateObject`); returns
+    /// the private key's or certificate's handle (a private key's public
+    /// object appears beside it).
+    ///
+    /// # Errors
+    /// The vault's refusal (inconsistent components, name taken).
+    pub fn import(
+        &self,
+        session: CK_SESSION_HANDLE,
+        i: &Import<'_>,
+    ) -> Result<CK_OBJECT_HANDLE, Rv> {
+        let t = &i.t;
+        let info = self.vault_key(session, t.token, t.label, t.id, i.kind, Some(&i.bytes))?;
+        let want = [false, t.decrypt, t.sign, false, t.derive];
+        let h = self.add_objects(session, &info, t.token, t.label, t.id, false, want)?;
+        h.first().copied().ok_or(CKR_GENERAL_ERROR)
+    }
+
+    /// ECDH with the EC key `base` into a new AES key (`C_DeriveKey`).
+    ///
+    /// # Errors
+    /// The vault's refusal (a point off the curve, no `d` permission).
+    pub fn derive(
+        &self,
+        session: CK_SESSION_HANDLE,
+        base: CK_OBJECT_HANDLE,
+        p: &Ecdh,
+        t: &Template<'_>,
+    ) -> Result<CK_OBJECT_HANDLE, Rv> {
+        let b = self.key(base, cap::DERIVE)?;
+        let kind = match t.key_len {
+            16 => KeyKind::Aes128,
+            32 => KeyKind::Aes256,
+            _ => return Err(CKR_ATTRIBUTE_VALUE_INVALID),
         };
-        // Token objects are sealed to disk when the vault has a keystore
-        // (`--state`), and live as long as the vault otherwise.
+        let s = self.session(session)?;
+        if t.token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        let name = self.new_name(t.token, t.label, t.id, kind)?;
         let info = self.with_vault(|c| {
-            let make = |c: &mut Client, persistent: bool| match value {
-                None => c.create_key(&name, kind, persistent),
-                Some(v) => c.import_key(&name, kind, persistent, v),
+            let make = |c: &mut Client, persistent: bool| {
+                c.derive_key(&name, kind, persistent, &b.name, p.kdf, &p.peer, &p.shared)
             };
             match make(c, t.token) {
                 Err(ClientError::Refused {
@@ -596,45 +714,36 @@ impl Module {
                 }) => make(c, false),
                 r => r,
             }
-            .map_err(|e| client_rv(&e))
+            .map_err(|e| match e {
+                ClientError::Refused {
+                    code: ErrorCode::Invalid,
+                    ..
+                } => CKR_MECHANISM_PARAM_INVALID,
+                e => client_rv(&e),
+            })
         })?;
-        let (label, id) = if t.token {
-            parse_name(&info.name)
-        } else {
-            (t.label.to_vec(), t.id.to_vec())
-        };
-        let mut caps = self.caps_of(&info);
-        for (c, want) in caps.iter_mut().zip(t.caps) {
-            *c &= want;
-        }
-        let o = Obj {
-            vault_id: info.id,
-            name: info.name,
-            kind,
-            label,
-            id,
-            token: t.token,
-            session: if t.token { 0 } else { session },
-            local: value.is_none(),
-            caps,
-        };
-        let h = self.handle();
-        lock(&self.objects).insert(h, o);
-        Ok(h)
+        let want = [t.caps[0], t.caps[1], t.caps[2], t.caps[3], false];
+        let h = self.add_objects(session, &info, t.token, t.label, t.id, false, want)?;
+        h.first().copied().ok_or(CKR_GENERAL_ERROR)
     }
 
-    /// Destroys a key in the vault.
+    /// Destroys an object's vault key (a private key takes its public
+    /// object with it; a public key object alone cannot be destroyed).
     ///
     /// # Errors
-    /// `CKR_OBJECT_HANDLE_INVALID`, `CKR_SESSION_READ_ONLY`, the vault's refusal.
+    /// `CKR_OBJECT_HANDLE_INVALID`, `CKR_SESSION_READ_ONLY`,
+    /// `CKR_ACTION_PROHIBITED`, the vault's refusal.
     pub fn destroy(&self, session: CK_SESSION_HANDLE, h: CK_OBJECT_HANDLE) -> Result<(), Rv> {
         let s = self.session(session)?;
         let o = self.object(h)?;
         if o.token && !lock(&s).rw {
             return Err(CKR_SESSION_READ_ONLY);
         }
+        if o.class == CKO_PUBLIC_KEY {
+            return Err(CKR_ACTION_PROHIBITED);
+        }
         self.with_vault(|c| c.destroy_key(&o.name).map_err(|e| client_rv(&e)))?;
-        lock(&self.objects).remove(&h);
+        lock(&self.objects).retain(|_, x| x.vault_id != o.vault_id);
         Ok(())
     }
 
@@ -696,14 +805,14 @@ pub struct Template<'a> {
     pub caps: [bool; 4],
 }
 
-fn as_bool(v: &[u8]) -> Result<bool, Rv> {
+pub(crate) fn as_bool(v: &[u8]) -> Result<bool, Rv> {
     match v {
         [b] => Ok(*b != 0),
         _ => Err(CKR_ATTRIBUTE_VALUE_INVALID),
     }
 }
 
-fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
+pub(crate) fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
     let a: [u8; std::mem::size_of::<CK_ULONG>()] =
         v.try_into().map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
     Ok(CK_ULONG::from_ne_bytes(a))
@@ -816,7 +925,69 @@ impl Backend for Module {
     }
 }
 
+impl AsymBackend for Module {
+    fn run_asym(
+        &self,
+        op: Op,
+        key: u32,
+        mode: Mode,
+        params: AsymParams,
+        input: &[u8],
+    ) -> Result<Zeroizing<Vec<u8>>, Failure> {
+        const OUT: usize = 512;
+        let out_at = input.len().div_ceil(64) * 64;
+        let mut l = self.take_lane(out_at + OUT).map_err(Failure::Rv)?;
+        let r = Self::asym_on(&mut l, op, key, mode, params, input, out_at, OUT);
+        match r {
+            Err(Failure::Rv(_)) => {
+                // The lane or the vault is gone: do not reuse it.
+                let _ = self.lane_lost();
+                self.forget_vault();
+            }
+            _ => self.give_lane(l),
+        }
+        r
+    }
+}
+
 impl Module {
+    #[allow(clippy::too_many_arguments)]
+    fn asym_on(
+        l: &mut Lane,
+        op: Op,
+        key: u32,
+        mode: Mode,
+        params: AsymParams,
+        input: &[u8],
+        out_at: usize,
+        out_len: usize,
+    ) -> Result<Zeroizing<Vec<u8>>, Failure> {
+        let dev = |_| Failure::Rv(CKR_DEVICE_ERROR);
+        l.shared.write(0, input).map_err(dev)?;
+        let e = Entry::asym(
+            op,
+            mode,
+            key,
+            l.shared.buffer(),
+            (0, input.len() as u64),
+            (out_at as u64, out_len as u64),
+            params,
+        );
+        let o = l.lane.run(&[e]).map_err(dev)?;
+        let o = o.first().ok_or(Failure::Rv(CKR_DEVICE_ERROR))?;
+        if o.status != status::OK {
+            return Err(Failure::Status(o.status));
+        }
+        let n = usize::try_from(o.out_len)
+            .unwrap_or(usize::MAX)
+            .min(out_len);
+        let mut out = Zeroizing::new(vec![0u8; n]);
+        l.shared.read(out_at, &mut out).map_err(dev)?;
+        // The result (a decrypted message) does not stay in the lane.
+        l.shared.write(out_at, &vec![0u8; n]).map_err(dev)?;
+        Ok(out)
+    }
+
     fn run_on(
         &self,
         l: &mut Lane,
@@ -862,20 +1033,6 @@ impl Module {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_carry_label_and_id_both_ways() {
-        let n = token_name(b"disk0", &[0x01, 0xab]).expect("name");
-        assert_eq!(n, "disk0..01ab");
-        assert_eq!(parse_name(&n), (b"disk0".to_vec(), vec![0x01, 0xab]));
-        assert_eq!(parse_name("plain"), (b"plain".to_vec(), vec![]));
-        assert_eq!(token_name(b"a..b", &[]), Err(CKR_ATTRIBUTE_VALUE_INVALID));
-        assert_eq!(token_name(b"sp ace", &[]), Err(CKR_ATTRIBUTE_VALUE_INVALID));
-        assert_eq!(
-            token_name(&[b'x'; 60], &[1, 2, 3]),
-            Err(CKR_ATTRIBUTE_VALUE_INVALID)
-        );
-    }
 
     #[test]
     fn templates_that_would_let_the_key_out_are_refused() {

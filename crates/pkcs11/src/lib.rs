@@ -30,6 +30,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_snake_case)]
 
+pub mod asym;
 pub mod core;
 pub mod ffi;
 pub mod mech;
+pub mod object;

@@ -30,9 +30,44 @@ struct Found {
 
 /// Runs the workload on `module`, dumps it mid-operation, scans the dump.
 fn workload(exe: &Path, memveil: &Path, module: &Path, dir: &Path, env: &[(&str, &Path)]) -> Found {
+    let report = dump_and_scan(
+        exe,
+        &[
+            module.as_os_str(),
+            "1234".as_ref(),
+            "aes".as_ref(),
+            KEY.as_ref(),
+        ],
+        env,
+        memveil,
+        &["--show-keys", "--pattern", KEY],
+        dir,
+    );
+    let schedules = report.lines().filter(|l| l.starts_with("AES-")).count();
+    Found {
+        schedules,
+        key_schedule: report
+            .lines()
+            .any(|l| l.starts_with("AES-256") && l.ends_with(KEY)),
+        key_bytes: report.lines().any(|l| l.starts_with("pattern at")),
+        report,
+    }
+}
+
+/// Runs `exe ARGS` (a workload that prints `READY pid` and waits for a
+/// line), dumps it with `gcore` while it waits, lets it finish, and returns
+/// `memveil keyfind KEYFIND --core DUMP`'s report.
+fn dump_and_scan(
+    exe: &Path,
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &Path)],
+    memveil: &Path,
+    keyfind: &[&str],
+    dir: &Path,
+) -> String {
+    let module = Path::new(args.first().copied().unwrap_or_default());
     let mut c = Command::new(exe);
-    c.arg(module)
-        .args(["1234", KEY])
+    c.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -79,77 +114,75 @@ fn workload(exe: &Path, memveil: &Path, module: &Path, dir: &Path, env: &[(&str,
     let st = child.wait().expect("wait");
     assert!(st.success(), "the workload failed after the dump");
     let k = Command::new(memveil)
-        .args(["keyfind", "--show-keys", "--pattern", KEY, "--core"])
+        .arg("keyfind")
+        .args(keyfind)
+        .arg("--core")
         .arg(&core)
         .output()
         .expect("memveil keyfind");
-    let report = String::from_utf8_lossy(&k.stdout).into_owned();
     let _ = std::fs::remove_file(&core);
-    let schedules = report.lines().filter(|l| l.starts_with("AES-")).count();
-    Found {
-        schedules,
-        key_schedule: report
-            .lines()
-            .any(|l| l.starts_with("AES-256") && l.ends_with(KEY)),
-        key_bytes: report.lines().any(|l| l.starts_with("pattern at")),
-        report,
-    }
+    String::from_utf8_lossy(&k.stdout).into_owned()
 }
 
-#[test]
-fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
-    let Some(softhsm) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
-        skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
-        return;
-    };
-    for (tool, pkg) in [
-        ("gcore", "gdb"),
-        ("softhsm2-util", "softhsm2"),
-        ("cc", "build-essential"),
-    ] {
-        if Command::new(tool).arg("--help").output().is_err() {
-            skip(Need::Installed(pkg), format!("{tool} not on PATH"));
-            return;
-        }
-    }
-    let module = common::module_path();
-    let memveil = module.with_file_name("memveil");
-    if !memveil.exists() {
-        skip(
-            Need::Installed("target/release/memveil"),
-            "scripts/test.sh builds it (cargo build --release --workspace) before the tests",
-        );
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("memveil-p11-proof-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("tokens")).expect("dir");
-    let exe = dir.join("workload");
-    let cc = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/workload.c"))
-        .arg("-ldl")
-        .output()
-        .expect("cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+/// What both proofs need: SoftHSM2, this module, the memveil binary, a
+/// scratch directory with a SoftHSM2 token (`proof`, PIN 1234) and the
+/// compiled workload `name`; `None` after a skip line when one is missing.
+struct Setup {
+    softhsm: PathBuf,
+    module: PathBuf,
+    memveil: PathBuf,
+    dir: PathBuf,
+    conf: PathBuf,
+    exe: PathBuf,
+}
 
-    // SoftHSM2 in a private token directory.
-    let conf = dir.join("softhsm2.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
-            dir.join("tokens").display()
-        ),
-    )
-    .expect("conf");
-    let init = Command::new("softhsm2-util")
-        .args([
+impl Setup {
+    fn new(tag: &str, workload: &str) -> Option<Setup> {
+        let Some(softhsm) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
+            skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
+            return None;
+        };
+        for (tool, pkg) in [
+            ("gcore", "gdb"),
+            ("softhsm2-util", "softhsm2"),
+            ("openssl", "openssl"),
+        ] {
+            if Command::new(tool).arg("--help").output().is_err() {
+                skip(Need::Installed(pkg), format!("{tool} not on PATH"));
+                return None;
+            }
+        }
+        let module = common::module_path();
+        let memveil = module.with_file_name("memveil");
+        if !memveil.exists() {
+            skip(
+                Need::Installed("target/release/memveil"),
+                "scripts/test.sh builds it (cargo build --release --workspace) before the tests",
+            );
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("memveil-p11-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("tokens")).expect("dir");
+        let exe = common::compile_c(workload, &dir)?;
+        let conf = dir.join("softhsm2.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+                dir.join("tokens").display()
+            ),
+        )
+        .expect("conf");
+        let s = Setup {
+            softhsm,
+            module,
+            memveil,
+            dir,
+            conf,
+            exe,
+        };
+        s.softhsm2_util(&[
             "--init-token",
             "--free",
             "--label",
@@ -158,25 +191,42 @@ fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
             "1234",
             "--so-pin",
             "12345678",
-        ])
-        .env("SOFTHSM2_CONF", &conf)
-        .output()
-        .expect("softhsm2-util");
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
-    let hsm = workload(&exe, &memveil, &softhsm, &dir, &[("SOFTHSM2_CONF", &conf)]);
+        ]);
+        Some(s)
+    }
+
+    fn softhsm2_util(&self, args: &[&str]) {
+        let o = Command::new("softhsm2-util")
+            .args(args)
+            .env("SOFTHSM2_CONF", &self.conf)
+            .output()
+            .expect("softhsm2-util");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
+    let Some(p) = Setup::new("proof", "workload") else {
+        return;
+    };
+    let (exe, memveil, softhsm, module, dir, conf) =
+        (&p.exe, &p.memveil, &p.softhsm, &p.module, &p.dir, &p.conf);
+    let hsm = workload(exe, memveil, softhsm, dir, &[("SOFTHSM2_CONF", conf)]);
     let socket = common::vault().socket.clone();
     let mv = workload(
-        &exe,
-        &memveil,
-        &module,
-        &dir,
+        exe,
+        memveil,
+        module,
+        dir,
         &[("MEMVEIL_VAULT_SOCKET", &socket)],
     );
-    let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
         "SoftHSM2 client core: {} schedules, the key's {}; memveil client core: {} schedules, the key's {}",
         hsm.schedules,
@@ -198,5 +248,97 @@ fn the_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
         mv.schedules, 0,
         "an AES schedule in the memveil client:\n{}",
         mv.report
+    );
+}
+
+/// The RSA side (issue 27): the same RSA-2048 key imported into SoftHSM2
+/// (`softhsm2-util --import`) and into the vault; a client
+/// (`tests/c/workload.c rsa`) starts a multi-part `CKM_SHA256_RSA_PKCS`
+/// signature with it and is dumped mid-operation; `memveil keyfind
+/// --private-key` looks for the primes and the private exponent in both
+/// byte orders. SoftHSM2 has the key in the client's heap (the positive
+/// control); memveil's module has none of it.
+#[test]
+fn the_rsa_key_is_in_a_softhsm2_clients_core_and_not_in_a_memveil_clients() {
+    let Some(p) = Setup::new("rsaproof", "workload") else {
+        return;
+    };
+    let (exe, memveil, softhsm, module, dir) = (&p.exe, &p.memveil, &p.softhsm, &p.module, &p.dir);
+    let key = dir.join("key.pem");
+    let g = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&key)
+        .output()
+        .expect("openssl");
+    assert!(g.status.success());
+    let label = common::label("rsaproof");
+    p.softhsm2_util(&[
+        "--import",
+        key.to_str().expect("utf8"),
+        "--token",
+        "proof",
+        "--label",
+        &label,
+        "--id",
+        "01",
+        "--pin",
+        "1234",
+    ]);
+    let socket = common::vault().socket.clone();
+    let i = Command::new(memveil)
+        .args(["vault", "import", &label, "--key-file"])
+        .arg(&key)
+        .env("MEMVEIL_VAULT_SOCKET", &socket)
+        .output()
+        .expect("memveil vault import");
+    assert!(i.status.success(), "{}", String::from_utf8_lossy(&i.stderr));
+    let scan = ["--private-key", key.to_str().expect("utf8")];
+    let hsm = dump_and_scan(
+        exe,
+        &[
+            softhsm.as_os_str(),
+            "1234".as_ref(),
+            "rsa".as_ref(),
+            label.as_ref(),
+        ],
+        &[("SOFTHSM2_CONF", &p.conf)],
+        memveil,
+        &scan,
+        dir,
+    );
+    let mv = dump_and_scan(
+        exe,
+        &[
+            module.as_os_str(),
+            "1234".as_ref(),
+            "rsa".as_ref(),
+            label.as_ref(),
+        ],
+        &[("MEMVEIL_VAULT_SOCKET", &socket)],
+        memveil,
+        &scan,
+        dir,
+    );
+    let hits = |r: &str| r.lines().filter(|l| l.starts_with("secret at")).count();
+    eprintln!(
+        "RSA key: {} secrets in the SoftHSM2 client's core, {} in the memveil client's",
+        hits(&hsm),
+        hits(&mv)
+    );
+    assert!(
+        hsm.contains("RSA prime p") && hsm.contains("RSA prime q"),
+        "positive control failed: the primes are not in the SoftHSM2 client's core:\n{hsm}"
+    );
+    assert_eq!(
+        hits(&mv),
+        0,
+        "the RSA key in the memveil client's core:\n{mv}"
     );
 }

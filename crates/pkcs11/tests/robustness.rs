@@ -8,32 +8,13 @@ mod common;
 
 use std::process::Command;
 
-use memveil_testkit::{skip, Need};
-
 #[test]
 fn a_hostile_c_caller_gets_the_standard_codes_and_never_crashes_the_module() {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/robust.c");
     let dir = std::env::temp_dir().join(format!("memveil-p11-robust-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let exe = dir.join("robust");
-    let cc = match Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-ldl")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            skip(Need::Installed("build-essential"), format!("cc: {e}"));
-            return;
-        }
+    let Some(exe) = common::compile_c("robust", &dir) else {
+        return;
     };
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
     let out = Command::new(&exe)
         .arg(common::module_path())
         .env("MEMVEIL_VAULT_SOCKET", &common::vault().socket)
@@ -54,4 +35,41 @@ fn a_hostile_c_caller_gets_the_standard_codes_and_never_crashes_the_module() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(line.ends_with(", 0 failed") && checks > 200, "{text}");
+}
+
+/// `tests/c/fork_panic.c` against the cdylib: a forked child initialises
+/// again and signs with its own connection while the parent keeps signing
+/// (what libp11 does in nginx's workers), and a panic forced inside the
+/// module is `CKR_GENERAL_ERROR` to the caller, who lives on.
+#[test]
+fn a_forked_child_signs_on_its_own_and_a_panic_does_not_kill_the_host() {
+    let dir = std::env::temp_dir().join(format!("memveil-p11-fork-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let Some(exe) = common::compile_c("fork_panic", &dir) else {
+        return;
+    };
+    let label = common::label("fork");
+    let mut c = memveil_vault::Client::connect(&common::vault().socket).expect("vault");
+    c.create_key(&label, memveil_vault::proto::KeyKind::Rsa2048, false)
+        .expect("token key");
+    let out = Command::new(&exe)
+        .arg(common::module_path())
+        .arg(&label)
+        .env("MEMVEIL_VAULT_SOCKET", &common::vault().socket)
+        .output()
+        .expect("run fork_panic");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = c.destroy_key(&label);
+    assert!(
+        out.status.success(),
+        "status {:?} (SIGABRT: a panic crossed into the host):\n{text}{err}",
+        out.status
+    );
+    assert!(text.trim_end().ends_with(", 0 failed"), "{text}");
+    assert!(
+        err.contains("MEMVEIL_PKCS11_PANIC_TEST"),
+        "the panic message: {err}"
+    );
 }

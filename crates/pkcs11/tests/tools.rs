@@ -312,3 +312,208 @@ fn p11_kit_lists_the_installed_module() {
         "the vault's token is not listed: {out}"
     );
 }
+
+/// Issue 27: `pkcs11-tool --keypairgen` makes RSA, EC and Ed25519 pairs in
+/// the vault; the public key it reads back verifies, with `openssl`, the
+/// signatures it makes (SHA256-RSA-PKCS, ECDSA); a certificate written with
+/// `--write-object` is listed beside its key by `p11tool --list-all`.
+#[test]
+fn pkcs11_tool_makes_key_pairs_whose_signatures_openssl_verifies() {
+    for (t, pkg) in [
+        ("pkcs11-tool", "opensc"),
+        ("openssl", "openssl"),
+        ("p11tool", "gnutls-bin"),
+    ] {
+        if which(t).is_none() {
+            skip(Need::Installed(pkg), format!("{t} not on PATH"));
+            return;
+        }
+    }
+    let module = common::module_path();
+    let d = scratch("pairs");
+    let lbl = common::label("pair");
+    let (rsa, ec, ed) = (format!("{lbl}r"), format!("{lbl}e"), format!("{lbl}d"));
+    for (kt, label, id) in [
+        ("rsa:2048", rsa.as_str(), "71"),
+        ("EC:prime256v1", ec.as_str(), "72"),
+        ("EC:edwards25519", ed.as_str(), "73"),
+    ] {
+        let o = p11(
+            &module,
+            &[
+                "--keypairgen",
+                "--key-type",
+                kt,
+                "--label",
+                label,
+                "--id",
+                id,
+            ],
+        );
+        assert!(o.status.success(), "keypairgen {kt}: {}", text(&o));
+    }
+    let list = text(&p11(&module, &["--list-objects"]));
+    assert!(
+        list.contains("Private Key Object; RSA") && list.contains("sensitive, never extractable"),
+        "{list}"
+    );
+    std::fs::write(d.join("msg"), b"signed in the vault\n").unwrap();
+    let pubder = |id: &str, name: &str| {
+        let p = d.join(name);
+        let o = p11(
+            &module,
+            &[
+                "--read-object",
+                "--type",
+                "pubkey",
+                "--id",
+                id,
+                "-o",
+                p.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "read pubkey {id}: {}", text(&o));
+        let pem = d.join(format!("{name}.pem"));
+        let c = Command::new("openssl")
+            .args(["pkey", "-pubin", "-inform", "DER", "-in"])
+            .arg(&p)
+            .arg("-out")
+            .arg(&pem)
+            .output()
+            .unwrap();
+        assert!(
+            c.status.success(),
+            "openssl reads the public key: {}",
+            text(&c)
+        );
+        pem
+    };
+    // RSA: pkcs11-tool signs, openssl verifies.
+    let rpub = pubder("71", "r.der");
+    let sig = d.join("r.sig");
+    let o = p11(
+        &module,
+        &[
+            "--sign",
+            "--mechanism",
+            "SHA256-RSA-PKCS",
+            "--id",
+            "71",
+            "-i",
+            d.join("msg").to_str().unwrap(),
+            "-o",
+            sig.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = Command::new("openssl")
+        .args(["dgst", "-sha256", "-verify"])
+        .arg(&rpub)
+        .arg("-signature")
+        .arg(&sig)
+        .arg(d.join("msg"))
+        .output()
+        .unwrap();
+    assert!(text(&v).contains("Verified OK"), "{}", text(&v));
+    // ECDSA over a digest, in OpenSSL's DER form.
+    let epub = pubder("72", "e.der");
+    let dig = d.join("dig");
+    let h = Command::new("openssl")
+        .args(["dgst", "-sha256", "-binary", "-out"])
+        .arg(&dig)
+        .arg(d.join("msg"))
+        .output()
+        .unwrap();
+    assert!(h.status.success());
+    let esig = d.join("e.sig");
+    let o = p11(
+        &module,
+        &[
+            "--sign",
+            "--mechanism",
+            "ECDSA",
+            "--id",
+            "72",
+            "--signature-format",
+            "openssl",
+            "-i",
+            dig.to_str().unwrap(),
+            "-o",
+            esig.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = Command::new("openssl")
+        .args(["pkeyutl", "-verify", "-pubin", "-inkey"])
+        .arg(&epub)
+        .arg("-in")
+        .arg(&dig)
+        .arg("-sigfile")
+        .arg(&esig)
+        .output()
+        .unwrap();
+    assert!(
+        text(&v).contains("Signature Verified Successfully"),
+        "{}",
+        text(&v)
+    );
+    // A certificate beside the RSA key.
+    let c = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=memveil",
+            "-outform",
+            "DER",
+            "-keyout",
+        ])
+        .arg(d.join("k.pem"))
+        .arg("-out")
+        .arg(d.join("c.der"))
+        .output()
+        .unwrap();
+    assert!(c.status.success(), "{}", text(&c));
+    let o = p11(
+        &module,
+        &[
+            "--write-object",
+            d.join("c.der").to_str().unwrap(),
+            "--type",
+            "cert",
+            "--label",
+            &rsa,
+            "--id",
+            "71",
+        ],
+    );
+    assert!(o.status.success(), "write cert: {}", text(&o));
+    let all = text(&run(Command::new("p11tool")
+        .arg("--provider")
+        .arg(&module)
+        .arg("--list-all")));
+    for want in [
+        "Private key (RSA-2048)",
+        "Public key (EC/ECDSA-SECP256R1)",
+        "EdDSA (Ed25519)",
+        "X.509 Certificate",
+    ] {
+        assert!(all.contains(want), "p11tool --list-all lacks {want}: {all}");
+    }
+    for id in ["71", "72", "73"] {
+        let _ = p11(
+            &module,
+            &["--delete-object", "--type", "privkey", "--id", id],
+        );
+    }
+    let _ = p11(
+        &module,
+        &["--delete-object", "--type", "cert", "--id", "71"],
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -7,7 +7,9 @@
 //! side, is pre-faulted at creation (first touch of secret memory costs about
 //! 20 µs a page, so it is paid once) and is wiped before it is unmapped.
 //! [`SecretPool`] carves many small secrets out of one region, and
-//! [`SecretBox`] owns one of them, wiping it on drop.
+//! [`SecretBox`] owns one of them, wiping it on drop. [`SecretHeap`] is a
+//! malloc-style heap in one region, for C libraries that allocate key
+//! material themselves (aws-lc in the vault, through memveil-asym).
 //!
 //! Every allocation reports its protection [`Level`]. Where `memfd_secret` is
 //! unavailable this crate refuses, unless the caller's [`Policy`] explicitly
@@ -23,9 +25,11 @@
 //! or use a level the policy already accepts; it cannot weaken a policy.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod heap;
 mod pool;
 mod region;
 
+pub use heap::SecretHeap;
 pub use pool::{pool_footprint, SecretBox, SecretPool};
 pub use region::SecretRegion;
 

@@ -526,6 +526,20 @@ pub fn set_sched_policy(tid: u32, policy: SchedPolicy) -> io::Result<()> {
     Ok(())
 }
 
+/// Makes any panic in this process abort it at once, after the usual
+/// message: what `panic = "abort"` gives, for programs built in a profile
+/// that unwinds (the workspace's release profile unwinds so that the
+/// PKCS#11 module can turn a panic into `CKR_GENERAL_ERROR` instead of
+/// killing its host; the daemons keep aborting through this hook, so no
+/// thread unwinds past state it holds).
+pub fn abort_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        std::process::abort();
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -236,6 +236,66 @@ impl Drop for VaultProcess {
     }
 }
 
+/// Runs `f` on a fresh thread 64 KiB deep in its stack, then returns a copy
+/// of that thread's whole stack mapping, read through `/proc/self/mem`
+/// while the thread waits at the top (so nothing it does after `f` can
+/// overwrite what `f` left below). For stack-hygiene tests: what an
+/// operation leaves on an ordinary stack is what a memory dump would see.
+///
+/// # Panics
+/// When the stack mapping cannot be found or read (a broken `/proc`).
+pub fn stack_after(f: impl FnOnce() + Send) -> Vec<u8> {
+    use std::hint::black_box;
+    use std::os::unix::fs::FileExt as _;
+    use std::sync::mpsc;
+    #[inline(never)]
+    fn deep(n: usize, f: &mut Option<Box<dyn FnOnce() + Send + '_>>) {
+        let mut pad = [0u8; 4096];
+        black_box(&mut pad);
+        if n == 0 {
+            if let Some(f) = f.take() {
+                f();
+            }
+        } else {
+            deep(n - 1, f);
+        }
+        black_box(&pad);
+    }
+    let (tx, rx) = mpsc::channel::<usize>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            let mut f: Option<Box<dyn FnOnce() + Send + '_>> = Some(Box::new(f));
+            deep(16, &mut f);
+            let here = 0u8;
+            tx.send(std::ptr::from_ref(black_box(&here)) as usize)
+                .expect("send");
+            let _ = done_rx.recv();
+        });
+        let sp = rx.recv().expect("thread ran");
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let (lo, hi) = maps
+            .lines()
+            .filter_map(|l| {
+                let r = l.split_whitespace().next()?;
+                let (a, b) = r.split_once('-')?;
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            })
+            .find(|(a, b)| (*a..*b).contains(&sp))
+            .expect("the thread's stack mapping");
+        let mut buf = vec![0u8; hi - lo];
+        std::fs::File::open("/proc/self/mem")
+            .expect("/proc/self/mem")
+            .read_exact_at(&mut buf, lo as u64)
+            .expect("read the stack");
+        done_tx.send(()).expect("release");
+        buf
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,28 +68,41 @@ pub enum Cmd {
     Status,
     /// Generate a key inside the vault
     #[command(
-        after_long_help = "Examples:\n  memveil vault create app\n  memveil vault create disk0 --kind xts256 --persistent   # the vault needs --state"
+        after_long_help = "Examples:\n  memveil vault create app\n  memveil vault create disk0 --kind xts256 --persistent   # the vault needs --state\n  memveil vault create tls --kind p256 && memveil vault pubkey tls   # a key pair"
     )]
     Create {
         /// Key name
         name: String,
-        /// aes128, aes256, xts128, xts256
+        /// Kind: aes*, xts*, rsa2048/3072/4096, p256, p384, ed25519
+        ///
+        /// aes128, aes256, xts128, xts256 (symmetric); rsa2048, rsa3072,
+        /// rsa4096, p256, p384, ed25519 (a key pair: the private half stays in
+        /// the vault, `memveil vault pubkey` prints the public half).
+        #[arg(long, default_value = "aes256", verbatim_doc_comment)]
         #[arg(long, default_value = "aes256")]
         kind: KeyKind,
         /// Seal the key to disk so it survives restarts
         #[arg(long)]
         persistent: bool,
     },
-    /// Import a key from a file (raw bytes or hex); keys never come back out
-    #[command(
-        after_long_help = "Examples:\n  memveil vault import app --kind aes256 --key-file key.hex && shred -u key.hex"
-    )]
+    /// Import a key, private key or certificate from a file; keys never come back out
+    ///
+    /// Import a key from a file: an AES/XTS key as raw bytes or hex; a private
+    /// key as PKCS#8, PKCS#1, SEC 1 (PEM or DER) or OpenSSH (unencrypted); a
+    /// certificate (PEM or DER). The file is read into secret memory and the
+    /// copy wiped. One way: keys never come back out (a key pair's public
+    /// half does, through `pubkey`).
+    #[command(after_long_help = IMPORT_EXAMPLES, verbatim_doc_comment)]
     Import {
         /// Key name
         name: String,
-        /// aes128, aes256, xts128, xts256
-        #[arg(long, default_value = "aes256")]
-        kind: KeyKind,
+        /// Kind (default aes256 for raw or hex files; read from a key file)
+        ///
+        /// aes128, aes256, xts128, xts256 (default aes256 for raw or hex
+        /// files); rsa2048 ... ed25519, cert: read from the file, and checked
+        /// against it when given.
+        #[arg(long, verbatim_doc_comment)]
+        kind: Option<KeyKind>,
         /// File holding the key
         #[arg(long, value_name = "FILE")]
         key_file: PathBuf,
@@ -102,6 +115,18 @@ pub enum Cmd {
         after_long_help = "Examples:\n  memveil vault list    # name, id, kind, owner, versions, ACL: never key bytes"
     )]
     List,
+    /// Print an asymmetric key's public half (or a certificate)
+    #[command(after_long_help = PUBKEY_EXAMPLES)]
+    Pubkey {
+        /// Key name
+        name: String,
+        /// pem (SubjectPublicKeyInfo; a certificate's PEM), ssh, der
+        ///
+        /// pem (SubjectPublicKeyInfo; a certificate's PEM), ssh (an
+        /// authorized_keys line), der.
+        #[arg(long, default_value = "pem", verbatim_doc_comment)]
+        format: String,
+    },
     /// Add a new random version of a key (old versions still decrypt)
     #[command(after_long_help = "Examples:\n  memveil vault rotate app")]
     Rotate {
@@ -151,6 +176,21 @@ Examples:
   memveil vault serve --state /var/lib/memveil-vault --passphrase-file /etc/memveil/pass
   memveil vault serve --keyid-bits 6 --key-admin 1000     # uid 1000 may program KeyIDs
   MEMVEIL_SECRETMEM=off memveil vault serve --allow-level=locked   # mlock only (tests)";
+
+/// `memveil vault import --help`, after the options.
+const IMPORT_EXAMPLES: &str = "\
+Examples:
+  memveil vault import app --kind aes256 --key-file key.hex && shred -u key.hex
+  memveil vault import tls.rsa --key-file server.key      # PKCS#8/PKCS#1/SEC 1, PEM or DER
+  memveil vault import ssh.me --key-file ~/.ssh/id_ed25519   # an unencrypted OpenSSH key
+  memveil vault import tls.crt --key-file server.crt      # a certificate: public data";
+
+/// `memveil vault pubkey --help`, after the options.
+const PUBKEY_EXAMPLES: &str = "\
+Examples:
+  memveil vault pubkey tls.rsa > tls.pub.pem              # SubjectPublicKeyInfo
+  memveil vault pubkey ssh.me --format ssh >> ~/.ssh/authorized_keys
+  memveil vault pubkey tls.crt                            # a certificate's PEM";
 
 /// `memveil vault encrypt --help`, after the options.
 const ENCRYPT_EXAMPLES: &str = "\
@@ -249,6 +289,12 @@ pub struct ServeArgs {
     /// Microseconds a lane worker spins before sleeping
     #[arg(long, value_name = "US", default_value_t = 50)]
     pub spin_us: u64,
+    /// Secret heap for aws-lc (asymmetric keys), KiB
+    ///
+    /// Secret heap for aws-lc, KiB (asymmetric keys: about 5 KiB per RSA-2048
+    /// key, 9 per RSA-4096, under 1 per EC key, 160 KiB once).
+    #[arg(long, value_name = "KIB", default_value_t = 2048, verbatim_doc_comment)]
+    pub asym_heap_kib: usize,
     /// KeyID bits of the host key table: KeyIDs 1..=2^BITS-1
     ///
     /// KeyID bits of the host key table (`memveil key`): KeyIDs 1..=2^BITS-1
@@ -301,6 +347,7 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
         .map_err(|_| format!("--socket-mode {:?} is not an octal mode", a.socket_mode))?;
     c.spin = Duration::from_micros(a.spin_us);
     c.keyid_bits = a.keyid_bits;
+    c.asym_heap_bytes = a.asym_heap_kib.saturating_mul(1024);
     c.key_admins.clone_from(&a.key_admins);
     Ok(c)
 }
@@ -401,8 +448,8 @@ fn write_output(p: Option<&PathBuf>, parts: &[&[u8]]) -> Result<(), CliError> {
 }
 
 fn encrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
-    if a.mode == Mode::Cmac {
-        return Err("cmac computes a tag, it does not encrypt a file: use ecb, cbc, ctr, xts or gcm (CMAC is served through the ring and the PKCS#11 module)".into());
+    if a.mode == Mode::Cmac || a.mode.is_asym() {
+        return Err(format!("{} does not encrypt a file: use ecb, cbc, ctr, xts or gcm (CMAC and the asymmetric operations are served through the ring, the PKCS#11 module and memveil agent)", a.mode.name()).into());
     }
     let k = c.key_info(&a.key)?;
     if !k.kind.serves(a.mode) {
@@ -418,7 +465,7 @@ fn encrypt_file(c: &mut Client, a: &CryptArgs) -> Result<(), CliError> {
     let pad = match a.mode {
         Mode::Ecb | Mode::Cbc => true,
         Mode::Xts => data.len() < 16,
-        Mode::Ctr | Mode::Gcm | Mode::Cmac => false,
+        _ => false,
     };
     if pad {
         let n = 16 - data.len() % 16;
@@ -508,11 +555,33 @@ pub fn read_secret_file(
 fn import(
     c: &mut Client,
     name: &str,
-    kind: KeyKind,
+    kind: Option<KeyKind>,
     key_file: &std::path::Path,
     persistent: bool,
 ) -> Result<KeyInfo, CliError> {
-    let (pool, raw, n) = read_secret_file(key_file, 4096)?;
+    let (pool, raw, n) = read_secret_file(key_file, 16384)?;
+    if !kind.is_some_and(KeyKind::is_symmetric) {
+        // A key file: parsed in this locked memory, sent from it, wiped.
+        let mut scratch = pool.alloc_bytes(2 * n + 64)?;
+        let mut out = pool.alloc_bytes(4096)?;
+        match crate::keyfile::read_private(&raw[..n], &mut scratch, &mut out) {
+            Ok((found, len)) => {
+                if kind.is_some_and(|k| k != found) {
+                    return Err(format!(
+                        "{} holds a {found} key, not {}",
+                        key_file.display(),
+                        kind.map_or("", KeyKind::name)
+                    )
+                    .into());
+                }
+                return Ok(c.import_key(name, found, persistent, &out[..len])?);
+            }
+            Err(e) if kind.is_some() => return Err(format!("{}: {e}", key_file.display()).into()),
+            Err(crate::keyfile::KeyFileError::Unknown(_)) => {}
+            Err(e) => return Err(format!("{}: {e}", key_file.display()).into()),
+        }
+    }
+    let kind = kind.unwrap_or(KeyKind::Aes256);
     let mut key = pool.alloc_bytes(kind.key_len())?;
     let mut end = n;
     while end > 0 && matches!(raw[end - 1], b'\n' | b'\r') {
@@ -604,6 +673,22 @@ fn run_inner(args: Args) -> Result<u8, CliError> {
         Cmd::List => {
             for k in c.list_keys()? {
                 print_key(&mut out, &k)?;
+            }
+        }
+        Cmd::Pubkey { name, format } => {
+            use crate::keyfile::{pem, spki_der, ssh_line};
+            use crate::proto::PublicParts;
+            match (c.public_key(name)?, format.as_str()) {
+                (PublicParts::Key(p), "pem") => {
+                    write!(out, "{}", pem("PUBLIC KEY", &spki_der(&p)))?
+                }
+                (PublicParts::Key(p), "ssh") => writeln!(out, "{}", ssh_line(&p, name))?,
+                (PublicParts::Key(p), "der") => out.write_all(&spki_der(&p))?,
+                (PublicParts::Cert(d), "pem") => write!(out, "{}", pem("CERTIFICATE", &d))?,
+                (PublicParts::Cert(d), "der") => out.write_all(&d)?,
+                (_, f) => {
+                    return Err(format!("format {f:?}: pem, ssh or der (ssh for keys only)").into())
+                }
             }
         }
         Cmd::Rotate { name } => print_key(&mut out, &c.rotate_key(name)?)?,

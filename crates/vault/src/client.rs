@@ -29,7 +29,8 @@ use memveil_sys::ipc::{self, Control, SharedMap, ShmError};
 use memveil_engine::{KeyIdState, KeyProgram, Status as PconfigStatus};
 
 use crate::proto::{
-    self, DecodeError, ErrorCode, KeyIdTable, KeyInfo, KeyKind, Mode, Reply, Request, Status,
+    self, DecodeError, ErrorCode, KeyIdTable, KeyInfo, KeyKind, Mode, PublicParts, Reply, Request,
+    Status,
 };
 use crate::ring::{self, status, Entry, Op, ENTRY_BYTES, LANE_BYTES};
 
@@ -328,12 +329,21 @@ impl Client {
         key: &[u8],
     ) -> Result<KeyInfo, ClientError> {
         check_name(name)?;
-        if key.len() != kind.key_len() {
-            return Err(ClientError::Usage(format!(
-                "a {kind} key is {} bytes, got {}",
-                kind.key_len(),
-                key.len()
-            )));
+        if !kind.import_len_ok(key.len()) {
+            return Err(ClientError::Usage(if kind.is_symmetric() {
+                format!(
+                    "a {kind} key is {} bytes, got {}",
+                    kind.key_len(),
+                    key.len()
+                )
+            } else {
+                format!(
+                    "{} bytes cannot be a {kind} import (private components up to {} bytes, a certificate up to {})",
+                    key.len(),
+                    memveil_asym::components::MAX_LEN,
+                    proto::MAX_CERT
+                )
+            }));
         }
         self.key_reply(&Request::ImportKey {
             name: name.into(),
@@ -341,6 +351,91 @@ impl Client {
             persistent,
             key,
         })
+    }
+
+    /// The public half of an asymmetric key, or a certificate.
+    ///
+    /// # Errors
+    /// [`ErrorCode::NotFound`], or [`ErrorCode::Invalid`] for a symmetric key.
+    pub fn public_key(&mut self, name: &str) -> Result<PublicParts, ClientError> {
+        check_name(name)?;
+        match self.call(&Request::PublicKey { name: name.into() })? {
+            Reply::Public(p) => Ok(p),
+            o => Err(unexpected(&o)),
+        }
+    }
+
+    /// ECDH between the vault's EC key `base` and `peer`, into a new AES key
+    /// `name` (`kdf` as [`Request::DeriveKey`] says). The shared secret
+    /// never leaves the vault.
+    ///
+    /// # Errors
+    /// The vault's refusal (no such key, not EC, no `d` permission, a point
+    /// off the curve, name taken).
+    #[allow(clippy::too_many_arguments)]
+    pub fn derive_key(
+        &mut self,
+        name: &str,
+        kind: KeyKind,
+        persistent: bool,
+        base: &str,
+        kdf: u8,
+        peer: &[u8],
+        shared: &[u8],
+    ) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        check_name(base)?;
+        self.key_reply(&Request::DeriveKey {
+            name: name.into(),
+            kind,
+            persistent,
+            base: base.into(),
+            kdf,
+            peer,
+            shared,
+        })
+    }
+
+    /// One asymmetric operation (sign with `Op::Encrypt`, decrypt with
+    /// `Op::Decrypt`) through the client's scratch session; returns the
+    /// result.
+    ///
+    /// # Errors
+    /// The vault's per-request status or a lost vault.
+    pub fn private_op(
+        &mut self,
+        op: Op,
+        key: u32,
+        mode: Mode,
+        params: ring::AsymParams,
+        input: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let out_at = input.len().div_ceil(64) * 64;
+        let out_len = 512usize;
+        let (s, lane) = self.scratch(out_at + out_len)?;
+        s.write(0, input)?;
+        let e = Entry::asym(
+            op,
+            mode,
+            key,
+            s.buffer,
+            (0, input.len() as u64),
+            (out_at as u64, out_len as u64),
+            params,
+        );
+        let o = lane.run(&[e])?[0];
+        if o.status != status::OK {
+            return Err(ClientError::Request {
+                index: 0,
+                code: o.status,
+            });
+        }
+        let n = usize::try_from(o.out_len)
+            .unwrap_or(usize::MAX)
+            .min(out_len);
+        let mut out = vec![0u8; n];
+        s.read(out_at, &mut out)?;
+        Ok(out)
     }
 
     /// Keys this uid owns or is granted.
@@ -849,6 +944,8 @@ pub struct Outcome {
     pub status: u32,
     /// GCM tag (encrypt).
     pub tag: [u8; 16],
+    /// Bytes of an asymmetric entry's result (in its output range).
+    pub out_len: u32,
 }
 
 /// How long a waiter spins without yielding the CPU.
@@ -964,15 +1061,20 @@ impl LaneClient {
             let at = ring::OFF_ENTRIES + k * ENTRY_BYTES;
             let mut st = [0u8; 4];
             let mut tag = [0u8; 16];
+            let mut n = [0u8; 4];
             self.lane
                 .read(at + ring::ENTRY_STATUS, &mut st)
                 .map_err(shm_err)?;
             self.lane
                 .read(at + ring::ENTRY_TAG, &mut tag)
                 .map_err(shm_err)?;
+            self.lane
+                .read(at + ring::ENTRY_OUT_LEN, &mut n)
+                .map_err(shm_err)?;
             out.push(Outcome {
                 status: u32::from_le_bytes(st),
                 tag,
+                out_len: u32::from_le_bytes(n),
             });
         }
         Ok(out)

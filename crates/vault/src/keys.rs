@@ -9,14 +9,46 @@ use memveil_cipher::{Aes, Xts};
 use crate::gcm::VaultGcm;
 use memveil_secmem::{SecmemError, SecretBox, SecretPool};
 
-use crate::proto::{perm, KeyInfo, KeyKind, Mode};
+use memveil_asym::{Algorithm, AsymError, DecryptScheme, Hash, PrivateKey, SignScheme};
+
+use crate::proto::{perm, KeyInfo, KeyKind, Mode, PublicParts};
 use crate::ring::{status, Entry, Op};
 
 /// Expanded key objects, each built straight into secret memory. An AES
 /// key is one [`VaultGcm`], whose AES schedule also serves ECB, CBC and CTR.
+/// An asymmetric key's object sits in the pool and its aws-lc parts in the
+/// secret heap (`memveil_asym::use_secret_heap`, at start). A certificate is
+/// public bytes.
 pub(crate) enum Material {
     Aes(SecretBox<Option<VaultGcm>>),
     Xts(SecretBox<Option<Xts>>),
+    Asym(SecretBox<Option<PrivateKey>>),
+    Cert(Vec<u8>),
+}
+
+/// What the secret heap holds for one asymmetric key, about (aws-lc's
+/// objects, Montgomery contexts, blinding), charged to the owner's share of
+/// the pool.
+fn heap_estimate(a: Algorithm) -> usize {
+    match a {
+        // Measured with aws-lc 0.47 (key, Montgomery contexts, one
+        // blinding): 5.1, 7.0 and 8.7 KiB; EC keys 0.4 KiB.
+        Algorithm::Rsa2048 => 6 << 10,
+        Algorithm::Rsa3072 => 8 << 10,
+        Algorithm::Rsa4096 => 10 << 10,
+        Algorithm::P256 | Algorithm::P384 => 1 << 10,
+        Algorithm::Ed25519 => 0,
+    }
+}
+
+/// Maps a failed asymmetric operation to its ring status.
+fn asym_status(e: &AsymError) -> u32 {
+    match e {
+        AsymError::BadInput(_) | AsymError::ShortOutput { .. } => status::BAD_LENGTH,
+        AsymError::WrongKey { .. } => status::WRONG_MODE,
+        AsymError::Rejected(_) => status::BAD_CIPHERTEXT,
+        _ => status::FAILED,
+    }
 }
 
 /// One version of a key: its schedules and, for persistent keys, the raw
@@ -35,6 +67,10 @@ pub(crate) enum MaterialError {
     Cipher(#[from] memveil_cipher::CipherError),
     #[error("random source: {0}")]
     Random(std::io::Error),
+    #[error("{0}")]
+    Asym(#[from] AsymError),
+    #[error("a certificate is imported, not generated")]
+    Generate,
 }
 
 impl Version {
@@ -46,6 +82,24 @@ impl Version {
         key: &[u8],
         keep_raw: bool,
     ) -> Result<Version, MaterialError> {
+        if let Some(alg) = kind.asym() {
+            return Version::asym(pool, alg, keep_raw, || {
+                PrivateKey::from_components(alg, key)
+            });
+        }
+        if kind == KeyKind::Cert {
+            let raw = if keep_raw {
+                let mut r = pool.alloc_bytes(key.len())?;
+                r.copy_from_slice(key);
+                Some(r)
+            } else {
+                None
+            };
+            return Ok(Version {
+                material: Material::Cert(key.to_vec()),
+                raw,
+            });
+        }
         if key.len() != kind.key_len() {
             return Err(MaterialError::Cipher(
                 memveil_cipher::CipherError::BadKeyLength {
@@ -69,7 +123,7 @@ impl Version {
                 }
                 Material::Aes(gcm)
             }
-            KeyKind::Xts128 | KeyKind::Xts256 => {
+            _ => {
                 let half = key.len() / 2;
                 if key[..half] == key[half..] {
                     return Err(MaterialError::Cipher(
@@ -95,12 +149,54 @@ impl Version {
         Ok(Version { material, raw })
     }
 
+    /// An asymmetric key built by `make` straight into the pool (the stack
+    /// is scrubbed after), with its components kept when `keep_raw`.
+    fn asym(
+        pool: &SecretPool,
+        alg: Algorithm,
+        keep_raw: bool,
+        make: impl FnOnce() -> Result<PrivateKey, AsymError>,
+    ) -> Result<Version, MaterialError> {
+        let mut err = None;
+        let key = pool.alloc(|| match make() {
+            Ok(k) => Some(k),
+            Err(e) => {
+                err = Some(e);
+                None
+            }
+        })?;
+        let Some(k) = key.as_ref() else {
+            return Err(MaterialError::Asym(
+                err.unwrap_or(AsymError::Backend(format!("{alg:?} key not built"))),
+            ));
+        };
+        let raw = if keep_raw {
+            let mut buf = pool.alloc_bytes(k.components_len())?;
+            let n = k.components(&mut buf)?;
+            let mut r = pool.alloc_bytes(n)?;
+            r.copy_from_slice(&buf[..n]);
+            Some(r)
+        } else {
+            None
+        };
+        Ok(Version {
+            material: Material::Asym(key),
+            raw,
+        })
+    }
+
     /// A fresh random key generated inside secret memory.
     pub(crate) fn random(
         pool: &SecretPool,
         kind: KeyKind,
         keep_raw: bool,
     ) -> Result<Version, MaterialError> {
+        if let Some(alg) = kind.asym() {
+            return Version::asym(pool, alg, keep_raw, || PrivateKey::generate(alg));
+        }
+        if kind == KeyKind::Cert {
+            return Err(MaterialError::Generate);
+        }
         let mut buf = pool.alloc_bytes(kind.key_len())?;
         loop {
             memveil_sys::getrandom(&mut buf).map_err(MaterialError::Random)?;
@@ -118,20 +214,24 @@ impl Version {
     /// Bytes of the secret pool a version of `kind` takes (what the per-uid
     /// pool share is charged), with the raw key kept when `keep_raw`.
     pub(crate) fn pool_bytes(kind: KeyKind, keep_raw: bool) -> usize {
-        let material = match kind {
+        let fp = memveil_secmem::pool_footprint;
+        let (material, raw) = match kind {
             KeyKind::Aes128 | KeyKind::Aes256 => {
-                memveil_secmem::pool_footprint(std::mem::size_of::<Option<VaultGcm>>())
+                (fp(std::mem::size_of::<Option<VaultGcm>>()), kind.key_len())
             }
             KeyKind::Xts128 | KeyKind::Xts256 => {
-                memveil_secmem::pool_footprint(std::mem::size_of::<Option<Xts>>())
+                (fp(std::mem::size_of::<Option<Xts>>()), kind.key_len())
+            }
+            KeyKind::Cert => (0, crate::proto::MAX_CERT),
+            k => {
+                let a = k.asym().unwrap_or(Algorithm::Rsa4096);
+                (
+                    fp(std::mem::size_of::<Option<PrivateKey>>()) + heap_estimate(a),
+                    8 * 2 + a.max_output() * 4 + 8,
+                )
             }
         };
-        let raw = if keep_raw {
-            memveil_secmem::pool_footprint(kind.key_len())
-        } else {
-            0
-        };
-        material + raw
+        material + if keep_raw { fp(raw) } else { 0 }
     }
 
     /// Runs one checked entry over `data` (in place). `aad` is the GCM
@@ -198,6 +298,71 @@ impl Version {
                 }
             }
             _ => Err(status::WRONG_MODE),
+        }
+    }
+
+    /// Runs one checked asymmetric entry: `input` (a private copy) in,
+    /// the result into `out`; returns its length.
+    pub(crate) fn apply_asym(&self, e: &Entry, input: &[u8], out: &mut [u8]) -> Result<usize, u32> {
+        let Material::Asym(k) = &self.material else {
+            return Err(status::WRONG_MODE);
+        };
+        let k = k.as_ref().ok_or(status::NO_KEY)?;
+        let p = e.asym_params();
+        let hash = |c| Hash::from_code(c).ok_or(status::BAD_PARAMS);
+        let r = match (e.mode, e.op) {
+            (Mode::RsaPkcs1, Op::Encrypt) => k.sign(SignScheme::Pkcs1, input, out),
+            (Mode::RsaPkcs1, Op::Decrypt) => k.decrypt(DecryptScheme::Pkcs1, input, out),
+            (Mode::RsaPss, Op::Encrypt) => {
+                let s = SignScheme::Pss {
+                    hash: hash(p.hash)?,
+                    mgf1: hash(p.mgf1)?,
+                    salt: p.len,
+                };
+                k.sign(s, input, out)
+            }
+            (Mode::RsaRaw, Op::Encrypt) => k.sign(SignScheme::Raw, input, out),
+            (Mode::RsaRaw, Op::Decrypt) => k.decrypt(DecryptScheme::Raw, input, out),
+            (Mode::RsaOaep, Op::Decrypt) => {
+                let at = usize::try_from(p.len).map_err(|_| status::BAD_LENGTH)?;
+                let (label, ct) = input.split_at_checked(at).ok_or(status::BAD_LENGTH)?;
+                let s = DecryptScheme::Oaep {
+                    hash: hash(p.hash)?,
+                    mgf1: hash(p.mgf1)?,
+                    label,
+                };
+                k.decrypt(s, ct, out)
+            }
+            (Mode::Ecdsa, Op::Encrypt) => k.sign(SignScheme::Ecdsa, input, out),
+            (Mode::EdDsa, Op::Encrypt) => k.sign(SignScheme::Ed25519, input, out),
+            _ => return Err(status::WRONG_MODE),
+        };
+        r.map_err(|err| {
+            let s = asym_status(&err);
+            if s == status::FAILED {
+                crate::server::log_failure(&err);
+            }
+            s
+        })
+    }
+
+    /// ECDH with this (EC) key: the shared secret into `out`.
+    pub(crate) fn ecdh(&self, peer: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
+        match &self.material {
+            Material::Asym(k) => k
+                .as_ref()
+                .ok_or(AsymError::BadInput("key gone"))?
+                .ecdh(peer, out),
+            _ => Err(AsymError::BadInput("ECDH needs a P-256 or P-384 key")),
+        }
+    }
+
+    /// The public half of an asymmetric key, or a certificate.
+    pub(crate) fn public(&self) -> Option<PublicParts> {
+        match &self.material {
+            Material::Asym(k) => k.as_ref().map(|k| PublicParts::Key(k.public())),
+            Material::Cert(der) => Some(PublicParts::Cert(der.clone())),
+            _ => None,
         }
     }
 }

@@ -19,6 +19,9 @@
 //! ACL (u16 count × (uid u32, perms u8)), versions (u16 count × (u16 length
 //! + key bytes)).
 //!
+//! An asymmetric key's "key bytes" are its private components
+//! (`memveil_asym::components`), a certificate's its DER.
+//!
 //! Writes are atomic: write `keys.vault.tmp`, fsync it, rename over
 //! `keys.vault`, fsync the directory. A crash at any point leaves either the
 //! old or the new file. For tests, `MEMVEIL_VAULT_CRASH_AT=partial|written|renamed`
@@ -505,7 +508,7 @@ fn parse_plain(pool: &SecretPool, pt: &[u8]) -> Option<Vec<StoredKey>> {
         for _ in 0..nv {
             let l = r.u16()?;
             let b = r.take(usize::from(l))?;
-            if b.len() != kind.key_len() {
+            if !kind.import_len_ok(b.len()) {
                 return None;
             }
             let mut s = pool.alloc_bytes(b.len()).ok()?;

@@ -29,7 +29,9 @@
 pub mod cli;
 pub mod client;
 pub mod cmac;
+mod derive;
 pub mod gcm;
+pub mod keyfile;
 mod keys;
 pub mod keystore;
 pub mod limits;

@@ -19,7 +19,17 @@
 //! read on decrypt), `aad_offset` u64 at 64, `aad_len` u64 at 72 (same
 //! buffer), `status` u32 at 80 (written by the vault; 0 = ok), and for XTS
 //! `unit` u32 at 84 and `step` u32 at 88 (zero for every other mode; bytes
-//! 92..128 are reserved and ignored).
+//! 92..128 are reserved and ignored, except below).
+//!
+//! The asymmetric modes (7 to 12: RSA PKCS#1 v1.5, PSS, raw, OAEP, ECDSA,
+//! Ed25519) read `len` bytes at `offset` and write their result into a
+//! second range of the same buffer, named by `aad_offset`/`aad_len` (the
+//! output range, at least the result's length: a modulus' bytes for RSA,
+//! `2·field` for ECDSA, 64 for Ed25519); the vault writes the result's
+//! length as a u32 at 92 (`out_len`). Op 1 signs (needs the key's `e`
+//! permission), op 2 decrypts (`d`). The IV field carries the parameters
+//! ([`AsymParams`]). The input is copied out of shared memory once before
+//! the key is used; the output range is claimed for the request alone.
 //!
 //! An XTS entry with `unit` 0 is one data unit whose tweak is the IV (what
 //! every entry meant before the field existed, so a client that writes zeros
@@ -71,6 +81,51 @@ pub const ENTRY_STATUS: usize = 80;
 pub const ENTRY_UNIT: usize = 84;
 /// Offset of the XTS tweak step per data unit inside an entry.
 pub const ENTRY_STEP: usize = 88;
+/// Offset of the output length an asymmetric entry's result has (written
+/// by the vault).
+pub const ENTRY_OUT_LEN: usize = 92;
+/// Longest input of an asymmetric entry (an Ed25519 message; the others
+/// take at most a modulus' bytes).
+pub const MAX_ASYM_INPUT: u64 = 1 << 20;
+/// Longest output range of an asymmetric entry (more than any result).
+pub const MAX_ASYM_OUTPUT: u64 = 4096;
+
+/// The parameters of an asymmetric entry, carried in its IV field: byte 0
+/// the hash (RSA-PSS's, RSA-OAEP's: `memveil_asym::Hash` codes), byte 1
+/// MGF1's hash, bytes 4..8 (u32 little-endian) the PSS salt length or the
+/// OAEP label's length (the label then opens the input range, the
+/// ciphertext follows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AsymParams {
+    /// Hash code (0 when the mode takes none).
+    pub hash: u8,
+    /// MGF1 hash code.
+    pub mgf1: u8,
+    /// PSS salt length, or OAEP label length.
+    pub len: u32,
+}
+
+impl AsymParams {
+    /// Reads the parameters from an entry's IV field.
+    #[must_use]
+    pub fn from_iv(iv: &[u8; 16]) -> AsymParams {
+        AsymParams {
+            hash: iv[0],
+            mgf1: iv[1],
+            len: u32::from_le_bytes([iv[4], iv[5], iv[6], iv[7]]),
+        }
+    }
+
+    /// The IV field that carries them.
+    #[must_use]
+    pub fn to_iv(self) -> [u8; 16] {
+        let mut iv = [0u8; 16];
+        iv[0] = self.hash;
+        iv[1] = self.mgf1;
+        iv[4..8].copy_from_slice(&self.len.to_le_bytes());
+        iv
+    }
+}
 
 /// Encrypt or decrypt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +165,15 @@ pub mod status {
     pub const TOO_LONG: u32 = 10;
     /// The vault could not get private memory for this request now.
     pub const NO_MEMORY: u32 = 11;
+    /// An RSA input that did not decrypt (OAEP) or is not below the
+    /// modulus (raw RSA).
+    pub const BAD_CIPHERTEXT: u32 = 12;
+    /// An asymmetric operation failed inside the vault (its log says why:
+    /// the secret heap for asymmetric keys full, among others).
+    pub const FAILED: u32 = 13;
+    /// Parameters the mode cannot take (an unknown hash, a PSS salt too
+    /// long for the key, a digest of the wrong length).
+    pub const BAD_PARAMS: u32 = 14;
     /// Not yet processed (written by the client library before submit).
     pub const PENDING: u32 = 0xFFFF_FFFF;
 
@@ -129,6 +193,9 @@ pub mod status {
             BUSY => "range in use by another request of this client (overlapping concurrent requests are refused; retry, or use disjoint ranges)",
             TOO_LONG => "GCM message longer than the vault accepts (the vault's --max-gcm-mib)",
             NO_MEMORY => "the vault is out of private memory for this request; retry later",
+            BAD_CIPHERTEXT => "the RSA input did not decrypt (OAEP) or is not below the modulus",
+            FAILED => "the key operation failed in the vault (see its log: the secret heap for asymmetric keys full, --asym-heap-kib?)",
+            BAD_PARAMS => "parameters the mode cannot take (hash, salt length, digest length)",
             PENDING => "not processed",
             _ => "unknown status",
         }
@@ -180,6 +247,35 @@ fn u64_at(b: &[u8; ENTRY_BYTES], o: usize) -> u64 {
 }
 
 impl Entry {
+    /// An asymmetric request (module doc): `input` and `output` are
+    /// (offset, length) ranges of `buffer`; `params` goes in the IV field.
+    #[must_use]
+    pub fn asym(
+        op: Op,
+        mode: Mode,
+        key: u32,
+        buffer: u32,
+        input: (u64, u64),
+        output: (u64, u64),
+        params: AsymParams,
+    ) -> Entry {
+        Entry {
+            op,
+            mode,
+            key,
+            version: 0,
+            buffer,
+            offset: input.0,
+            len: input.1,
+            iv: params.to_iv(),
+            tag: [0; 16],
+            aad_offset: output.0,
+            aad_len: output.1,
+            unit: 0,
+            step: 0,
+        }
+    }
+
     /// Parses a private copy of an entry.
     ///
     /// # Errors
@@ -253,16 +349,39 @@ impl Entry {
             (_, 0, 0) => {}
             _ => return Err(status::MALFORMED),
         }
+        if self.mode.is_asym() {
+            let (sign, decrypt) = self.mode.directions();
+            let served = match self.op {
+                Op::Encrypt => sign,
+                Op::Decrypt => decrypt,
+            };
+            if !served {
+                return Err(status::WRONG_MODE);
+            }
+            return if (1..=MAX_ASYM_INPUT).contains(&self.len)
+                && (1..=MAX_ASYM_OUTPUT).contains(&self.aad_len)
+            {
+                Ok(())
+            } else {
+                Err(status::BAD_LENGTH)
+            };
+        }
         let ok = match self.mode {
             Mode::Ecb | Mode::Cbc => self.len.is_multiple_of(16),
             Mode::Xts => self.len >= 16,
-            Mode::Ctr | Mode::Gcm | Mode::Cmac => true,
+            _ => true,
         };
         if ok && (self.mode == Mode::Gcm || self.aad_len == 0) {
             Ok(())
         } else {
             Err(status::BAD_LENGTH)
         }
+    }
+
+    /// The parameters of an asymmetric entry, from its IV field.
+    #[must_use]
+    pub fn asym_params(&self) -> AsymParams {
+        AsymParams::from_iv(&self.iv)
     }
 
     /// The IEEE 1619 sequence number of XTS data unit `i` of this entry:

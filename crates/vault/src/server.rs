@@ -50,6 +50,9 @@ pub struct Config {
     /// Uids besides the vault's own and root that may program and clear
     /// KeyIDs (`--key-admin`).
     pub key_admins: Vec<u32>,
+    /// Bytes of the secret heap for aws-lc (asymmetric keys and their
+    /// operations' temporaries; `--asym-heap-kib`).
+    pub asym_heap_bytes: usize,
 }
 
 impl Config {
@@ -68,6 +71,7 @@ impl Config {
             spin: Duration::from_micros(50),
             keyid_bits: memveil_engine::Config::default().keyid_bits,
             key_admins: Vec::new(),
+            asym_heap_bytes: 2 << 20,
         }
     }
 }
@@ -122,13 +126,13 @@ const LANE_STACK: usize = 128 * 1024;
 /// The name of every lane worker thread (`/proc/PID/task/TID/comm`).
 pub const LANE_THREAD_NAME: &str = "vault-lane";
 
-struct Shared {
+pub(crate) struct Shared {
     cfg: Config,
-    pool: SecretPool,
+    pub(crate) pool: SecretPool,
     level: Level,
     /// What each uid holds (lock order: `keys` before `ledger`).
     ledger: Ledger,
-    keys: RwLock<KeyTable>,
+    pub(crate) keys: RwLock<KeyTable>,
     keystore: Option<Keystore>,
     /// The host's TME-MK key table (docs/vault.md, "Host key table").
     keyids: memveil_engine::KeyTable,
@@ -159,6 +163,22 @@ fn log(msg: std::fmt::Arguments<'_>) {
     let _ = writeln!(io::stderr().lock(), "memveil-vault: {msg}");
 }
 
+/// Logs an asymmetric operation that failed inside aws-lc (the lane's
+/// client sees `status::FAILED`).
+pub(crate) fn log_failure(e: &memveil_asym::AsymError) {
+    let heap = memveil_asym::heap_stats()
+        .map(|h| {
+            format!(
+                " (secret heap: {} of {} KiB in use, {} allocations refused: --asym-heap-kib)",
+                h.in_use / 1024,
+                h.size / 1024,
+                h.failures
+            )
+        })
+        .unwrap_or_default();
+    log(format_args!("asymmetric operation failed: {e}{heap}"));
+}
+
 fn audit(cred: &PeerCred, op: &str, key: &str, result: &str) {
     log(format_args!(
         "audit op={op} key={key} uid={} pid={} result={result}",
@@ -187,6 +207,11 @@ impl Server {
             what: "setrlimit(RLIMIT_CORE, 0)",
             source,
         })?;
+        // Before anything can make aws-lc allocate: every one of its blocks
+        // (asymmetric keys, their operations' temporaries, its per-thread
+        // DRBG state) then lives in secret memory.
+        let heap = memveil_asym::use_secret_heap(cfg.asym_heap_bytes, cfg.policy)
+            .map_err(|e| VaultError::Config(format!("{e} (the vault's --asym-heap-kib)")))?;
         if cfg.state.is_some() != cfg.kek.is_some() {
             return Err(VaultError::Config(
                 "--state needs --passphrase-file or --key-file (and they need --state)".into(),
@@ -251,8 +276,10 @@ impl Server {
             started: Instant::now(),
         });
         log(format_args!(
-            "level={level} backend={:?} persistent keys loaded={n} keyids=1..={} ({} KiB of secret memory) programmed by: uid {} (the vault's own), root{}",
+            "level={level} backend={:?} asym-heap={} KiB ({}) persistent keys loaded={n} keyids=1..={} ({} KiB of secret memory) programmed by: uid {} (the vault's own), root{}",
             memveil_cipher::backend(),
+            heap.size / 1024,
+            heap.level,
             shared.keyids.max_keyid(),
             shared.keyids.secret_bytes() / 1024,
             shared.owner,
@@ -471,7 +498,7 @@ struct Conn {
     pending_fd: Option<OwnedFd>,
 }
 
-fn err(code: ErrorCode, message: impl Into<String>) -> Reply {
+pub(crate) fn err(code: ErrorCode, message: impl Into<String>) -> Reply {
     Reply::Error {
         code,
         message: message.into(),
@@ -796,6 +823,15 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             }
         }
         Request::RotateKey { name } => admin(sh, c, "rotate", &name, |sh, k, owned| {
+            if !k.kind.is_symmetric() {
+                return Err(err(
+                    ErrorCode::Invalid,
+                    format!(
+                        "a {} key is not rotated (its public key is known to others): create a new key and switch to it",
+                        k.kind
+                    ),
+                ));
+            }
             // The new version belongs to the key's owner, and counts there.
             sh.ledger
                 .check_keys(k.owner, 0, owned, 0, 1)
@@ -813,6 +849,22 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             }
             Ok(Reply::Key(k.info()))
         }),
+        Request::PublicKey { name } => public_key(sh, uid, &name),
+        Request::DeriveKey {
+            name,
+            kind,
+            persistent,
+            base,
+            kdf,
+            peer,
+            shared,
+        } => match crate::derive::derive(sh, uid, &base, kind, kdf, peer, shared) {
+            Ok(bytes) => add_key(sh, c, "derive", name, kind, persistent, Some(&bytes)),
+            Err(reply) => {
+                audit(&c.cred, "derive", &name, &format!("refused base={base}"));
+                reply
+            }
+        },
         Request::Grant {
             name,
             uid: who,
@@ -1081,6 +1133,23 @@ fn hold_tenant(sh: &Shared, stream: &UnixStream, id: u64) {
         }
     }
     sh.tenants.remove(id);
+}
+
+fn public_key(sh: &Shared, uid: u32, name: &str) -> Reply {
+    let t = sh.keys.read().unwrap_or_else(PoisonError::into_inner);
+    match t.get(name) {
+        Some(k) if k.visible_to(uid) => match k.version(0).and_then(|v| v.public()) {
+            Some(p) => Reply::Public(p),
+            None => err(
+                ErrorCode::Invalid,
+                format!("{name:?} is a {} key: it has no public half", k.kind),
+            ),
+        },
+        _ => err(
+            ErrorCode::NotFound,
+            format!("no key {name:?} visible to uid {uid}"),
+        ),
+    }
 }
 
 fn admin(
@@ -1356,7 +1425,8 @@ impl Worker {
                 return;
             }
             let mut tag = [0u8; 16];
-            let st = match self.one(&areas, &bufs, &raw, &mut tag, scratch) {
+            let mut out_len = None;
+            let st = match self.one(&areas, &bufs, &raw, &mut tag, scratch, &mut out_len) {
                 Ok(gcm_enc) => {
                     if gcm_enc {
                         let _ = self.lane.write(at + ring::ENTRY_TAG, &tag);
@@ -1365,6 +1435,9 @@ impl Worker {
                 }
                 Err(s) => s,
             };
+            if let Some(n) = out_len {
+                let _ = self.lane.write(at + ring::ENTRY_OUT_LEN, &n.to_le_bytes());
+            }
             zeroize::Zeroize::zeroize(&mut raw);
             let _ = self.lane.write(at + ring::ENTRY_STATUS, &st.to_le_bytes());
         }
@@ -1386,9 +1459,14 @@ impl Worker {
         raw: &[u8; ENTRY_BYTES],
         tag: &mut [u8; 16],
         scratch: &mut Vec<u8>,
+        out_len: &mut Option<u32>,
     ) -> Result<bool, u32> {
         let e = Entry::parse(raw)?;
         e.check_length()?;
+        if e.mode.is_asym() {
+            *out_len = Some(self.one_asym(areas, bufs, &e)?);
+            return Ok(false);
+        }
         let span = bufs.check(e.buffer, e.offset, e.len)?;
         if e.mode == proto::Mode::Gcm && span.len > self.sh.cfg.quotas.gcm_bytes {
             return Err(status::TOO_LONG);
@@ -1437,6 +1515,53 @@ impl Worker {
         }
         version.apply(&e, claim.bytes(), &aad, tag)?;
         Ok(matches!(e.mode, proto::Mode::Gcm | proto::Mode::Cmac) && e.op == ring::Op::Encrypt)
+    }
+}
+
+impl Worker {
+    /// One asymmetric entry: the input range copied out once into private
+    /// memory, the key used (on this thread's secret stack; aws-lc's
+    /// temporaries in the secret heap), the result (at most 512 bytes, on
+    /// the secret stack) written into the output range, claimed for this
+    /// request alone. Returns the result's length.
+    fn one_asym(
+        &self,
+        areas: &[Option<Arc<SharedMap>>],
+        bufs: &Buffers,
+        e: &Entry,
+    ) -> Result<u32, u32> {
+        let input = bufs.check(e.buffer, e.offset, e.len)?;
+        let output = bufs.check(e.buffer, e.aad_offset, e.aad_len)?;
+        let version = self
+            .sh
+            .keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .for_request(self.uid, e)?;
+        let mut data = vec![0u8; input.len];
+        area(areas, input.shm)?
+            .read(input.start, &mut data)
+            .map_err(shm_status)?;
+        let mut out = [0u8; 512];
+        let r = version.apply_asym(e, &data, &mut out);
+        zeroize::Zeroize::zeroize(&mut data);
+        let n = match r {
+            Ok(n) => n,
+            Err(s) => {
+                zeroize::Zeroize::zeroize(&mut out);
+                return Err(s);
+            }
+        };
+        let written = if n > output.len {
+            Err(status::BAD_LENGTH)
+        } else {
+            let m = area(areas, output.shm)?;
+            let mut claim = m.claim(output.start, n.max(1)).map_err(shm_status)?;
+            claim.write(0, &out[..n]).map_err(shm_status)
+        };
+        zeroize::Zeroize::zeroize(&mut out);
+        written?;
+        u32::try_from(n).map_err(|_| status::BAD_LENGTH)
     }
 }
 

@@ -9,8 +9,9 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use common::gcore;
 use common::Vault;
-use memveil_keyfind::{read_core, read_process, scan_image, Image};
+use memveil_keyfind::{read_process, scan_image, Image};
 use memveil_testkit::{skip, Need};
 use memveil_vault::client::Crypt;
 use memveil_vault::proto::{KeyKind, Mode};
@@ -19,34 +20,6 @@ fn has_key(img: &Image, keys: &[&[u8]]) -> bool {
     scan_image(img, 8)
         .iter()
         .any(|f| keys.iter().any(|k| f.key == *k))
-}
-
-fn gcore(pid: u32, tag: &str) -> Option<Image> {
-    let base = std::env::temp_dir().join(format!("proof-{tag}-{}", std::process::id()));
-    match std::process::Command::new("gcore")
-        .arg("-o")
-        .arg(&base)
-        .arg(pid.to_string())
-        .output()
-    {
-        Ok(o) if o.status.success() => {
-            let path = base.with_extension(pid.to_string());
-            let img = read_core(&path).expect("parse core");
-            let _ = std::fs::remove_file(&path);
-            Some(img)
-        }
-        Ok(o) => panic!(
-            "gcore of {tag} failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => {
-            skip(
-                Need::Installed("gcore"),
-                format!("the gcore part of the proof: gcore not runnable ({e}); install gdb"),
-            );
-            None
-        }
-    }
 }
 
 fn random<const N: usize>() -> [u8; N] {

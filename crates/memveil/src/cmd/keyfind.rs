@@ -11,21 +11,23 @@ const AFTER_LONG_HELP: &str = "\
 Keys are shown as a key check value (first 4 bytes of AES_K(0^128)) unless
 --show-keys.
 
-Exit status: 0 nothing found; 3 a key schedule or the pattern was found; 2 usage
-error; 1 the source could not be read.
+Exit status: 0 nothing found; 3 a key schedule, the pattern or a private key's
+secret was found; 2 usage error; 1 the source could not be read.
 
 Examples:
   memveil keyfind --pid $(pidof redis-server)          # a live process (root or its owner)
   gcore -o core $(pidof app) && memveil keyfind --core core.$(pidof app)
   memveil keyfind --pattern 73656372657421 image.raw   # also look for these bytes
   memveil keyfind --json --max-errors 0 image.raw      # exact schedules only, as JSON
+  memveil keyfind --core core.1234 --private-key server.key  # an RSA/EC/Ed25519 key's secrets
 
 See docs/keyfind.md.";
 
 /// Flags of `memveil keyfind`.
 ///
 /// Exit status: 0 nothing found, 3 at least one key schedule (or the
-/// `--pattern`) found, 2 usage error, 1 the source could not be read.
+/// `--pattern`, or a `--private-key` secret) found, 2 usage error, 1 the
+/// source could not be read.
 #[derive(clap::Args)]
 #[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
@@ -53,6 +55,15 @@ pub struct Args {
     /// Also search for these exact bytes (hex), e.g. a known secret
     #[arg(long, value_name = "HEX")]
     pattern: Option<String>,
+    /// Also search for the secrets of this private key file
+    ///
+    /// Also search for the secrets of this private key file (PKCS#8, PKCS#1,
+    /// SEC 1 or OpenSSH): RSA's d, p and q, an EC scalar, an Ed25519 seed and
+    /// expanded scalar, in both byte orders. The file is read into locked
+    /// memory and wiped; the secrets are held masked while the scan runs.
+    /// Repeat it for several keys.
+    #[arg(long, value_name = "FILE", verbatim_doc_comment)]
+    private_key: Vec<PathBuf>,
     /// Print the keys themselves in hex (default: only a key check value)
     #[arg(long)]
     show_keys: bool,
@@ -92,12 +103,40 @@ fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
         .collect()
 }
 
+/// Adds the secrets of the private key in `path` (read into locked memory,
+/// parsed there, wiped) to `s`, masked.
+fn add_key_secrets(s: &mut memveil_keyfind::Secrets, path: &std::path::Path) -> anyhow::Result<()> {
+    let (pool, raw, n) = memveil_vault::cli::read_secret_file(path, 16384)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut scratch = pool.alloc_bytes(2 * n + 64)?;
+    let mut comp = pool.alloc_bytes(4096)?;
+    let (kind, len) = memveil_vault::keyfile::read_private(&raw[..n], &mut scratch, &mut comp)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let alg = kind
+        .asym()
+        .with_context(|| format!("{}: a {kind}, not a private key", path.display()))?;
+    let parts = memveil_asym::components::secret_parts(alg, &comp[..len])
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    for p in parts {
+        if p.number {
+            s.add_number(p.what, &p.value);
+        } else {
+            s.add(p.what, &p.value);
+        }
+    }
+    Ok(())
+}
+
 /// Runs `memveil keyfind`.
 ///
 /// # Errors
 /// The source cannot be read or parsed, or `--pattern` is not hex.
 pub fn run(a: Args) -> anyhow::Result<u8> {
     let pattern = a.pattern.as_deref().map(unhex).transpose()?;
+    let mut secrets = memveil_keyfind::Secrets::new();
+    for f in &a.private_key {
+        add_key_secrets(&mut secrets, f)?;
+    }
     let (what, img): (String, Image) = if let Some(pid) = a.pid {
         (format!("process {pid}"), read_process(pid).context("reading the process (run as root or as its owner; a non-dumpable process needs root)")?)
     } else if let Some(c) = &a.core {
@@ -108,6 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         anyhow::bail!("name a source: --pid N, --core FILE or FILE");
     };
     let found = scan_image(&img, a.max_errors);
+    let secret_hits = secrets.find(&img);
     let mut o = String::new();
     let pattern_hits: Vec<(u64, String)> = match &pattern {
         Some(p) => img
@@ -146,12 +186,18 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
             .iter()
             .map(|h| serde_json::json!({"address": h.0, "region": h.1}))
             .collect();
+        let shits: Vec<_> = secret_hits
+            .iter()
+            .map(
+                |h| serde_json::json!({"address": h.address, "region": h.region, "secret": h.what}),
+            )
+            .collect();
         o.push_str(&format!(
             "{}\n",
             serde_json::to_string_pretty(&serde_json::json!({
                 "source": what, "bytes_scanned": img.bytes(),
                 "bytes_skipped": img.skipped_bytes(), "keys": keys,
-                "pattern_hits": hits, "unreadable": unreadable,
+                "pattern_hits": hits, "secret_hits": shits, "unreadable": unreadable,
             }))?
         ));
     } else {
@@ -191,8 +237,19 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         for h in &pattern_hits {
             o.push_str(&format!("pattern at {:#x} in {}\n", h.0, h.1));
         }
+        for h in &secret_hits {
+            o.push_str(&format!(
+                "secret at {:#x} in {}: {}\n",
+                h.address, h.region, h.what
+            ));
+        }
+        let secret_note = if secrets.is_empty() {
+            String::new()
+        } else {
+            format!(", {} private-key secret hits", secret_hits.len())
+        };
         o.push_str(&format!(
-            "{} key schedules, {} pattern hits in {} bytes read ({} bytes could not be read and were not searched)\n",
+            "{} key schedules, {} pattern hits{secret_note} in {} bytes read ({} bytes could not be read and were not searched)\n",
             found.len(),
             pattern_hits.len(),
             img.bytes(),
@@ -204,9 +261,11 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
         _ => {}
     }
-    Ok(if found.is_empty() && pattern_hits.is_empty() {
-        0
-    } else {
-        3
-    })
+    Ok(
+        if found.is_empty() && pattern_hits.is_empty() && secret_hits.is_empty() {
+            0
+        } else {
+            3
+        },
+    )
 }

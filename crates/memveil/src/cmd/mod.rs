@@ -1,6 +1,7 @@
 //! One module per subcommand; each has `Args` (clap) and `run(Args) -> anyhow::Result<u8>`
 //! returning the process exit code.
 
+pub mod agent;
 pub mod bench;
 pub mod disk;
 pub mod key;

@@ -166,3 +166,35 @@ pub fn import(h: CK_SESSION_HANDLE, key: &[u8], label: &str, token: bool) -> CK_
     assert_eq!(rv, CKR_OK, "C_CreateObject");
     o
 }
+
+/// Compiles `tests/c/NAME.c` into `dir/NAME` (`cc -O1 -Wall -Werror -ldl`);
+/// `None` after a skip line when no C compiler is installed.
+pub fn compile_c(name: &str, dir: &Path) -> Option<PathBuf> {
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let cc = match std::process::Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            memveil_testkit::skip(
+                memveil_testkit::Need::Installed("build-essential"),
+                format!("cc: {e}"),
+            );
+            return None;
+        }
+    };
+    assert!(
+        cc.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    Some(exe)
+}

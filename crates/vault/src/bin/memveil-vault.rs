@@ -13,6 +13,7 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
+    memveil_sys::process::abort_on_panic();
     let cli = Cli::parse();
     match memveil_vault::cli::run(cli.args) {
         Ok(code) => std::process::ExitCode::from(code),

@@ -233,3 +233,33 @@ pub fn euid() -> u32 {
         })
         .unwrap_or(u32::MAX)
 }
+
+/// A `gcore` dump of `pid`, parsed (and the file removed); `None` after a
+/// skip line when gdb is not installed.
+pub fn gcore(pid: u32, tag: &str) -> Option<memveil_keyfind::Image> {
+    let base = std::env::temp_dir().join(format!("proof-{tag}-{}", std::process::id()));
+    match std::process::Command::new("gcore")
+        .arg("-o")
+        .arg(&base)
+        .arg(pid.to_string())
+        .output()
+    {
+        Ok(o) if o.status.success() => {
+            let path = base.with_extension(pid.to_string());
+            let img = memveil_keyfind::read_core(&path).expect("parse core");
+            let _ = std::fs::remove_file(&path);
+            Some(img)
+        }
+        Ok(o) => panic!(
+            "gcore of {tag} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => {
+            memveil_testkit::skip(
+                memveil_testkit::Need::Installed("gcore"),
+                format!("the gcore part of the proof: gcore not runnable ({e}); install gdb"),
+            );
+            None
+        }
+    }
+}

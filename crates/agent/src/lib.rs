@@ -1,0 +1,24 @@
+//! `memveil agent`: an SSH agent whose keys live in the vault.
+//!
+//! It speaks the ssh-agent protocol (draft-ietf-sshm-ssh-agent / RFC 9987)
+//! on a Unix socket (`SSH_AUTH_SOCK`): `ssh-add -l` lists the vault's
+//! asymmetric keys of this uid named with its prefix (`ssh.`); a key added
+//! with `ssh-add` is read into secret memory, imported into the vault and
+//! wiped, so the agent never keeps it; signatures (`rsa-sha2-256`,
+//! `rsa-sha2-512`, `ssh-rsa`, ECDSA P-256/P-384, Ed25519) are vault
+//! requests; `ssh-add -d`/`-D` destroy the keys in the vault; `ssh-add
+//! -x`/`-X` lock and unlock.
+//!
+//! - [`proto`]: the sans-IO message codec (fuzzed: `agent_proto`).
+//! - [`server`]: the socket, its access rule (the agent's own uid and
+//!   root, as ssh-agent), the vault connection of each client.
+//!
+//! What it refuses: key constraints (lifetime, confirmation, destination:
+//! the key would outlive them in the vault), smartcard and extension
+//! requests, clients of other uids. The crate has no `unsafe`.
+#![forbid(unsafe_code)]
+
+pub mod proto;
+pub mod server;
+
+pub use server::{Agent, Config};

@@ -1,0 +1,89 @@
+//! `memveil agent`: an SSH agent over vault keys (memveil-agent).
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use memveil_secmem::{Level, Policy};
+
+/// `memveil agent --help`, after the options.
+const AFTER_LONG_HELP: &str = "\
+Prints `SSH_AUTH_SOCK=PATH; export SSH_AUTH_SOCK;` once the socket listens, then
+serves in the foreground (run it in the background or as a service, and export
+SSH_AUTH_SOCK=PATH in your shell).
+
+Keys: the vault's RSA, ECDSA and Ed25519 keys of this uid named PREFIX*; ssh-add
+puts keys into the vault (named PREFIX + comment) and they never stay in the
+agent; ssh-add -d/-D destroy them in the vault. Only the agent's uid and root may
+connect.
+
+Examples:
+  memveil agent --socket ~/.ssh/memveil-agent.sock &
+  export SSH_AUTH_SOCK=~/.ssh/memveil-agent.sock
+  ssh-add ~/.ssh/id_ed25519                  # into the vault, wiped from the agent
+  ssh-add -l                                 # the vault's ssh.* keys of this uid
+  memveil vault create ssh.work --kind p256  # a key made in the vault is listed too
+  ssh-keygen -Y sign -f key.pub -n file data # signs through the agent
+  memveil agent --socket a.sock --persistent # added keys sealed to the vault's --state
+
+See docs/agent.md.";
+
+/// Flags of `memveil agent`.
+#[derive(clap::Args)]
+#[command(after_long_help = AFTER_LONG_HELP)]
+pub struct Args {
+    /// The agent's socket (created mode 0600; a stale one is replaced)
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// The vault's socket
+    ///
+    /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET, else
+    /// /run/memveil/vault.sock).
+    #[arg(long, value_name = "SOCKET", verbatim_doc_comment)]
+    vault: Option<PathBuf>,
+    /// Name prefix of the agent's keys in the vault
+    #[arg(long, default_value = "ssh.")]
+    prefix: String,
+    /// Seal keys added with ssh-add into the vault's keystore
+    ///
+    /// Seal keys added with ssh-add into the vault's keystore, so they come
+    /// back when the vault restarts (the vault needs --state).
+    #[arg(long, verbatim_doc_comment)]
+    persistent: bool,
+    /// Accept weaker memory for added keys' receive buffer (locked)
+    ///
+    /// Accept "locked" memory (mlock only) for the receive buffer of keys
+    /// added with ssh-add when memfd_secret is unavailable.
+    #[arg(long, value_name = "LEVEL", verbatim_doc_comment)]
+    allow_level: Option<String>,
+}
+
+/// Runs `memveil agent`.
+///
+/// # Errors
+/// The socket or the vault cannot be reached; the message says why.
+pub fn run(a: Args) -> anyhow::Result<u8> {
+    let policy = match a.allow_level.as_deref() {
+        None => Policy::secret_only(),
+        Some(l) => Policy::allow(l.parse::<Level>().map_err(|e| anyhow::anyhow!("{e}"))?),
+    };
+    anyhow::ensure!(
+        memveil_vault::proto::valid_name(&format!("{}x", a.prefix)) && a.prefix.len() <= 32,
+        "--prefix: up to 32 characters of [A-Za-z0-9._-]"
+    );
+    let cfg = memveil_agent::Config {
+        socket: a.socket.clone(),
+        vault: a.vault.unwrap_or_else(memveil_vault::cli::default_socket),
+        prefix: a.prefix,
+        persistent: a.persistent,
+        policy,
+    };
+    let agent = memveil_agent::Agent::bind(cfg).context("starting the agent")?;
+    println!(
+        "SSH_AUTH_SOCK={}; export SSH_AUTH_SOCK;",
+        agent.socket().display()
+    );
+    use std::io::Write as _;
+    std::io::stdout().flush()?;
+    agent.run();
+    Ok(0)
+}
