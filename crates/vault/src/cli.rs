@@ -60,7 +60,7 @@ pub enum Cmd {
     /// memfd_secret memory; it refuses to start without it unless
     /// --allow-level=locked.
     #[command(after_long_help = SERVE_EXAMPLES, verbatim_doc_comment)]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Show the vault's status and protection level
     #[command(
         after_long_help = "Examples:\n  memveil vault status    # level, AES backend, keys, clients, uptime, pid"
@@ -149,6 +149,9 @@ const SERVE_EXAMPLES: &str = "\
 Examples:
   memveil vault serve --socket /run/memveil/vault.sock
   memveil vault serve --state /var/lib/memveil-vault --passphrase-file /etc/memveil/pass
+  memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42 \
+      --kmip kms.example.net:5696 --kmip-cert host.crt --kmip-key host.key --kmip-ca ca.crt
+  memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42   # /etc/memveil/kmip.toml
   memveil vault serve --keyid-bits 6 --key-admin 1000     # uid 1000 may program KeyIDs
   MEMVEIL_SECRETMEM=off memveil vault serve --allow-level=locked   # mlock only (tests)";
 
@@ -177,6 +180,52 @@ pub struct CryptArgs {
     pub output: Option<PathBuf>,
 }
 
+/// Where the KMIP server is and this host's credentials for it (flags over
+/// the file `--kmip-config`, default `/etc/memveil/kmip.toml`); docs/kmip.md.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KmipArgs {
+    /// KMIP server, HOST[:PORT] (port 5696 by default)
+    #[arg(long = "kmip", value_name = "HOST:PORT")]
+    pub kmip: Option<String>,
+    /// This host's KMIP client certificate (PEM)
+    #[arg(long, value_name = "FILE")]
+    pub kmip_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM)
+    #[arg(long, value_name = "FILE")]
+    pub kmip_key: Option<PathBuf>,
+    /// The CA that signed the KMIP server's certificate (PEM)
+    #[arg(long, value_name = "FILE")]
+    pub kmip_ca: Option<PathBuf>,
+    /// KMIP settings file (default /etc/memveil/kmip.toml, when it exists)
+    ///
+    /// KMIP settings file of `key = "value"` lines: url, cert, key, ca,
+    /// timeout_ms (default /etc/memveil/kmip.toml, when it exists); flags win.
+    #[arg(long, value_name = "FILE", verbatim_doc_comment)]
+    pub kmip_config: Option<PathBuf>,
+}
+
+impl KmipArgs {
+    /// The flags as overrides of the settings file.
+    #[must_use]
+    pub fn overrides(&self) -> memveil_kmip::config::Overrides {
+        memveil_kmip::config::Overrides {
+            url: self.kmip.clone(),
+            cert: self.kmip_cert.clone(),
+            key: self.kmip_key.clone(),
+            ca: self.kmip_ca.clone(),
+            file: self.kmip_config.clone(),
+        }
+    }
+
+    /// The resolved configuration.
+    ///
+    /// # Errors
+    /// A setting missing from flags and file, or an unreadable file.
+    pub fn resolve(&self) -> Result<memveil_kmip::Config, CliError> {
+        Ok(self.overrides().resolve()?)
+    }
+}
+
 /// Flags of `serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -184,11 +233,22 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
     /// File holding the keystore passphrase (stretched with Argon2id)
-    #[arg(long, value_name = "FILE", conflicts_with = "key_file")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["key_file", "kmip_kek"])]
     pub passphrase_file: Option<PathBuf>,
     /// File holding a 32-byte keystore key (raw or 64 hex digits)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "kmip_kek")]
     pub key_file: Option<PathBuf>,
+    /// KMIP id of the AES-256 key that seals the keystore
+    ///
+    /// Unique Identifier of an AES-256 key on the KMIP server (--kmip...):
+    /// fetched into secret memory at every start, it seals the keystore and
+    /// is never written to disk. A server that refuses leaves the keystore
+    /// closed and the vault not started.
+    #[arg(long, value_name = "UID", verbatim_doc_comment)]
+    pub kmip_kek: Option<String>,
+    /// The KMIP server (with --kmip-kek)
+    #[command(flatten)]
+    pub kmip: KmipArgs,
     /// Accept mlock-ed memory for keys without memfd_secret
     ///
     /// Accept a weaker protection level when memfd_secret is unavailable
@@ -275,11 +335,20 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
         Some(l) => Policy::allow(l.parse::<Level>()?),
     };
     c.state.clone_from(&a.state);
-    c.kek = match (&a.passphrase_file, &a.key_file) {
-        (Some(p), _) => Some(KekSource::PassphraseFile(p.clone())),
-        (_, Some(k)) => Some(KekSource::KeyFile(k.clone())),
+    c.kek = match (&a.passphrase_file, &a.key_file, &a.kmip_kek) {
+        (Some(p), _, _) => Some(KekSource::PassphraseFile(p.clone())),
+        (_, Some(k), _) => Some(KekSource::KeyFile(k.clone())),
+        (_, _, Some(uid)) => Some(KekSource::Kmip {
+            config: a.kmip.resolve()?,
+            uid: uid.clone(),
+        }),
         _ => None,
     };
+    if a.kmip_kek.is_none() && !a.kmip.overrides().is_empty() {
+        return Err(
+            "--kmip... settings are for --kmip-kek UID (the key that seals the keystore)".into(),
+        );
+    }
     c.kdf = KdfParams {
         m_kib: a.kdf_memory_kib,
         t: a.kdf_iterations,

@@ -6,7 +6,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 8  | magic `MVVAULT1` |
-//! | 1  | KEK source: 1 = Argon2id passphrase, 2 = key file |
+//! | 1  | KEK source: 1 = Argon2id passphrase, 2 = key file, 3 = KMIP key |
 //! | 12 | Argon2id m (KiB), t, p (u32 each; zero for a key file) |
 //! | 16 | salt |
 //! | 12 | GCM nonce (fresh for every write) |
@@ -31,7 +31,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::gcm::VaultGcm as Gcm;
-use memveil_secmem::{SecmemError, SecretBox, SecretPool};
+use memveil_secmem::{Policy, SecmemError, SecretBox, SecretPool};
 
 use crate::proto::KeyKind;
 
@@ -47,6 +47,14 @@ pub enum KekSource {
     PassphraseFile(PathBuf),
     /// 32 raw bytes, or 64 hex digits, in this file.
     KeyFile(PathBuf),
+    /// An AES-256 key held by a KMIP server, fetched (Get) into secret
+    /// memory at every start and never written anywhere (docs/kmip.md).
+    Kmip {
+        /// The server and this host's certificates.
+        config: memveil_kmip::Config,
+        /// The key's Unique Identifier on the server.
+        uid: String,
+    },
 }
 
 /// Argon2id cost.
@@ -122,6 +130,11 @@ pub enum KeystoreError {
     /// Secret memory ran out.
     #[error("secret memory: {0}")]
     Secmem(#[from] SecmemError),
+    /// The KMIP server did not hand over the key-encryption key.
+    #[error(
+        "the keystore stays closed: its key-encryption key could not be fetched from KMIP: {0}"
+    )]
+    Kmip(#[from] memveil_kmip::KmipError),
 }
 
 /// One stored key, its bytes in secret memory.
@@ -256,6 +269,11 @@ fn derive_kek(
                 return Err(KeystoreError::BadKeyFile(p.clone()));
             }
         }
+        KekSource::Kmip { config, uid } => {
+            let client = memveil_kmip::Client::new(config.clone(), Policy::allow(pool.level()))?;
+            let key = client.get_key_len(uid, 32, "the keystore's key-encryption key (AES-256)")?;
+            kek.copy_from_slice(&key);
+        }
     }
     Ok(kek)
 }
@@ -264,14 +282,15 @@ fn source_code(s: &KekSource) -> u8 {
     match s {
         KekSource::PassphraseFile(_) => 1,
         KekSource::KeyFile(_) => 2,
+        KekSource::Kmip { .. } => 3,
     }
 }
 
 fn source_name(c: u8) -> (&'static str, &'static str) {
-    if c == 1 {
-        ("passphrase", "passphrase-file")
-    } else {
-        ("key file", "key-file")
+    match c {
+        1 => ("passphrase", "passphrase-file"),
+        3 => ("KMIP key", "kmip-kek"),
+        _ => ("key file", "key-file"),
     }
 }
 

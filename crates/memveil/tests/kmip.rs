@@ -1,0 +1,252 @@
+//! KMIP (issue 28) through the binary, against a real KMIP server (PyKMIP,
+//! started here on loopback with its own certificates): two vaults, two
+//! "hosts" with their own client certificates, state directories and
+//! sockets, whose keystores are sealed by KMIP-held keys and which share a
+//! KeyID key through the server; the server stopped mid-run (what runs
+//! goes on, a new unlock fails clearly) and restarted (it opens again).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use memveil_engine::{Algorithm, KeyProgram, KeyTable, PAGE_KEY_LEN};
+use memveil_kmip::testserver::{TestServer, FLEET_POLICY};
+use memveil_secmem::{Level, Policy, SecretPool};
+use memveil_testkit::{skip, Need, VaultProcess};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memveil");
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn server(dir: &Path) -> Option<TestServer> {
+    if !memveil_kmip::testserver::server_program().exists() {
+        skip(
+            Need::Installed("build/kmipvenv (pykmip)"),
+            "scripts/install.d/kmip.sh puts PyKMIP's server there",
+        );
+        return None;
+    }
+    Some(TestServer::start(dir).unwrap_or_else(|e| panic!("PyKMIP did not start: {e}")))
+}
+
+fn host_args(s: &TestServer, host: &str, state: &Path, kek: &str) -> Vec<String> {
+    let cfg = s.config_file(host).expect("config file");
+    vec![
+        "--state".into(),
+        state.display().to_string(),
+        "--kmip-kek".into(),
+        kek.into(),
+        "--kmip-config".into(),
+        cfg.display().to_string(),
+    ]
+}
+
+fn start_vault(tag: &str, args: &[String]) -> VaultProcess {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    VaultProcess::start(BIN, tag, &a)
+}
+
+/// `memveil vault serve` that must fail: its stderr.
+fn serve_fails(dir: &Path, args: &[String]) -> String {
+    let sock = dir.join("failing.sock");
+    let o = Command::new(BIN)
+        .args(["vault", "serve", "--socket"])
+        .arg(&sock)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("vault serve");
+    assert!(!o.status.success(), "the vault started: {}", text(&o));
+    text(&o)
+}
+
+fn vault_cmd(v: &VaultProcess, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("vault")
+        .args(args)
+        .env("MEMVEIL_VAULT_SOCKET", &v.socket)
+        .stdin(Stdio::null())
+        .output()
+        .expect("memveil vault")
+}
+
+/// The page key KeyID `keyid` programmed with `key` gives (the engine's model).
+fn model_page_key(keyid: u16, key: &[u8]) -> Vec<u8> {
+    let t = KeyTable::new(
+        6,
+        Algorithm::AesXts128,
+        Policy::allow(Level::Locked),
+        Box::new(memveil_engine::cpu_entropy),
+    )
+    .expect("model");
+    let req = KeyProgram::direct(keyid, Algorithm::AesXts128, &key[..16], &key[16..]);
+    t.program(&req, Some(0)).expect("model program");
+    let mut out = [0u8; PAGE_KEY_LEN];
+    t.derive_page_key(keyid, &mut out).expect("page key");
+    out.to_vec()
+}
+
+#[test]
+fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
+    let d = std::env::temp_dir().join(format!("mv-kmip-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("dir");
+    let Some(mut s) = server(&d.join("kms")) else {
+        return;
+    };
+    let admin = memveil_kmip::Client::new(s.config("host-a"), Policy::allow(Level::Locked))
+        .expect("client");
+    // Each host's keystore key is its own; the KeyID key is the fleet's.
+    let kek_a = admin
+        .create_aes256(Some("host-a keystore"), None)
+        .expect("kek a");
+    let b_client = memveil_kmip::Client::new(s.config("host-b"), Policy::allow(Level::Locked))
+        .expect("client b");
+    let kek_b = b_client
+        .create_aes256(Some("host-b keystore"), None)
+        .expect("kek b");
+    let shared = admin
+        .create_aes256(Some("keyid-5"), Some(FLEET_POLICY))
+        .expect("shared");
+    let shared_bytes = admin.get_key(&shared).expect("shared bytes");
+
+    let args_a = host_args(&s, "host-a", &d.join("state-a"), &kek_a);
+    let args_b = host_args(&s, "host-b", &d.join("state-b"), &kek_b);
+    let va = start_vault("kmip-a", &args_a);
+    let vb = start_vault("kmip-b", &args_b);
+    // A persistent key on host A, sealed under its KMIP key.
+    let o = vault_cmd(&va, &["create", "app", "--persistent"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sealed = std::fs::read(d.join("state-a/keys.vault")).expect("keystore");
+    assert_eq!(sealed[8], 3, "sealed with a KMIP key");
+
+    // Both hosts program KeyID 5 from the KMIP key: one page key.
+    for (v, host) in [(&va, "host-a"), (&vb, "host-b")] {
+        let cfg = s.config_file(host).expect("cfg").display().to_string();
+        let o = v.key(&[
+            "program",
+            "--keyid",
+            "5",
+            "--mode",
+            "software",
+            "--kmip-id",
+            &shared,
+            "--kmip-config",
+            &cfg,
+        ]);
+        assert!(o.status.success(), "{host}: {}", text(&o));
+        assert!(text(&o).contains("PROG_SUCCESS"), "{}", text(&o));
+    }
+    let pool = SecretPool::new(1 << 16, Policy::allow(Level::Locked)).expect("pool");
+    let ta = memveil_vault::Client::connect(&va.socket)
+        .expect("a")
+        .tenant_key(5, &pool)
+        .expect("tenant a");
+    let tb = memveil_vault::Client::connect(&vb.socket)
+        .expect("b")
+        .tenant_key(5, &pool)
+        .expect("tenant b");
+    // Compared, never printed.
+    assert!(ta.key() == tb.key(), "the two hosts' KeyID 5 differ");
+    let model = model_page_key(5, &shared_bytes);
+    assert!(
+        ta.key() == &model[..ta.key().len()],
+        "not the KMIP key's page key"
+    );
+
+    // Failures named: a missing object, a key of the wrong length.
+    let cfg_a = s.config_file("host-a").expect("cfg").display().to_string();
+    let o = va.key(&[
+        "program",
+        "--keyid",
+        "6",
+        "--mode",
+        "software",
+        "--kmip-id",
+        "424242",
+        "--kmip-config",
+        &cfg_a,
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("does not exist"),
+        "{}",
+        text(&o)
+    );
+    let o = va.key(&[
+        "program",
+        "--keyid",
+        "6",
+        "--mode",
+        "software",
+        "--alg",
+        "aes-xts-256",
+        "--kmip-id",
+        &shared,
+        "--kmip-config",
+        &cfg_a,
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("needs 64 bytes"),
+        "{}",
+        text(&o)
+    );
+    // Host B may not read host A's keystore key.
+    let e = serve_fails(&d, &host_args(&s, "host-b", &d.join("state-x"), &kek_a));
+    assert!(
+        e.contains("Permission Denied") && e.contains("keystore stays closed"),
+        "{e}"
+    );
+
+    // The KMS goes away: what runs goes on, a new unlock fails and says why.
+    s.stop();
+    assert!(va.key(&["status"]).status.success());
+    let o = vault_cmd(&va, &["list"]);
+    assert!(text(&o).contains("app"), "{}", text(&o));
+    let o = memveil_vault::Client::connect(&va.socket)
+        .expect("a")
+        .tenant_key(5, &pool)
+        .expect("a tenant still gets its key");
+    assert!(o.key() == ta.key());
+    drop(va);
+    let e = serve_fails(&d, &args_a);
+    assert!(
+        e.contains("unreachable") && e.contains("keystore stays closed"),
+        "{e}"
+    );
+    let o = Command::new(BIN)
+        .args([
+            "key",
+            "program",
+            "--keyid",
+            "7",
+            "--mode",
+            "software",
+            "--kmip-id",
+            &shared,
+        ])
+        .args(["--kmip-config", &cfg_a, "--socket", &vb.socket])
+        .output()
+        .expect("key");
+    assert!(
+        !o.status.success() && text(&o).contains("unreachable"),
+        "{}",
+        text(&o)
+    );
+
+    // Back: host A opens its keystore again, its key inside.
+    s.restart().expect("restart");
+    let va = start_vault("kmip-a2", &args_a);
+    let o = vault_cmd(&va, &["list"]);
+    assert!(
+        o.status.success() && text(&o).contains("app"),
+        "{}",
+        text(&o)
+    );
+    drop((ta, tb));
+    let _ = std::fs::remove_dir_all(&d);
+}
