@@ -414,6 +414,23 @@ impl Client {
         })
     }
 
+    /// Register: `data` as Secret Data (opaque bytes, e.g. a wrapped key);
+    /// returns its Unique Identifier. Built in secret memory.
+    ///
+    /// # Errors
+    /// [`KmipError`].
+    pub fn register_secret(
+        &self,
+        data: &[u8],
+        name: Option<&str>,
+        policy: Option<&str>,
+    ) -> Result<String, KmipError> {
+        let req = msg::register_secret(data, name, policy);
+        self.call(Operation::Register, None, &req, |p| {
+            msg::uid(p).map(str::to_owned).map_err(|f| self.failed(f))
+        })
+    }
+
     /// Get: a symmetric key's (or secret data's) bytes, straight into secret memory.
     ///
     /// # Errors

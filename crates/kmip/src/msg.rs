@@ -130,6 +130,7 @@ pub mod reason {
 
 const AES: u32 = 3;
 const RAW: u32 = 1;
+const OPAQUE: u32 = 2;
 const TRANSPARENT_SYMMETRIC: u32 = 7;
 /// Cryptographic Usage Mask: Encrypt | Decrypt | Wrap Key | Unwrap Key.
 const USAGE: i32 = 0x04 | 0x08 | 0x10 | 0x20;
@@ -250,6 +251,46 @@ pub fn register_aes<'a>(key: &'a [u8], name: Option<&'a str>, policy: Option<&'a
                         i(tag::CRYPTOGRAPHIC_LENGTH, bits),
                     ],
                 )],
+            ),
+        ],
+    )
+}
+
+/// Register: `data` as Secret Data (type Seed, Opaque key format): bytes
+/// the server keeps and returns as they are (memveil's wrapped backups).
+pub fn register_secret<'a>(
+    data: &'a [u8],
+    name: Option<&'a str>,
+    policy: Option<&'a str>,
+) -> Item<'a> {
+    let mut attrs = vec![attr("Cryptographic Usage Mask", i(0, 0x10 | 0x20))];
+    if let Some(n) = name {
+        attrs.push(name_attr(n));
+    }
+    if let Some(p) = policy {
+        attrs.push(attr("Operation Policy Name", Item::new(0, Value::Text(p))));
+    }
+    request(
+        Operation::Register,
+        vec![
+            e(tag::OBJECT_TYPE, object_type::SECRET_DATA),
+            Item::structure(tag::TEMPLATE_ATTRIBUTE, attrs),
+            Item::structure(
+                tag::SECRET_DATA,
+                vec![
+                    // Seed.
+                    e(tag::SECRET_DATA_TYPE, 2),
+                    Item::structure(
+                        tag::KEY_BLOCK,
+                        vec![
+                            e(tag::KEY_FORMAT_TYPE, OPAQUE),
+                            Item::structure(
+                                tag::KEY_VALUE,
+                                vec![Item::new(tag::KEY_MATERIAL, Value::Bytes(data))],
+                            ),
+                        ],
+                    ),
+                ],
             ),
         ],
     )
@@ -385,7 +426,7 @@ pub fn got<'a>(payload: &Item<'a>) -> Result<Got<'a>, Failure> {
         .and_then(|v| v.child(tag::KEY_MATERIAL))
         .ok_or_else(|| bad("Key Block without Key Material"))?;
     let material = match format {
-        RAW | 2 => km.bytes(),
+        RAW | OPAQUE => km.bytes(),
         TRANSPARENT_SYMMETRIC => km.child(tag::KEY).and_then(Item::bytes),
         _ => {
             return Err(bad(

@@ -250,3 +250,112 @@ fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
     drop((ta, tb));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_key_backed_up_on_one_host_is_restored_on_another() {
+    let d = std::env::temp_dir().join(format!("mv-kmip-backup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("dir");
+    let Some(s) = server(&d.join("kms")) else {
+        return;
+    };
+    let admin = memveil_kmip::Client::new(s.config("host-a"), Policy::allow(Level::Locked))
+        .expect("client");
+    let kek = admin
+        .create_aes256(Some("fleet backup key"), Some(FLEET_POLICY))
+        .expect("kek");
+    let va = VaultProcess::start(BIN, "kmip-bk-a", &[]);
+    let vb = VaultProcess::start(BIN, "kmip-bk-b", &[]);
+    let cfg_a = s.config_file("host-a").expect("cfg").display().to_string();
+    let cfg_b = s.config_file("host-b").expect("cfg").display().to_string();
+    let o = vault_cmd(
+        &va,
+        &[
+            "create",
+            "app",
+            "--kind",
+            "xts256",
+            "--kmip-backup",
+            &kek,
+            "--kmip-policy",
+            FLEET_POLICY,
+            "--kmip-config",
+            &cfg_a,
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let uid = out
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("kmip-id="))
+        .unwrap_or_else(|| panic!("no kmip-id in {out}"))
+        .to_owned();
+    let plain = d.join("plain");
+    std::fs::write(&plain, b"what host A wrote, host B reads").expect("plain");
+    let sealed = d.join("sealed");
+    let o = vault_cmd(
+        &va,
+        &[
+            "encrypt",
+            "--key",
+            "app",
+            "--mode",
+            "xts",
+            "-i",
+            &plain.display().to_string(),
+            "-o",
+            &sealed.display().to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // Another name does not open it; the right one does, on host B.
+    let o = vault_cmd(
+        &vb,
+        &[
+            "restore",
+            "other",
+            "--kmip-id",
+            &uid,
+            "--kmip-kek",
+            &kek,
+            "--kmip-config",
+            &cfg_b,
+        ],
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("does not open"),
+        "{}",
+        text(&o)
+    );
+    let o = vault_cmd(
+        &vb,
+        &[
+            "restore",
+            "app",
+            "--kmip-id",
+            &uid,
+            "--kmip-kek",
+            &kek,
+            "--kmip-config",
+            &cfg_b,
+        ],
+    );
+    assert!(
+        o.status.success() && text(&o).contains("xts256"),
+        "{}",
+        text(&o)
+    );
+    let o = vault_cmd(
+        &vb,
+        &[
+            "decrypt",
+            "--key",
+            "app",
+            "-i",
+            &sealed.display().to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout, b"what host A wrote, host B reads");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -68,7 +68,7 @@ pub enum Cmd {
     Status,
     /// Generate a key inside the vault
     #[command(
-        after_long_help = "Examples:\n  memveil vault create app\n  memveil vault create disk0 --kind xts256 --persistent   # the vault needs --state"
+        after_long_help = CREATE_EXAMPLES
     )]
     Create {
         /// Key name
@@ -79,6 +79,39 @@ pub enum Cmd {
         /// Seal the key to disk so it survives restarts
         #[arg(long)]
         persistent: bool,
+        /// Back the key up to KMIP, wrapped under this KMIP key (UID)
+        ///
+        /// Back the new key up to the KMIP server (--kmip...): the key is made
+        /// here (getrandom, in secret memory), wrapped with AES-256-GCM under
+        /// the KMIP AES-256 key UID, registered as Secret Data named
+        /// memveil-backup/NAME, and only then imported into the vault.
+        /// `memveil vault restore` brings it into another host's vault.
+        #[arg(long, value_name = "UID", verbatim_doc_comment)]
+        kmip_backup: Option<String>,
+        /// KMIP Operation Policy Name for the backup (who may restore it)
+        #[arg(long, value_name = "NAME", requires = "kmip_backup")]
+        kmip_policy: Option<String>,
+        /// The KMIP server (with --kmip-backup)
+        #[command(flatten)]
+        kmip: Box<KmipArgs>,
+    },
+    /// Restore a key backed up to KMIP (`create --kmip-backup`) into this vault
+    #[command(after_long_help = RESTORE_EXAMPLES)]
+    Restore {
+        /// Key name (the name it was backed up under)
+        name: String,
+        /// The backup's KMIP Unique Identifier (printed by create --kmip-backup)
+        #[arg(long, value_name = "UID")]
+        kmip_id: String,
+        /// The KMIP key the backup is wrapped under
+        #[arg(long, value_name = "UID")]
+        kmip_kek: String,
+        /// Seal the key to disk so it survives restarts
+        #[arg(long)]
+        persistent: bool,
+        /// The KMIP server
+        #[command(flatten)]
+        kmip: Box<KmipArgs>,
     },
     /// Import a key from a file (raw bytes or hex); keys never come back out
     #[command(
@@ -154,6 +187,19 @@ Examples:
   memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42   # /etc/memveil/kmip.toml
   memveil vault serve --keyid-bits 6 --key-admin 1000     # uid 1000 may program KeyIDs
   MEMVEIL_SECRETMEM=off memveil vault serve --allow-level=locked   # mlock only (tests)";
+
+/// `memveil vault create --help`, after the options.
+const CREATE_EXAMPLES: &str = "\
+Examples:
+  memveil vault create app
+  memveil vault create disk0 --kind xts256 --persistent   # the vault needs --state
+  memveil vault create app --persistent --kmip-backup 42 --kmip-policy fleet \\
+      --kmip-config /etc/memveil/kmip.toml                 # wrapped under KMIP key 42";
+
+/// `memveil vault restore --help`, after the options.
+const RESTORE_EXAMPLES: &str = "\
+Examples:
+  memveil vault restore app --kmip-id 57 --kmip-kek 42 --persistent   # on another host";
 
 /// `memveil vault encrypt --help`, after the options.
 const ENCRYPT_EXAMPLES: &str = "\
@@ -574,6 +620,60 @@ pub fn read_secret_file(
     Ok((pool, raw, n))
 }
 
+/// A KMIP client and the backup KEK `kek` fetched into its secret memory.
+fn kmip_kek(
+    kmip: &KmipArgs,
+    kek: &str,
+) -> Result<
+    (
+        memveil_kmip::Client,
+        SecretPool,
+        memveil_secmem::SecretBox<[u8]>,
+    ),
+    CliError,
+> {
+    let policy = Policy::allow(Level::Locked);
+    let client = memveil_kmip::Client::new(kmip.resolve()?, policy)?;
+    let key = client.get_key_len(kek, 32, "the backup key (AES-256)")?;
+    Ok((client, SecretPool::new(16 * 1024, policy)?, key))
+}
+
+/// `create --kmip-backup`: a key made here, registered wrapped, then imported.
+fn create_backed_up(
+    c: &mut Client,
+    name: &str,
+    kind: KeyKind,
+    persistent: bool,
+    kek: &str,
+    policy: Option<&str>,
+    kmip: &KmipArgs,
+) -> Result<(KeyInfo, String), CliError> {
+    let (client, pool, kek_bytes) = kmip_kek(kmip, kek)?;
+    let mut key = pool.alloc_bytes(kind.key_len())?;
+    memveil_sys::getrandom(&mut key).map_err(|e| format!("getrandom: {e}"))?;
+    let blob = crate::backup::wrap(&pool, &kek_bytes, kind, name, &key)?;
+    let label = format!("memveil-backup/{name}");
+    // Registered first: a key the vault holds always has its backup.
+    let uid = client.register_secret(&blob, Some(&label), policy)?;
+    let info = c.import_key(name, kind, persistent, &key)?;
+    Ok((info, uid))
+}
+
+/// `restore`: the backup fetched, unwrapped in secret memory, imported.
+fn restore(
+    c: &mut Client,
+    name: &str,
+    uid: &str,
+    kek: &str,
+    persistent: bool,
+    kmip: &KmipArgs,
+) -> Result<KeyInfo, CliError> {
+    let (client, pool, kek_bytes) = kmip_kek(kmip, kek)?;
+    let blob = client.get_key(uid)?;
+    let (kind, key) = crate::backup::unwrap(&pool, &kek_bytes, name, &blob)?;
+    Ok(c.import_key(name, kind, persistent, &key)?)
+}
+
 fn import(
     c: &mut Client,
     name: &str,
@@ -660,7 +760,39 @@ fn run_inner(args: Args) -> Result<u8, CliError> {
             name,
             kind,
             persistent,
+            kmip_backup: None,
+            ..
         } => print_key(&mut out, &c.create_key(name, *kind, *persistent)?)?,
+        Cmd::Create {
+            name,
+            kind,
+            persistent,
+            kmip_backup: Some(kek),
+            kmip_policy,
+            kmip,
+        } => {
+            let (k, uid) = create_backed_up(
+                &mut c,
+                name,
+                *kind,
+                *persistent,
+                kek,
+                kmip_policy.as_deref(),
+                kmip,
+            )?;
+            print_key(&mut out, &k)?;
+            writeln!(out, "backup\tkmip-id={uid}\twrapped-under={kek}")?;
+        }
+        Cmd::Restore {
+            name,
+            kmip_id,
+            kmip_kek,
+            persistent,
+            kmip,
+        } => {
+            let k = restore(&mut c, name, kmip_id, kmip_kek, *persistent, kmip)?;
+            print_key(&mut out, &k)?;
+        }
         Cmd::Import {
             name,
             kind,
