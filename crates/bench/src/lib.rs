@@ -22,6 +22,7 @@ pub mod shield;
 pub mod shield_suite;
 pub mod timing;
 pub mod vault;
+pub mod vault_kmip;
 pub mod workloads;
 
 pub use report::{write_report, Figure, Plot, Section, Series};
