@@ -359,3 +359,58 @@ fn a_key_backed_up_on_one_host_is_restored_on_another() {
     assert_eq!(o.stdout, b"what host A wrote, host B reads");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn the_passphrase_copy_opens_the_keystore_when_the_kms_is_gone() {
+    let d = std::env::temp_dir().join(format!("mv-kmip-fallback-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("dir");
+    let Some(mut s) = server(&d.join("kms")) else {
+        return;
+    };
+    let admin = memveil_kmip::Client::new(s.config("host-a"), Policy::allow(Level::Locked))
+        .expect("client");
+    let kek = admin.create_aes256(Some("keystore"), None).expect("kek");
+    let pass = d.join("pass");
+    std::fs::write(&pass, "a long fallback passphrase\n").expect("pass");
+    let state = d.join("state");
+    let mut args = host_args(&s, "host-a", &state, &kek);
+    args.extend([
+        "--kmip-fallback-passphrase-file".into(),
+        pass.display().to_string(),
+    ]);
+    args.extend([
+        "--kdf-memory-kib".into(),
+        "1024".into(),
+        "--kdf-iterations".into(),
+        "1".into(),
+    ]);
+    let v = start_vault("kmip-fb", &args);
+    let o = vault_cmd(&v, &["create", "app", "--persistent"]);
+    assert!(o.status.success(), "{}", text(&o));
+    drop(v);
+    assert!(state.join("keys.vault.fallback").exists());
+    // The KMS is lost: KMIP cannot open it, the passphrase can.
+    s.stop();
+    let e = serve_fails(&d, &args);
+    assert!(e.contains("unreachable"), "{e}");
+    let local = vec![
+        "--state".to_owned(),
+        state.display().to_string(),
+        "--passphrase-file".into(),
+        pass.display().to_string(),
+    ];
+    let v = start_vault("kmip-fb2", &local);
+    let o = vault_cmd(&v, &["list"]);
+    assert!(
+        o.status.success() && text(&o).contains("app"),
+        "{}",
+        text(&o)
+    );
+    assert!(v.log().contains("passphrase copy"), "{}", v.log());
+    drop(v);
+    let sealed = std::fs::read(state.join("keys.vault")).expect("keystore");
+    assert_eq!(sealed[8], 1, "now sealed with the passphrase");
+    assert!(!state.join("keys.vault.fallback").exists());
+    let _ = std::fs::remove_dir_all(&d);
+}
