@@ -380,6 +380,13 @@ impl Client {
         }
     }
 
+    /// Runs a request that makes an object; returns its Unique Identifier.
+    fn new_object(&self, op: Operation, req: &ttlv::Item<'_>) -> Result<String, KmipError> {
+        self.call(op, None, req, |p| {
+            msg::uid(p).map(str::to_owned).map_err(|f| self.failed(f))
+        })
+    }
+
     /// Create: a new AES-256 key on the server; returns its Unique Identifier.
     /// `policy` names the server's Operation Policy Name for it (who else may
     /// Get it); `None` leaves the server's default (usually owner-only).
@@ -392,9 +399,7 @@ impl Client {
         policy: Option<&str>,
     ) -> Result<String, KmipError> {
         let req = msg::create_aes(256, name, policy);
-        self.call(Operation::Create, None, &req, |p| {
-            msg::uid(p).map(str::to_owned).map_err(|f| self.failed(f))
-        })
+        self.new_object(Operation::Create, &req)
     }
 
     /// Register: `key` (in secret memory) as an AES key; returns its Unique
@@ -409,9 +414,7 @@ impl Client {
         policy: Option<&str>,
     ) -> Result<String, KmipError> {
         let req = msg::register_aes(key, name, policy);
-        self.call(Operation::Register, None, &req, |p| {
-            msg::uid(p).map(str::to_owned).map_err(|f| self.failed(f))
-        })
+        self.new_object(Operation::Register, &req)
     }
 
     /// Register: `data` as Secret Data (opaque bytes, e.g. a wrapped key);
@@ -426,9 +429,7 @@ impl Client {
         policy: Option<&str>,
     ) -> Result<String, KmipError> {
         let req = msg::register_secret(data, name, policy);
-        self.call(Operation::Register, None, &req, |p| {
-            msg::uid(p).map(str::to_owned).map_err(|f| self.failed(f))
-        })
+        self.new_object(Operation::Register, &req)
     }
 
     /// Get: a symmetric key's (or secret data's) bytes, straight into secret memory.

@@ -23,6 +23,16 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `o` failed and its output says `says`.
+fn fails_saying(o: &Output, says: &str) {
+    assert!(!o.status.success() && text(o).contains(says), "{}", text(o));
+}
+
+/// `o` succeeded and its output says `says`.
+fn succeeds_saying(o: &Output, says: &str) {
+    assert!(o.status.success() && text(o).contains(says), "{}", text(o));
+}
+
 fn server(dir: &Path) -> Option<TestServer> {
     if !memveil_kmip::testserver::server_program().exists() {
         skip(
@@ -91,16 +101,22 @@ fn model_page_key(keyid: u16, key: &[u8]) -> Vec<u8> {
     out.to_vec()
 }
 
-#[test]
-fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
-    let d = std::env::temp_dir().join(format!("mv-kmip-cli-{}", std::process::id()));
+/// A scratch directory, the KMS in it, and host A's KMIP client.
+fn fleet(tag: &str) -> Option<(std::path::PathBuf, TestServer, memveil_kmip::Client)> {
+    let d = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("dir");
-    let Some(mut s) = server(&d.join("kms")) else {
-        return;
-    };
+    let s = server(&d.join("kms"))?;
     let admin = memveil_kmip::Client::new(s.config("host-a"), Policy::allow(Level::Locked))
         .expect("client");
+    Some((d, s, admin))
+}
+
+#[test]
+fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
+    let Some((d, mut s, admin)) = fleet("mv-kmip-cli") else {
+        return;
+    };
     // Each host's keystore key is its own; the KeyID key is the fleet's.
     let kek_a = admin
         .create_aes256(Some("host-a keystore"), None)
@@ -172,11 +188,7 @@ fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
         "--kmip-config",
         &cfg_a,
     ]);
-    assert!(
-        !o.status.success() && text(&o).contains("does not exist"),
-        "{}",
-        text(&o)
-    );
+    fails_saying(&o, "does not exist");
     let o = va.key(&[
         "program",
         "--keyid",
@@ -190,11 +202,7 @@ fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
         "--kmip-config",
         &cfg_a,
     ]);
-    assert!(
-        !o.status.success() && text(&o).contains("needs 64 bytes"),
-        "{}",
-        text(&o)
-    );
+    fails_saying(&o, "needs 64 bytes");
     // Host B may not read host A's keystore key.
     let e = serve_fails(&d, &host_args(&s, "host-b", &d.join("state-x"), &kek_a));
     assert!(
@@ -232,35 +240,22 @@ fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
         .args(["--kmip-config", &cfg_a, "--socket", &vb.socket])
         .output()
         .expect("key");
-    assert!(
-        !o.status.success() && text(&o).contains("unreachable"),
-        "{}",
-        text(&o)
-    );
+    fails_saying(&o, "unreachable");
 
     // Back: host A opens its keystore again, its key inside.
     s.restart().expect("restart");
     let va = start_vault("kmip-a2", &args_a);
     let o = vault_cmd(&va, &["list"]);
-    assert!(
-        o.status.success() && text(&o).contains("app"),
-        "{}",
-        text(&o)
-    );
+    succeeds_saying(&o, "app");
     drop((ta, tb));
     let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_key_backed_up_on_one_host_is_restored_on_another() {
-    let d = std::env::temp_dir().join(format!("mv-kmip-backup-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("dir");
-    let Some(s) = server(&d.join("kms")) else {
+    let Some((d, s, admin)) = fleet("mv-kmip-backup") else {
         return;
     };
-    let admin = memveil_kmip::Client::new(s.config("host-a"), Policy::allow(Level::Locked))
-        .expect("client");
     let kek = admin
         .create_aes256(Some("fleet backup key"), Some(FLEET_POLICY))
         .expect("kek");
@@ -309,42 +304,23 @@ fn a_key_backed_up_on_one_host_is_restored_on_another() {
     );
     assert!(o.status.success(), "{}", text(&o));
     // Another name does not open it; the right one does, on host B.
-    let o = vault_cmd(
-        &vb,
-        &[
-            "restore",
-            "other",
-            "--kmip-id",
-            &uid,
-            "--kmip-kek",
-            &kek,
-            "--kmip-config",
-            &cfg_b,
-        ],
-    );
-    assert!(
-        !o.status.success() && text(&o).contains("does not open"),
-        "{}",
-        text(&o)
-    );
-    let o = vault_cmd(
-        &vb,
-        &[
-            "restore",
-            "app",
-            "--kmip-id",
-            &uid,
-            "--kmip-kek",
-            &kek,
-            "--kmip-config",
-            &cfg_b,
-        ],
-    );
-    assert!(
-        o.status.success() && text(&o).contains("xts256"),
-        "{}",
-        text(&o)
-    );
+    let restore = |name: &str| {
+        vault_cmd(
+            &vb,
+            &[
+                "restore",
+                name,
+                "--kmip-id",
+                &uid,
+                "--kmip-kek",
+                &kek,
+                "--kmip-config",
+                &cfg_b,
+            ],
+        )
+    };
+    fails_saying(&restore("other"), "does not open");
+    succeeds_saying(&restore("app"), "xts256");
     let o = vault_cmd(
         &vb,
         &[
@@ -362,14 +338,9 @@ fn a_key_backed_up_on_one_host_is_restored_on_another() {
 
 #[test]
 fn the_passphrase_copy_opens_the_keystore_when_the_kms_is_gone() {
-    let d = std::env::temp_dir().join(format!("mv-kmip-fallback-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("dir");
-    let Some(mut s) = server(&d.join("kms")) else {
+    let Some((d, mut s, admin)) = fleet("mv-kmip-fallback") else {
         return;
     };
-    let admin = memveil_kmip::Client::new(s.config("host-a"), Policy::allow(Level::Locked))
-        .expect("client");
     let kek = admin.create_aes256(Some("keystore"), None).expect("kek");
     let pass = d.join("pass");
     std::fs::write(&pass, "a long fallback passphrase\n").expect("pass");
@@ -402,11 +373,7 @@ fn the_passphrase_copy_opens_the_keystore_when_the_kms_is_gone() {
     ];
     let v = start_vault("kmip-fb2", &local);
     let o = vault_cmd(&v, &["list"]);
-    assert!(
-        o.status.success() && text(&o).contains("app"),
-        "{}",
-        text(&o)
-    );
+    succeeds_saying(&o, "app");
     assert!(v.log().contains("passphrase copy"), "{}", v.log());
     drop(v);
     let sealed = std::fs::read(state.join("keys.vault")).expect("keystore");
