@@ -230,7 +230,7 @@ pub struct CryptArgs {
 /// the file `--kmip-config`, default `/etc/memveil/kmip.toml`); docs/kmip.md.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct KmipArgs {
-    /// KMIP server, HOST[:PORT] (port 5696 by default)
+    /// KMIP server, HOST or HOST:PORT (port 5696 by default)
     #[arg(long = "kmip", value_name = "HOST:PORT")]
     pub kmip: Option<String>,
     /// This host's KMIP client certificate (PEM)
