@@ -76,7 +76,7 @@ pub enum KmipError {
         detail: String,
     },
     /// The object does not exist.
-    #[error("KMIP object {uid:?} does not exist on {url} (Item Not Found): check the id (memveil kmip locate NAME), or whether it was destroyed")]
+    #[error("KMIP object {uid:?} does not exist on {url} (Item Not Found): check the id with the KMS (a Locate by name finds it), or whether it was destroyed")]
     NotFound {
         /// The Unique Identifier.
         uid: String,
