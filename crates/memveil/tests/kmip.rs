@@ -234,6 +234,26 @@ fn two_hosts_share_a_keyid_key_and_survive_the_kms_going_away() {
         &cfg_a,
     ]);
     fails_saying(&o, "needs 64 bytes");
+    // aes-xts-256 from a 64-byte KMIP key (data key then tweak key).
+    let mut k64 = [0u8; 64];
+    memveil_sys::getrandom(&mut k64).expect("random");
+    let uid64 = admin
+        .register_aes(&k64, Some("keyid-6"), None)
+        .expect("register 64 bytes");
+    let o = va.key(&[
+        "program",
+        "--keyid",
+        "6",
+        "--mode",
+        "software",
+        "--alg",
+        "aes-xts-256",
+        "--kmip-id",
+        &uid64,
+        "--kmip-config",
+        &cfg_a,
+    ]);
+    succeeds_saying(&o, "alg=aes-xts-256");
     // Host B may not read host A's keystore key.
     let e = serve_fails(&d, &host_args(&s, "host-b", &d.join("state-x"), &kek_a));
     assert!(
