@@ -24,6 +24,7 @@ pub mod shield;
 pub mod timing;
 pub mod vault;
 pub mod vault_tls;
+pub mod vault_kmip;
 pub mod workloads;
 
 pub use report::{write_report, Figure, Plot, Section, Series};

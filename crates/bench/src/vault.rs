@@ -68,29 +68,41 @@ pub(crate) fn first_line(child: &mut Child, limit: Duration) -> String {
 }
 
 pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
+    start_daemon_with("vault", &[]).map(|(d, _)| d)
+}
+
+/// Starts `memveil vault serve` with `extra` flags in a scratch directory
+/// named after `tag`; returns it and the time from the start to its ready line.
+pub(crate) fn start_daemon_with(
+    tag: &str,
+    extra: &[String],
+) -> Result<(Daemon, Duration), BenchError> {
     let exe = crate::procs::memveil_exe().ok_or_else(|| {
         fail("the vault bench starts the vault from the memveil binary; run it through `memveil bench`")
     })?;
-    let dir = std::env::temp_dir().join(format!("memveil-bench-vault-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("memveil-bench-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
     let socket = dir.join("vault.sock");
+    let t0 = Instant::now();
     let mut child = Command::new(&exe)
         .args(["vault", "serve", "--socket"])
         .arg(&socket)
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| fail(format!("starting {} vault serve: {e}", exe.display())))?;
     let line = first_line(&mut child, Duration::from_secs(30));
+    let took = t0.elapsed();
     let d = Daemon { child, dir, socket };
     if !line.starts_with("memveil-vault ready") {
         return Err(fail(
             "the vault did not start (memfd_secret unavailable or RLIMIT_MEMLOCK too low? run `memveil vault serve` by hand to see why)",
         ));
     }
-    Ok(d)
+    Ok((d, took))
 }
 
 /// The same key in the vault and in-process.
@@ -559,6 +571,9 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     md.push_str("\nVM-Vault (published): throughput about 3% below in-kernel AES-NI, latency 25–30% above.\n");
     drop(c);
     drop(d);
+    let (kf, kmd) = crate::vault_kmip::figures(opts)?;
+    figs.extend(kf);
+    md.push_str(&kmd);
     Ok(Section {
         part: "vault".into(),
         title: "Vault: keys in secret memory, served over shared-memory lanes".into(),

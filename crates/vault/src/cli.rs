@@ -60,7 +60,7 @@ pub enum Cmd {
     /// memfd_secret memory; it refuses to start without it unless
     /// --allow-level=locked.
     #[command(after_long_help = SERVE_EXAMPLES, verbatim_doc_comment)]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Show the vault's status and protection level
     #[command(
         after_long_help = "Examples:\n  memveil vault status    # level, AES backend, keys, clients, uptime, pid"
@@ -68,7 +68,7 @@ pub enum Cmd {
     Status,
     /// Generate a key inside the vault
     #[command(
-        after_long_help = "Examples:\n  memveil vault create app\n  memveil vault create disk0 --kind xts256 --persistent   # the vault needs --state\n  memveil vault create tls --kind p256 && memveil vault pubkey tls   # a key pair"
+        after_long_help = CREATE_EXAMPLES
     )]
     Create {
         /// Key name
@@ -84,6 +84,39 @@ pub enum Cmd {
         /// Seal the key to disk so it survives restarts
         #[arg(long)]
         persistent: bool,
+        /// Back the key up to KMIP, wrapped under this KMIP key (UID)
+        ///
+        /// Back the new key up to the KMIP server (--kmip...): the key is made
+        /// here (getrandom, in secret memory), wrapped with AES-256-GCM under
+        /// the KMIP AES-256 key UID, registered as Secret Data named
+        /// memveil-backup/NAME, and only then imported into the vault.
+        /// `memveil vault restore` brings it into another host's vault.
+        #[arg(long, value_name = "UID", verbatim_doc_comment)]
+        kmip_backup: Option<String>,
+        /// KMIP Operation Policy Name for the backup (who may restore it)
+        #[arg(long, value_name = "NAME", requires = "kmip_backup")]
+        kmip_policy: Option<String>,
+        /// The KMIP server (with --kmip-backup)
+        #[command(flatten)]
+        kmip: Box<KmipArgs>,
+    },
+    /// Restore a key backed up to KMIP (`create --kmip-backup`) into this vault
+    #[command(after_long_help = RESTORE_EXAMPLES)]
+    Restore {
+        /// Key name (the name it was backed up under)
+        name: String,
+        /// The backup's KMIP Unique Identifier (printed by create --kmip-backup)
+        #[arg(long, value_name = "UID")]
+        kmip_id: String,
+        /// The KMIP key the backup is wrapped under
+        #[arg(long, value_name = "UID")]
+        kmip_kek: String,
+        /// Seal the key to disk so it survives restarts
+        #[arg(long)]
+        persistent: bool,
+        /// The KMIP server
+        #[command(flatten)]
+        kmip: Box<KmipArgs>,
     },
     /// Import a key, private key or certificate from a file; keys never come back out
     ///
@@ -174,6 +207,9 @@ const SERVE_EXAMPLES: &str = "\
 Examples:
   memveil vault serve --socket /run/memveil/vault.sock
   memveil vault serve --state /var/lib/memveil-vault --passphrase-file /etc/memveil/pass
+  memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42 \
+      --kmip kms.example.net:5696 --kmip-cert host.crt --kmip-key host.key --kmip-ca ca.crt
+  memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42   # /etc/memveil/kmip.toml
   memveil vault serve --keyid-bits 6 --key-admin 1000     # uid 1000 may program KeyIDs
   MEMVEIL_SECRETMEM=off memveil vault serve --allow-level=locked   # mlock only (tests)";
 
@@ -191,6 +227,20 @@ Examples:
   memveil vault pubkey tls.rsa > tls.pub.pem              # SubjectPublicKeyInfo
   memveil vault pubkey ssh.me --format ssh >> ~/.ssh/authorized_keys
   memveil vault pubkey tls.crt                            # a certificate's PEM";
+
+/// `memveil vault create --help`, after the options.
+const CREATE_EXAMPLES: &str = "\
+Examples:
+  memveil vault create app
+  memveil vault create disk0 --kind xts256 --persistent   # the vault needs --state
+  memveil vault create tls --kind p256 && memveil vault pubkey tls   # a key pair
+  memveil vault create app --persistent --kmip-backup 42 --kmip-policy fleet \\
+      --kmip-config /etc/memveil/kmip.toml                 # wrapped under KMIP key 42";
+
+/// `memveil vault restore --help`, after the options.
+const RESTORE_EXAMPLES: &str = "\
+Examples:
+  memveil vault restore app --kmip-id 57 --kmip-kek 42 --persistent   # on another host";
 
 /// `memveil vault encrypt --help`, after the options.
 const ENCRYPT_EXAMPLES: &str = "\
@@ -217,6 +267,52 @@ pub struct CryptArgs {
     pub output: Option<PathBuf>,
 }
 
+/// Where the KMIP server is and this host's credentials for it (flags over
+/// the file `--kmip-config`, default `/etc/memveil/kmip.toml`); docs/kmip.md.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KmipArgs {
+    /// KMIP server, HOST or HOST:PORT (port 5696 by default)
+    #[arg(long = "kmip", value_name = "HOST:PORT")]
+    pub kmip: Option<String>,
+    /// This host's KMIP client certificate (PEM)
+    #[arg(long, value_name = "FILE")]
+    pub kmip_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM)
+    #[arg(long, value_name = "FILE")]
+    pub kmip_key: Option<PathBuf>,
+    /// The CA that signed the KMIP server's certificate (PEM)
+    #[arg(long, value_name = "FILE")]
+    pub kmip_ca: Option<PathBuf>,
+    /// KMIP settings file (default /etc/memveil/kmip.toml, when it exists)
+    ///
+    /// KMIP settings file of `key = "value"` lines: url, cert, key, ca,
+    /// timeout_ms (default /etc/memveil/kmip.toml, when it exists); flags win.
+    #[arg(long, value_name = "FILE", verbatim_doc_comment)]
+    pub kmip_config: Option<PathBuf>,
+}
+
+impl KmipArgs {
+    /// The flags as overrides of the settings file.
+    #[must_use]
+    pub fn overrides(&self) -> memveil_kmip::config::Overrides {
+        memveil_kmip::config::Overrides {
+            url: self.kmip.clone(),
+            cert: self.kmip_cert.clone(),
+            key: self.kmip_key.clone(),
+            ca: self.kmip_ca.clone(),
+            file: self.kmip_config.clone(),
+        }
+    }
+
+    /// The resolved configuration.
+    ///
+    /// # Errors
+    /// A setting missing from flags and file, or an unreadable file.
+    pub fn resolve(&self) -> Result<memveil_kmip::Config, CliError> {
+        Ok(self.overrides().resolve()?)
+    }
+}
+
 /// Flags of `serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -224,11 +320,30 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
     /// File holding the keystore passphrase (stretched with Argon2id)
-    #[arg(long, value_name = "FILE", conflicts_with = "key_file")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["key_file", "kmip_kek"])]
     pub passphrase_file: Option<PathBuf>,
     /// File holding a 32-byte keystore key (raw or 64 hex digits)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "kmip_kek")]
     pub key_file: Option<PathBuf>,
+    /// KMIP id of the AES-256 key that seals the keystore
+    ///
+    /// Unique Identifier of an AES-256 key on the KMIP server (--kmip...):
+    /// fetched into secret memory at every start, it seals the keystore and
+    /// is never written to disk. A server that refuses leaves the keystore
+    /// closed and the vault not started.
+    #[arg(long, value_name = "UID", verbatim_doc_comment)]
+    pub kmip_kek: Option<String>,
+    /// With --kmip-kek: also seal a copy of the keystore with this passphrase
+    ///
+    /// With --kmip-kek: also keep keys.vault.fallback, the keystore sealed
+    /// with this passphrase (Argon2id), in step with keys.vault. If the KMS is
+    /// lost for good, `serve --passphrase-file FILE` opens the copy and seals
+    /// the keystore with the passphrase from then on.
+    #[arg(long, value_name = "FILE", requires = "kmip_kek", verbatim_doc_comment)]
+    pub kmip_fallback_passphrase_file: Option<PathBuf>,
+    /// The KMIP server (with --kmip-kek)
+    #[command(flatten)]
+    pub kmip: KmipArgs,
     /// Accept mlock-ed memory for keys without memfd_secret
     ///
     /// Accept a weaker protection level when memfd_secret is unavailable
@@ -321,11 +436,21 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
         Some(l) => Policy::allow(l.parse::<Level>()?),
     };
     c.state.clone_from(&a.state);
-    c.kek = match (&a.passphrase_file, &a.key_file) {
-        (Some(p), _) => Some(KekSource::PassphraseFile(p.clone())),
-        (_, Some(k)) => Some(KekSource::KeyFile(k.clone())),
+    c.kek = match (&a.passphrase_file, &a.key_file, &a.kmip_kek) {
+        (Some(p), _, _) => Some(KekSource::PassphraseFile(p.clone())),
+        (_, Some(k), _) => Some(KekSource::KeyFile(k.clone())),
+        (_, _, Some(uid)) => Some(KekSource::Kmip {
+            config: a.kmip.resolve()?,
+            uid: uid.clone(),
+            fallback: a.kmip_fallback_passphrase_file.clone(),
+        }),
         _ => None,
     };
+    if a.kmip_kek.is_none() && !a.kmip.overrides().is_empty() {
+        return Err(
+            "--kmip... settings are for --kmip-kek UID (the key that seals the keystore)".into(),
+        );
+    }
     c.kdf = KdfParams {
         m_kib: a.kdf_memory_kib,
         t: a.kdf_iterations,
@@ -552,6 +677,60 @@ pub fn read_secret_file(
     Ok((pool, raw, n))
 }
 
+/// A KMIP client and the backup KEK `kek` fetched into its secret memory.
+fn kmip_kek(
+    kmip: &KmipArgs,
+    kek: &str,
+) -> Result<
+    (
+        memveil_kmip::Client,
+        SecretPool,
+        memveil_secmem::SecretBox<[u8]>,
+    ),
+    CliError,
+> {
+    let policy = Policy::allow(Level::Locked);
+    let client = memveil_kmip::Client::new(kmip.resolve()?, policy)?;
+    let key = client.get_key_len(kek, 32, "the backup key (AES-256)")?;
+    Ok((client, SecretPool::new(16 * 1024, policy)?, key))
+}
+
+/// `create --kmip-backup`: a key made here, registered wrapped, then imported.
+fn create_backed_up(
+    c: &mut Client,
+    name: &str,
+    kind: KeyKind,
+    persistent: bool,
+    kek: &str,
+    policy: Option<&str>,
+    kmip: &KmipArgs,
+) -> Result<(KeyInfo, String), CliError> {
+    let (client, pool, kek_bytes) = kmip_kek(kmip, kek)?;
+    let mut key = pool.alloc_bytes(kind.key_len())?;
+    memveil_sys::getrandom(&mut key).map_err(|e| format!("getrandom: {e}"))?;
+    let blob = crate::backup::wrap(&pool, &kek_bytes, kind, name, &key)?;
+    let label = format!("memveil-backup/{name}");
+    // Registered first: a key the vault holds always has its backup.
+    let uid = client.register_secret(&blob, Some(&label), policy)?;
+    let info = c.import_key(name, kind, persistent, &key)?;
+    Ok((info, uid))
+}
+
+/// `restore`: the backup fetched, unwrapped in secret memory, imported.
+fn restore(
+    c: &mut Client,
+    name: &str,
+    uid: &str,
+    kek: &str,
+    persistent: bool,
+    kmip: &KmipArgs,
+) -> Result<KeyInfo, CliError> {
+    let (client, pool, kek_bytes) = kmip_kek(kmip, kek)?;
+    let blob = client.get_key(uid)?;
+    let (kind, key) = crate::backup::unwrap(&pool, &kek_bytes, name, &blob)?;
+    Ok(c.import_key(name, kind, persistent, &key)?)
+}
+
 fn import(
     c: &mut Client,
     name: &str,
@@ -660,7 +839,39 @@ fn run_inner(args: Args) -> Result<u8, CliError> {
             name,
             kind,
             persistent,
+            kmip_backup: None,
+            ..
         } => print_key(&mut out, &c.create_key(name, *kind, *persistent)?)?,
+        Cmd::Create {
+            name,
+            kind,
+            persistent,
+            kmip_backup: Some(kek),
+            kmip_policy,
+            kmip,
+        } => {
+            let (k, uid) = create_backed_up(
+                &mut c,
+                name,
+                *kind,
+                *persistent,
+                kek,
+                kmip_policy.as_deref(),
+                kmip,
+            )?;
+            print_key(&mut out, &k)?;
+            writeln!(out, "backup\tkmip-id={uid}\twrapped-under={kek}")?;
+        }
+        Cmd::Restore {
+            name,
+            kmip_id,
+            kmip_kek,
+            persistent,
+            kmip,
+        } => {
+            let k = restore(&mut c, name, kmip_id, kmip_kek, *persistent, kmip)?;
+            print_key(&mut out, &k)?;
+        }
         Cmd::Import {
             name,
             kind,

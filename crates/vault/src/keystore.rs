@@ -6,7 +6,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 8  | magic `MVVAULT1` |
-//! | 1  | KEK source: 1 = Argon2id passphrase, 2 = key file |
+//! | 1  | KEK source: 1 = Argon2id passphrase, 2 = key file, 3 = KMIP key |
 //! | 12 | Argon2id m (KiB), t, p (u32 each; zero for a key file) |
 //! | 16 | salt |
 //! | 12 | GCM nonce (fresh for every write) |
@@ -34,7 +34,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::gcm::VaultGcm as Gcm;
-use memveil_secmem::{SecmemError, SecretBox, SecretPool};
+use memveil_secmem::{Policy, SecmemError, SecretBox, SecretPool};
 
 use crate::proto::KeyKind;
 
@@ -42,6 +42,8 @@ const MAGIC: &[u8; 8] = b"MVVAULT1";
 const HEADER: usize = 8 + 1 + 12 + 16 + 12 + 8;
 /// File name of the keystore inside the state directory.
 pub const FILE: &str = "keys.vault";
+/// The passphrase-sealed copy of a KMIP-sealed keystore (`--kmip-fallback-passphrase-file`).
+pub const FALLBACK_FILE: &str = "keys.vault.fallback";
 
 /// Where the key-encryption key comes from.
 #[derive(Debug, Clone)]
@@ -50,6 +52,17 @@ pub enum KekSource {
     PassphraseFile(PathBuf),
     /// 32 raw bytes, or 64 hex digits, in this file.
     KeyFile(PathBuf),
+    /// An AES-256 key held by a KMIP server, fetched (Get) into secret
+    /// memory at every start and never written anywhere (docs/kmip.md).
+    Kmip {
+        /// The server and this host's certificates.
+        config: memveil_kmip::Config,
+        /// The key's Unique Identifier on the server.
+        uid: String,
+        /// A passphrase file that also seals a copy of the keystore
+        /// ([`FALLBACK_FILE`]), for when the KMS is gone for good.
+        fallback: Option<PathBuf>,
+    },
 }
 
 /// Argon2id cost.
@@ -125,6 +138,11 @@ pub enum KeystoreError {
     /// Secret memory ran out.
     #[error("secret memory: {0}")]
     Secmem(#[from] SecmemError),
+    /// The KMIP server did not hand over the key-encryption key.
+    #[error(
+        "the keystore stays closed: its key-encryption key could not be fetched from KMIP: {0}"
+    )]
+    Kmip(#[from] memveil_kmip::KmipError),
 }
 
 /// One stored key, its bytes in secret memory.
@@ -156,6 +174,8 @@ pub struct Keystore {
     salt: [u8; 16],
     kek: SecretBox<Option<Gcm>>,
     pool: SecretPool,
+    /// The passphrase-sealed copy kept beside a KMIP-sealed keystore.
+    fallback: Option<Box<Keystore>>,
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KeystoreError + 'a {
@@ -259,6 +279,11 @@ fn derive_kek(
                 return Err(KeystoreError::BadKeyFile(p.clone()));
             }
         }
+        KekSource::Kmip { config, uid, .. } => {
+            let client = memveil_kmip::Client::new(config.clone(), Policy::allow(pool.level()))?;
+            let key = client.get_key_len(uid, 32, "the keystore's key-encryption key (AES-256)")?;
+            kek.copy_from_slice(&key);
+        }
     }
     Ok(kek)
 }
@@ -267,14 +292,15 @@ fn source_code(s: &KekSource) -> u8 {
     match s {
         KekSource::PassphraseFile(_) => 1,
         KekSource::KeyFile(_) => 2,
+        KekSource::Kmip { .. } => 3,
     }
 }
 
 fn source_name(c: u8) -> (&'static str, &'static str) {
-    if c == 1 {
-        ("passphrase", "passphrase-file")
-    } else {
-        ("key file", "key-file")
+    match c {
+        1 => ("passphrase", "passphrase-file"),
+        3 => ("KMIP key", "kmip-kek"),
+        _ => ("key file", "key-file"),
     }
 }
 
@@ -316,8 +342,46 @@ impl Keystore {
         params: KdfParams,
         pool: &SecretPool,
     ) -> Result<(Keystore, Vec<StoredKey>), KeystoreError> {
-        let path = dir.join(FILE);
-        let _ = fs::remove_file(dir.join(format!("{FILE}.tmp")));
+        let fb_path = dir.join(FALLBACK_FILE);
+        let sealed_by_kmip = fs::read(dir.join(FILE)).is_ok_and(|f| f.get(8) == Some(&3));
+        if let (KekSource::PassphraseFile(_), true, true) =
+            (source, sealed_by_kmip, fb_path.exists())
+        {
+            // The KMS is gone: the passphrase copy becomes the keystore.
+            let (mut ks, keys) = Self::open_file(dir, FALLBACK_FILE, source, params, pool)?;
+            ks.path = dir.join(FILE);
+            ks.save(&seal_keys(&keys))?;
+            let _ = fs::remove_file(&fb_path);
+            eprintln!(
+                "memveil-vault: {} was sealed by a KMIP key; opened its passphrase copy {} and sealed the keystore with the passphrase from now on",
+                ks.path.display(),
+                fb_path.display()
+            );
+            return Ok((ks, keys));
+        }
+        let (mut ks, keys) = Self::open_file(dir, FILE, source, params, pool)?;
+        if let KekSource::Kmip {
+            fallback: Some(p), ..
+        } = source
+        {
+            let fb = KekSource::PassphraseFile(p.clone());
+            let (f, _) = Self::open_file(dir, FALLBACK_FILE, &fb, params, pool)?;
+            // In step with the keystore from the start.
+            f.save(&seal_keys(&keys))?;
+            ks.fallback = Some(Box::new(f));
+        }
+        Ok((ks, keys))
+    }
+
+    fn open_file(
+        dir: &Path,
+        file: &str,
+        source: &KekSource,
+        params: KdfParams,
+        pool: &SecretPool,
+    ) -> Result<(Keystore, Vec<StoredKey>), KeystoreError> {
+        let path = dir.join(file);
+        let _ = fs::remove_file(dir.join(format!("{file}.tmp")));
         let existing = match fs::read(&path) {
             Ok(b) => Some(b),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -336,6 +400,7 @@ impl Keystore {
                 salt,
                 kek,
                 pool: pool.clone(),
+                fallback: None,
             };
             return Ok((ks, Vec::new()));
         };
@@ -392,6 +457,7 @@ impl Keystore {
                 salt,
                 kek,
                 pool: pool.clone(),
+                fallback: None,
             },
             keys,
         ))
@@ -402,6 +468,14 @@ impl Keystore {
     /// # Errors
     /// [`KeystoreError::Io`] or secret memory exhaustion; the old file stays.
     pub(crate) fn save(&self, keys: &[SealKey<'_>]) -> Result<(), KeystoreError> {
+        self.save_one(keys)?;
+        if let Some(f) = &self.fallback {
+            f.save_one(keys)?;
+        }
+        Ok(())
+    }
+
+    fn save_one(&self, keys: &[SealKey<'_>]) -> Result<(), KeystoreError> {
         let mut n = 4usize;
         for k in keys {
             n += 4 + 2 + k.name.len() + 1 + 4 + 2 + 5 * k.acl.len() + 2;
@@ -464,7 +538,9 @@ impl Keystore {
                 std::process::abort();
             }
         };
-        let tmp = self.dir.join(format!("{FILE}.tmp"));
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -486,6 +562,20 @@ impl Keystore {
             .map_err(io("syncing directory", &self.dir))?;
         Ok(())
     }
+}
+
+/// Stored keys as keys to seal.
+fn seal_keys(keys: &[StoredKey]) -> Vec<SealKey<'_>> {
+    keys.iter()
+        .map(|k| SealKey {
+            id: k.id,
+            name: &k.name,
+            kind: k.kind,
+            owner: k.owner,
+            acl: k.acl.clone(),
+            versions: k.versions.iter().map(|v| &v[..]).collect(),
+        })
+        .collect()
 }
 
 fn parse_plain(pool: &SecretPool, pt: &[u8]) -> Option<Vec<StoredKey>> {

@@ -26,6 +26,7 @@
 //! stacks) are in `memveil-sys`.
 #![forbid(unsafe_code)]
 
+pub mod backup;
 pub mod cli;
 pub mod client;
 pub mod cmac;

@@ -214,7 +214,8 @@ impl Server {
             .map_err(|e| VaultError::Config(format!("{e} (the vault's --asym-heap-kib)")))?;
         if cfg.state.is_some() != cfg.kek.is_some() {
             return Err(VaultError::Config(
-                "--state needs --passphrase-file or --key-file (and they need --state)".into(),
+                "--state needs --passphrase-file, --key-file or --kmip-kek (and they need --state)"
+                    .into(),
             ));
         }
         let pool = SecretPool::new(cfg.pool_bytes, cfg.policy)?;

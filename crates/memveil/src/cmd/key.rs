@@ -82,7 +82,10 @@ Examples:
   memveil key program --keyid 5 --mode random --alg aes-xts-256 --entropy-file seed.bin
   head -c 64 /dev/urandom > k && memveil key program --keyid 6 --mode software \\
       --alg aes-xts-256 --key-file k && shred -u k
-  memveil key program --keyid 7 --mode no-encrypt       # tenants then need --accept-no-encrypt";
+  memveil key program --keyid 7 --mode no-encrypt       # tenants then need --accept-no-encrypt
+  memveil key program --keyid 8 --mode software --kmip-id 42 \\
+      --kmip kms.example.net --kmip-cert host.crt --kmip-key host.key --kmip-ca ca.crt
+  memveil key program --keyid 8 --mode software --kmip-id 42   # settings in /etc/memveil/kmip.toml";
 
 /// `memveil key clear --help`, after the options.
 const CLEAR_EXAMPLES: &str = "\
@@ -131,6 +134,18 @@ pub enum Cmd {
         /// the key length or 64 bytes), as PCONFIG mixes caller entropy.
         #[arg(long, value_name = "F", verbatim_doc_comment)]
         entropy_file: Option<PathBuf>,
+        /// software: the key of this KMIP object, fetched from --kmip
+        ///
+        /// software: the KMIP object with this Unique Identifier (an AES key of
+        /// 2x16 bytes for aes-xts-128, 2x32 for aes-xts-256: the data key then
+        /// the tweak key), fetched over TLS straight into secret memory and
+        /// sent once over the vault socket; never through a file.
+        #[arg(long, value_name = "UID", conflicts_with_all = ["key_file", "entropy_file"],
+              verbatim_doc_comment)]
+        kmip_id: Option<String>,
+        /// The KMIP server (with --kmip-id)
+        #[command(flatten)]
+        kmip: memveil_vault::cli::KmipArgs,
     },
     /// Clear a KeyID (KEYID_CLEAR_KEY): back to the platform key
     ///
@@ -197,7 +212,26 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             alg,
             key_file,
             entropy_file,
+            kmip_id,
+            kmip,
         } => {
+            if let Some(uid) = kmip_id {
+                anyhow::ensure!(
+                    mode == ModeArg::Software,
+                    "--kmip-id goes with --mode software (the KMIP key is the KeyID's key)"
+                );
+                let alg = alg.unwrap_or(Algorithm::AesXts128);
+                let key = kmip_key(&kmip, &uid, alg)?;
+                let (f1, f2) = key.split_at(key.len() / 2);
+                return answer(
+                    c.program_keyid(&KeyProgram::direct(keyid, alg, f1, f2)),
+                    keyid,
+                    None,
+                );
+            }
+            if !kmip.overrides().is_empty() {
+                anyhow::bail!("--kmip... settings go with --kmip-id UID");
+            }
             let file = match (mode, &key_file, &entropy_file) {
                 (ModeArg::Software, Some(f), None) | (ModeArg::Random, None, Some(f)) => Some(f),
                 (ModeArg::Random | ModeArg::NoEncrypt, None, None) => None,
@@ -249,6 +283,19 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             answer(c.program_keyid(&req), keyid, hint.as_deref())
         }
     }
+}
+
+/// KMIP object `uid`'s bytes, in secret memory, checked to be `alg`'s two keys.
+fn kmip_key(
+    kmip: &memveil_vault::cli::KmipArgs,
+    uid: &str,
+    alg: Algorithm,
+) -> anyhow::Result<memveil_secmem::SecretBox<[u8]>> {
+    let cfg = kmip.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let policy = memveil_secmem::Policy::allow(memveil_secmem::Level::Locked);
+    let client = memveil_kmip::Client::new(cfg, policy)?;
+    let why = format!("--alg {alg} (the data key then the tweak key)");
+    Ok(client.get_key_len(uid, 2 * alg.key_len(), &why)?)
 }
 
 /// Prints the vault's answer and returns the exit status.

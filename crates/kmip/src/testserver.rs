@@ -1,0 +1,308 @@
+//! A real KMIP server for tests and benchmarks: PyKMIP's `pykmip-server`
+//! (installed by `scripts/install.d/kmip.sh` into `build/kmipvenv`), on
+//! loopback, with a CA, a server certificate and client certificates made
+//! here with the `openssl` CLI, in a directory of its own. Not for
+//! production: PyKMIP is a reference server.
+//!
+//! PyKMIP 0.10 on Python 3.11: `auth_suite = TLS1.2` (the `Basic` suite
+//! asks for a protocol constant newer Pythons warn about), client
+//! certificates with `extendedKeyUsage = clientAuth` (PyKMIP closes the
+//! connection after the handshake otherwise), SQLAlchemy below 2. Objects
+//! created with the Operation Policy Name [`FLEET_POLICY`] may be read by
+//! every client certificate the CA signed (the policy file this module
+//! writes); others only by their creator's certificate common name.
+#![forbid(unsafe_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Config;
+
+/// The operation policy under which hosts of one fleet share keys.
+pub const FLEET_POLICY: &str = "memveil-fleet";
+
+/// Where `scripts/install.d/kmip.sh` puts the server.
+pub fn server_program() -> PathBuf {
+    std::env::var_os("MEMVEIL_PYKMIP_SERVER").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/kmipvenv/bin/pykmip-server"),
+        PathBuf::from,
+    )
+}
+
+/// A running (or stopped) PyKMIP server and its files.
+pub struct TestServer {
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+fn run(dir: &Path, args: &[&str]) -> Result<(), String> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("openssl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "openssl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Makes `name.key`/`name.crt` in `dir`, signed by `ca` (self-signed when `None`).
+fn cert(dir: &Path, name: &str, cn: &str, ca: Option<&str>, ext: &str) -> Result<(), String> {
+    let key = format!("{name}.key");
+    let crt = format!("{name}.crt");
+    run(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            &key,
+        ],
+    )?;
+    let subj = format!("/CN={cn}");
+    match ca {
+        None => run(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-new",
+                "-key",
+                &key,
+                "-subj",
+                &subj,
+                "-days",
+                "2",
+                "-out",
+                &crt,
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=keyCertSign,cRLSign",
+            ],
+        ),
+        Some(ca) => {
+            let csr = format!("{name}.csr");
+            let extf = format!("{name}.ext");
+            std::fs::write(dir.join(&extf), ext).map_err(|e| e.to_string())?;
+            run(
+                dir,
+                &["req", "-new", "-key", &key, "-subj", &subj, "-out", &csr],
+            )?;
+            run(
+                dir,
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    &format!("{ca}.crt"),
+                    "-CAkey",
+                    &format!("{ca}.key"),
+                    "-CAcreateserial",
+                    "-days",
+                    "2",
+                    "-out",
+                    &crt,
+                    "-extfile",
+                    &extf,
+                ],
+            )
+        }
+    }
+}
+
+const CLIENT_EXT: &str =
+    "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n";
+
+impl TestServer {
+    /// Makes certificates in `dir` (created) and starts the server on a free
+    /// loopback port. Client certificates: `host-a`, `host-b` (CA-signed),
+    /// `rogue` (signed by another CA).
+    ///
+    /// # Errors
+    /// The words of what failed (no openssl, no PyKMIP, server not listening).
+    pub fn start(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir.join("policies")).map_err(|e| e.to_string())?;
+        cert(dir, "ca", "memveil test KMIP CA", None, "")?;
+        cert(
+            dir,
+            "server",
+            "127.0.0.1",
+            Some("ca"),
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyAgreement\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )?;
+        cert(dir, "host-a", "host-a", Some("ca"), CLIENT_EXT)?;
+        cert(dir, "host-b", "host-b", Some("ca"), CLIENT_EXT)?;
+        cert(dir, "rogue-ca", "rogue CA", None, "")?;
+        cert(dir, "rogue", "host-a", Some("rogue-ca"), CLIENT_EXT)?;
+        let all = |p: &str| {
+            format!(
+                "{{\"GET\": \"ALLOW_ALL\", \"LOCATE\": \"ALLOW_ALL\", \"GET_ATTRIBUTES\": \"ALLOW_ALL\", \"GET_ATTRIBUTE_LIST\": \"ALLOW_ALL\", \"DESTROY\": \"{p}\", \"ACTIVATE\": \"{p}\", \"REVOKE\": \"{p}\", \"ADD_ATTRIBUTE\": \"{p}\", \"MODIFY_ATTRIBUTE\": \"{p}\", \"DELETE_ATTRIBUTE\": \"{p}\"}}"
+            )
+        };
+        std::fs::write(
+            dir.join("policies/fleet.json"),
+            format!(
+                "{{\"{FLEET_POLICY}\": {{\"preset\": {{\"SYMMETRIC_KEY\": {0}, \"SECRET_DATA\": {0}}}}}}}",
+                all("ALLOW_OWNER")
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let d = dir.display();
+        std::fs::write(
+            dir.join("server.conf"),
+            format!(
+                "[server]\nhostname=127.0.0.1\nport={port}\ncertificate_path={d}/server.crt\nkey_path={d}/server.key\nca_path={d}/ca.crt\nauth_suite=TLS1.2\npolicy_path={d}/policies\nenable_tls_client_auth=True\nlogging_level=INFO\ndatabase_path={d}/pykmip.db\n"
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut s = Self {
+            dir: dir.to_owned(),
+            port,
+            child: None,
+        };
+        s.restart()?;
+        Ok(s)
+    }
+
+    /// Starts the server again (same port, same database) after [`TestServer::stop`].
+    ///
+    /// # Errors
+    /// The server did not start listening within 30 s.
+    pub fn restart(&mut self) -> Result<(), String> {
+        let prog = server_program();
+        let loaded = |dir: &Path| {
+            std::fs::read_to_string(dir.join("pykmip.log"))
+                .unwrap_or_default()
+                .matches(&format!("Loading policy: {FLEET_POLICY}"))
+                .count()
+        };
+        let before = loaded(&self.dir);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(&prog)
+            .arg("--config_path")
+            .arg(self.dir.join("server.conf"))
+            .arg("--log_path")
+            .arg(self.dir.join("pykmip.log"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("{}: {e} (run scripts/install.sh)", prog.display()))?;
+        self.child = Some(child);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            // Listening, and the policy file read (PyKMIP's monitor loads
+            // it about a second after the start).
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && loaded(&self.dir) > before {
+                return Ok(());
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    return Err(format!("pykmip-server exited ({st}): {}", self.log()));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "pykmip-server not listening after 30 s: {}",
+            self.log()
+        ))
+    }
+
+    /// Stops the server (SIGKILL: as a crashed or unreachable KMS).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The server's log so far (its own log and its stderr).
+    pub fn log(&self) -> String {
+        let a = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let b = std::fs::read_to_string(self.dir.join("pykmip.log")).unwrap_or_default();
+        let tail = |s: &str| {
+            s.lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        format!("{}\n{}", tail(&a), tail(&b))
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The directory of its files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A client configuration with certificate `who` (`host-a`, `host-b`, `rogue`).
+    pub fn config(&self, who: &str) -> Config {
+        Config {
+            url: self.url(),
+            cert: self.dir.join(format!("{who}.crt")),
+            key: self.dir.join(format!("{who}.key")),
+            ca: self.dir.join("ca.crt"),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Writes a configuration file for `who` and returns its path.
+    ///
+    /// # Errors
+    /// Writing failed.
+    pub fn config_file(&self, who: &str) -> Result<PathBuf, String> {
+        let c = self.config(who);
+        let p = self.dir.join(format!("{who}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "# KMIP settings of {who}\nurl = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\ntimeout_ms = 10000\n",
+                c.url,
+                c.cert.display(),
+                c.key.display(),
+                c.ca.display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(p)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
