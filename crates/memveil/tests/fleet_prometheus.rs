@@ -465,3 +465,75 @@ fn textfile_is_written_whole_and_leaves_no_temporary() {
     assert!(err.contains("/nonexistent-dir/memveil.prom"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_entropy_service_counters_are_exported_and_its_absence_is_down() {
+    let dir = std::env::temp_dir().join(format!("memveil-rngstats-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let stats = dir.join("stats.sock");
+    let child = Command::new(BIN)
+        .args([
+            "rng",
+            "serve",
+            "--source",
+            "getrandom",
+            "--stats-interval",
+            "0",
+        ])
+        .arg("--unix")
+        .arg(dir.join("egd.sock"))
+        .arg("--stats")
+        .arg(&stats)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn rng serve");
+    let _serve = Proc {
+        child,
+        dir: Some(dir.clone()),
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    while !stats.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let metrics = |sock: &Path| {
+        let o = Command::new(BIN)
+            .args([
+                "probe",
+                "--prometheus",
+                "--no-vault",
+                "--replay",
+                &fixture("tsme-only.json"),
+            ])
+            .arg("--rng-stats")
+            .arg(sock)
+            .output()
+            .expect("run");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let text = metrics(&stats);
+    assert_eq!(sample(&text, "memveil_rng_serve_up"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, "memveil_rng_serve_source_healthy"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "memveil_rng_serve_consumers"),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE memveil_rng_serve_bytes_served_total counter\n"),
+        "{text}"
+    );
+    let text = metrics(&dir.join("no-such.sock"));
+    assert_eq!(sample(&text, "memveil_rng_serve_up"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "memveil_rng_serve_source_healthy"),
+        None,
+        "{text}"
+    );
+}
