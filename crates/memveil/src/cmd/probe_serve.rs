@@ -14,6 +14,8 @@ use memveil_probe::fleet::{self, RngCounters, VaultCounters};
 use memveil_probe::{collect, decode, http, CollectOptions, Report};
 use memveil_vault::Client;
 
+/// How long the vault may take to answer each request of a scrape.
+const VAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the entropy service's stats socket may take to answer.
 const RNG_STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -98,7 +100,7 @@ impl Sources {
 /// The vault's counters through its control socket (what `memveil vault
 /// status` and `memveil key status` read).
 fn vault_counters(socket: &Path) -> Result<VaultCounters, String> {
-    let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
+    let mut c = Client::connect_timeout(socket, VAULT_TIMEOUT).map_err(|e| e.to_string())?;
     let s = c.status().map_err(|e| e.to_string())?;
     let t = c.keyid_status().map_err(|e| e.to_string())?;
     let tenants = c.keyid_tenants().map_err(|e| e.to_string())?;
