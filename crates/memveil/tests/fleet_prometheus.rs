@@ -283,51 +283,35 @@ fn prometheus_scrapes_two_hosts_and_its_api_has_each_ones_values() {
     want.sort_by(|x, y| x.0.cmp(&y.0));
     assert_eq!(keys, want, "memveil_vault_keys of both targets");
 
-    let by = |q: &str| {
-        query(api, q)
+    // Each query's value for (host A, host B).
+    let both = |q: &str| {
+        let m = query(api, q)
             .into_iter()
-            .collect::<std::collections::BTreeMap<_, _>>()
+            .collect::<std::collections::BTreeMap<_, _>>();
+        (m.get(&sa).copied(), m.get(&sb).copied())
     };
-    let up = by("up{job=\"memveil\"}");
+    let one = Some(1.0);
+    assert_eq!(both("up{job=\"memveil\"}"), (one, one));
     assert_eq!(
-        (up.get(&sa), up.get(&sb)),
-        (Some(&1.0), Some(&1.0)),
-        "{up:?}"
+        both("memveil_memory_encryption_active"),
+        (Some(a_encrypted), one),
+        "this host as its endpoint says; the recorded TME-MK host encrypted"
     );
-    let enc = by("memveil_memory_encryption_active");
-    assert_eq!(enc.get(&sb), Some(&1.0), "the TME-MK host: {enc:?}");
-    assert_eq!(enc.get(&sa), Some(&a_encrypted), "this host: {enc:?}");
-    let prog = by("memveil_vault_keyids_programmed");
-    assert_eq!(
-        (prog.get(&sa), prog.get(&sb)),
-        (Some(&1.0), Some(&2.0)),
-        "{prog:?}"
-    );
-    let vup = by("memveil_vault_up");
-    assert_eq!(
-        (vup.get(&sa), vup.get(&sb)),
-        (Some(&1.0), Some(&1.0)),
-        "{vup:?}"
-    );
-    let mk = by("memveil_tme_mk_keyids");
-    assert_eq!(mk.get(&sb), Some(&63.0), "{mk:?}");
-    let aes = by("memveil_cpu_feature{feature=\"aes_ni\"}");
-    assert_eq!(aes.get(&sb), Some(&1.0), "{aes:?}");
+    assert_eq!(both("memveil_vault_keyids_programmed"), (one, Some(2.0)));
+    assert_eq!(both("memveil_vault_up"), (one, one));
+    assert_eq!(both("memveil_tme_mk_keyids").1, Some(63.0));
+    assert_eq!(both("memveil_cpu_feature{feature=\"aes_ni\"}").1, one);
 
     // The vault of host B stops: Prometheus sees memveil_vault_up 0 there
     // while host A's stays 1.
     drop(vb);
     let end = Instant::now() + Duration::from_secs(60);
-    let mut vup = by("memveil_vault_up");
-    while Instant::now() < end && vup.get(&sb) != Some(&0.0) {
+    let mut vup = both("memveil_vault_up");
+    while Instant::now() < end && vup.1 != Some(0.0) {
         std::thread::sleep(Duration::from_millis(500));
-        vup = by("memveil_vault_up");
+        vup = both("memveil_vault_up");
     }
-    assert_eq!(
-        (vup.get(&sa), vup.get(&sb)),
-        (Some(&1.0), Some(&0.0)),
-        "{vup:?}"
-    );
+    assert_eq!(vup, (one, Some(0.0)));
     drop(va);
 }
 
@@ -337,20 +321,20 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
         return;
     };
     let dir = repo("contrib/prometheus");
-    let o = Command::new(&promtool)
-        .args(["check", "rules", "memveil-alerts.yml"])
-        .current_dir(&dir)
-        .output()
-        .expect("promtool");
-    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && out.contains("SUCCESS"), "{out}");
-    let o = Command::new(&promtool)
-        .args(["test", "rules", "memveil-alerts.test.yml"])
-        .current_dir(&dir)
-        .output()
-        .expect("promtool");
-    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && out.contains("SUCCESS"), "{out}");
+    let run = |dir: &Path, args: &[&str]| {
+        let o = Command::new(&promtool)
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("promtool");
+        let out =
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        (o.status.success() && out.contains("SUCCESS"), out)
+    };
+    let (ok, out) = run(&dir, &["check", "rules", "memveil-alerts.yml"]);
+    assert!(ok, "{out}");
+    let (ok, out) = run(&dir, &["test", "rules", "memveil-alerts.test.yml"]);
+    assert!(ok, "{out}");
 
     // Positive control: a rule test that expects the wrong thing fails.
     let scratch = std::env::temp_dir().join(format!("memveil-rules-{}", std::process::id()));
@@ -364,13 +348,9 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     let wrong = tests.replacen("instance: host-b:9464", "instance: host-a:9464", 1);
     assert_ne!(wrong, tests);
     std::fs::write(scratch.join("wrong.test.yml"), wrong).expect("write");
-    let o = Command::new(&promtool)
-        .args(["test", "rules", "wrong.test.yml"])
-        .current_dir(&scratch)
-        .output()
-        .expect("promtool");
+    let (ok, out) = run(&scratch, &["test", "rules", "wrong.test.yml"]);
     let _ = std::fs::remove_dir_all(&scratch);
-    assert!(!o.status.success(), "a wrong expectation passed");
+    assert!(!ok, "a wrong expectation passed: {out}");
 }
 
 #[test]
