@@ -41,6 +41,8 @@ step "cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps --quiet
 step "cargo build (the preload library the end-to-end tests run programs under)"
 cargo build --locked --workspace --release
+step "BENCHMARKS.md's figure table against docs/figures/*.json"
+scripts/figures.sh --check
 step "cargo test"
 cargo test --locked --workspace --release --no-fail-fast 2>&1
 for f in scripts/test.d/*.sh; do

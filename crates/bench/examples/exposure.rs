@@ -8,7 +8,7 @@
 use std::ffi::OsStr;
 use std::time::Duration;
 
-use memveil_bench::shield_suite::{compile_canary, exposure};
+use memveil_bench::shield::suite::{compile_canary, exposure};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -15,12 +15,12 @@ pub mod engine;
 pub mod nginx;
 pub mod pkcs11;
 pub mod probe;
+pub(crate) mod procs;
 pub mod report;
 pub mod rng;
 pub mod rng_share;
 pub mod sheet;
 pub mod shield;
-pub mod shield_suite;
 pub mod timing;
 pub mod vault;
 pub mod workloads;
@@ -140,10 +140,9 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
     }
 }
 
-/// The report's opening lines: host, CPU, size, date, so figures can be read
-/// against the machine they came from.
+/// This host's CPU model name (from `/proc/cpuinfo`) and logical CPUs.
 #[must_use]
-pub fn host_header(size: Size) -> String {
+pub fn cpu_model() -> (String, usize) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -154,6 +153,14 @@ pub fn host_header(size: Size) -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    (cpu, cores)
+}
+
+/// The report's opening lines: host, CPU, size, date, so figures can be read
+/// against the machine they came from.
+#[must_use]
+pub fn host_header(size: Size) -> String {
+    let (cpu, cores) = cpu_model();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
         "Host: {cpu}, {cores} logical CPUs, kernel {}. Size: {size:?}. AES path: {}{}. Every ratio is against a baseline measured in the same run.",

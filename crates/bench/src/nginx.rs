@@ -205,7 +205,7 @@ impl Site {
         } else {
             let _ = server.kill();
         }
-        if crate::shield::exited_within(server, Duration::from_secs(20)) {
+        if crate::procs::exited_within(server, Duration::from_secs(20)) {
             return;
         }
         let _ = server.kill();
@@ -324,8 +324,8 @@ pub(crate) fn figures(
         figs.push(
             crate::Figure::vs(
                 &format!("shield.nginx_tls_{name}_vs_plain"),
-                crate::shield::median(prot),
-                crate::shield::median(plain),
+                crate::timing::median(prot),
+                crate::timing::median(plain),
                 "conn/s",
                 &format!(
                     "nginx 1 master + 2 workers, TLS (RSA 2048, self-signed), `openssl s_time` {what} for {secs} s \

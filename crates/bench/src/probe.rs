@@ -67,7 +67,7 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         c.create_key(&format!("scrape{i}"), KeyKind::Aes256, false)
             .map_err(|e| fail(e.to_string()))?;
     }
-    let exe = crate::shield::memveil_exe().ok_or_else(|| {
+    let exe = crate::procs::memveil_exe().ok_or_else(|| {
         fail("run it through `memveil bench`: the exporter is the memveil binary")
     })?;
     let mut child = Command::new(exe)
@@ -80,7 +80,7 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         .map_err(|e| fail(format!("starting memveil probe --serve: {e}")))?;
     let out = child.stdout.take().ok_or_else(|| fail("no stdout"))?;
     let exporter = Exporter(child);
-    let line = crate::vault::ready_line(out, Duration::from_secs(60));
+    let line = crate::procs::ready_line(out, Duration::from_secs(60));
     let addr: SocketAddr = line
         .trim()
         .strip_prefix("memveil probe: serving http://")

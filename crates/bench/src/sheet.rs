@@ -24,16 +24,7 @@ impl RunInfo {
     /// This host, now.
     #[must_use]
     pub fn here(size: crate::Size) -> Self {
-        let cpu = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_owned())
-            })
-            .unwrap_or_else(|| "unknown CPU".into());
-        let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+        let (cpu, cores) = crate::cpu_model();
         let commit = std::process::Command::new("git")
             .args(["describe", "--always", "--dirty"])
             .output()

@@ -71,3 +71,12 @@ pub fn openssl_speed(alg: &str, bytes: usize, seconds: u32) -> Result<f64, Strin
         .and_then(|v| v.trim().parse::<f64>().ok())
         .ok_or_else(|| format!("`openssl speed -evp {alg}` printed no +F: line: {text}"))
 }
+
+/// The median of `v` (sorted in place); 0 for none.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

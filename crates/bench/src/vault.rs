@@ -6,7 +6,6 @@
 //! running `memveil` binary); clients reach it through shared-memory lanes
 //! with zero-copy buffers, as VM-Vault's per-CPU communication blocks did.
 
-use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
@@ -47,26 +46,8 @@ impl Drop for Daemon {
     }
 }
 
-/// The first line a daemon prints on `out` (its ready line), or "" when
-/// none comes within `limit`; the rest is read and dropped on a thread of
-/// its own, so the daemon never blocks writing it.
-pub(crate) fn ready_line(out: std::process::ChildStdout, limit: Duration) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(out);
-        let mut line = String::new();
-        let _ = r.read_line(&mut line);
-        let _ = tx.send(line);
-        let mut sink = String::new();
-        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
-    rx.recv_timeout(limit).unwrap_or_default()
-}
-
 pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
-    let exe = crate::shield::memveil_exe().ok_or_else(|| {
+    let exe = crate::procs::memveil_exe().ok_or_else(|| {
         fail("the vault bench starts the vault from the memveil binary; run it through `memveil bench`")
     })?;
     let dir = std::env::temp_dir().join(format!("memveil-bench-vault-{}", std::process::id()));
@@ -82,7 +63,7 @@ pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {
         .spawn()
         .map_err(|e| fail(format!("starting {} vault serve: {e}", exe.display())))?;
     let out = child.stdout.take().ok_or_else(|| fail("no stdout"))?;
-    let line = ready_line(out, Duration::from_secs(30));
+    let line = crate::procs::ready_line(out, Duration::from_secs(30));
     let d = Daemon { child, dir, socket };
     if !line.starts_with("memveil-vault ready") {
         return Err(fail(

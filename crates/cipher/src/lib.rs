@@ -20,7 +20,7 @@
 //! The kernels are the crate's only `unsafe` (module `kernel`), each entered
 //! only through a key object built after CPUID showed the path's features.
 //! They never copy a key schedule to the stack (see `kernel`). The choice of
-//! paths was made by measurement; see `BENCHMARKS.md` ("Cipher paths and the
+//! paths was made by measurement; see `docs/benchmarks-history.md` ("Cipher paths and the
 //! engine on a VAES machine").
 //!
 //! What this crate refuses to do: return key bytes (key objects have no

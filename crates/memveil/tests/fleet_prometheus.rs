@@ -404,24 +404,28 @@ fn textfile_is_written_whole_and_leaves_no_temporary() {
     std::fs::create_dir_all(&dir).expect("scratch");
     let file = dir.join("memveil.prom");
     std::fs::write(&file, "old\n").expect("old file");
-    let o = Command::new(BIN)
-        .args([
-            "probe",
-            "--no-vault",
-            "--replay",
-            &fixture("sev-snp-guest.json"),
-        ])
-        .arg("--textfile")
-        .arg(&file)
-        .output()
-        .expect("run");
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.stdout.is_empty());
+    // `memveil probe --textfile TO` on the recorded SEV-SNP guest: its
+    // exit status and stderr.
+    let textfile = |to: &Path| {
+        let o = Command::new(BIN)
+            .args([
+                "probe",
+                "--no-vault",
+                "--replay",
+                &fixture("sev-snp-guest.json"),
+            ])
+            .arg("--textfile")
+            .arg(to)
+            .output()
+            .expect("run");
+        assert!(o.stdout.is_empty(), "nothing on stdout");
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = textfile(&file);
+    assert_eq!(code, Some(0), "{err}");
     let text = std::fs::read_to_string(&file).expect("written");
     assert_eq!(sample(&text, "memveil_memory_encryption_active"), Some(1.0));
     let names: Vec<_> = std::fs::read_dir(&dir)
@@ -430,18 +434,8 @@ fn textfile_is_written_whole_and_leaves_no_temporary() {
         .collect();
     assert_eq!(names, ["memveil.prom"], "a temporary file was left");
     // An unwritable place is an error naming the file.
-    let o = Command::new(BIN)
-        .args([
-            "probe",
-            "--no-vault",
-            "--replay",
-            &fixture("sev-snp-guest.json"),
-        ])
-        .args(["--textfile", "/nonexistent-dir/memveil.prom"])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let (code, err) = textfile(Path::new("/nonexistent-dir/memveil.prom"));
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("/nonexistent-dir/memveil.prom"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2731,7 +2731,7 @@ fn the_budget_and_a_bound_together_the_bound_wins_and_bad_budgets_are_refused() 
 
 #[test]
 fn exposure_of_an_idle_secret_measured_from_outside_with_a_positive_control() {
-    use memveil_bench::shield_suite::{compile_canary, exposure};
+    use memveil_bench::shield::suite::{compile_canary, exposure};
     if !have("exposure", &["cc"]) || !root("exposure") {
         return;
     }

@@ -42,7 +42,6 @@
 //! eviction without the caller accepting it, or let an adaptive window grow
 //! past its bound.
 
-mod guard;
 mod handler;
 mod pagekey;
 mod policy;

@@ -350,7 +350,7 @@ pub(crate) struct Queues {
 /// return to `main` as often as the hot set does, and push the hot set out:
 /// redis-benchmark `-r 100000 -d 512` took 1.12 faults per GET and 0.72 per
 /// SET. With 1/8 for both it takes 0.92 and 0.60; values alone would need
-/// 0.87 a GET (BENCHMARKS.md, "Shield").
+/// 0.87 a GET (docs/benchmarks-history.md, "Shield").
 const PROBATION_SHARE: usize = 8;
 
 /// How many evicted pages' addresses the ghost queue remembers: a page is

@@ -36,7 +36,7 @@
 //!
 //! Checked twice: the compiled kernels store no vector register to the
 //! stack except those wiped locals (inspected with `objdump`, see
-//! `BENCHMARKS.md`), and the stack-scan tests (`tests/stack_hygiene.rs`)
+//! `docs/benchmarks-history.md`), and the stack-scan tests (`tests/stack_hygiene.rs`)
 //! find no round key, tweak or intermediate block state on a thread's stack
 //! after the kernels ran, on every path.
 

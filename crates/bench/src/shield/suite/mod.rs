@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::shield::{err, in_path, median};
+use super::err;
+use crate::procs::in_path;
+use crate::timing::median;
 
 pub mod exposure;
 

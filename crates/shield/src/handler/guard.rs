@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use memveil_sys::process::SchedPolicy;
 
-use crate::handler::{set_handler_policy, Inner};
+use super::{set_handler_policy, Inner};
 use crate::START_HOOK;
 
 /// Between two scans for chunks to register (lazily registered ranges).

@@ -1,0 +1,352 @@
+//! The cost budget's side of the handler (see [`crate::sweep`]): the sweep
+//! step the watchdog runs, what faults and sweeps have cost, the scan that
+//! registers chunks holding data with the userfaultfd (lazily registered
+//! ranges), and giving chunks back when they empty or the budget is spent.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::PoisonError;
+use std::time::Instant;
+
+use memveil_sys::uffd;
+
+use super::Inner;
+use crate::state::{State, CHUNK_PAGES};
+use crate::{nanos, PAGE};
+
+/// Most pages one sweep step evicts under the lock (well under 0.1 ms: the
+/// handler waits for the lock meanwhile).
+pub(crate) const SWEEP_BATCH: usize = 64;
+
+/// Zero fills in a registered chunk that make it worth giving back when the
+/// budget is spent (see [`Inner::release_quiet_chunks`]).
+const RELEASE_ZERO_FILLS: u16 = 16;
+
+/// What a sweep step left.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SweepStep {
+    /// A full batch left: more pages may be due now.
+    pub(crate) more: bool,
+    /// Due pages wait for the budget.
+    pub(crate) waiting: bool,
+    /// Milliseconds until the next queued page is due.
+    pub(crate) next_due_ms: Option<u64>,
+}
+
+impl Inner {
+    /// Milliseconds since the shield started, without the lock.
+    pub(crate) fn lock_free_now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Wakes the watchdog now (a page came in that is due before it would
+    /// have looked).
+    pub(super) fn poke_guard(&self) {
+        self.poked.store(true, Ordering::Release);
+        let _g = self
+            .guard_stop
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.guard_wake.notify_all();
+    }
+
+    /// What faults and sweeps have cost the program so far, in ns: the
+    /// handler's time, a hand-off ([`Budget::fault_ns`]) per fault it took,
+    /// and the sweep's own time.
+    pub(crate) fn cost_ns(&self) -> u64 {
+        let c = self.stats.counters();
+        let floor = self.budget.map_or(0, |b| b.fault_ns);
+        c.handler_ns
+            .load(Ordering::Relaxed)
+            .saturating_add(c.handoffs.load(Ordering::Relaxed).saturating_mul(floor))
+            .saturating_add(c.sweep_ns.load(Ordering::Relaxed))
+    }
+
+    /// What sweeping a page is expected to cost, in ns: the share of swept
+    /// pages that came back so far (a half to start with; at least 1 in 20:
+    /// a page may come back later) times what the pages brought in so far cost each (hand-offs
+    /// and handler time over pages: a fault that continues a sequential scan
+    /// brings a run of them; a whole fault per page before there is
+    /// history).
+    #[allow(clippy::cast_precision_loss)]
+    pub(super) fn sweep_price(&self) -> (f64, f64) {
+        let c = self.stats.counters();
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let faults = g(&c.handoffs);
+        let pages = g(&c.faults_in) + g(&c.readahead) + g(&c.zero_fills) + g(&c.prefill);
+        let floor = self.budget.map_or(0, |b| b.fault_ns) as f64;
+        let per_page = if faults < 16 || pages == 0 {
+            floor + 3_000.0
+        } else {
+            (floor * faults as f64 + g(&c.handler_ns) as f64) / pages as f64
+        };
+        // Half, until 64 sweeps say otherwise.
+        let back = (g(&c.swept_back) as f64 + 32.0) / (g(&c.swept) as f64 + 64.0);
+        // A page known quiet comes back once per quiet spell at most.
+        (per_page * back.clamp(0.05, 1.0), per_page * 0.05)
+    }
+
+    /// One step of the sweep: up to [`SWEEP_BATCH`] pages whose period has
+    /// ended leave (encrypted), as far as the budget allows.
+    pub(crate) fn sweep_step(&self, st: &mut State) -> SweepStep {
+        let t0 = Instant::now();
+        let now = st.now_ms();
+        let cost = self.cost_ns();
+        let (fault_ns, quiet_ns) = self.sweep_price();
+        let Some(sw) = st.sweep.as_mut() else {
+            return SweepStep::default();
+        };
+        sw.credit.refill(now, cost);
+        let (victims, lag) = if st.frozen {
+            (Vec::new(), 0)
+        } else {
+            st.due(SWEEP_BATCH, now, fault_ns, quiet_ns)
+        };
+        let done = self.evict_list(st, &victims, true);
+        // In debt: the chunks that hold no ciphertext go back to the kernel
+        // (their first touches, which would be hand-offs, cost what plain
+        // page faults cost), at most every scan period.
+        let debt = st
+            .sweep
+            .as_ref()
+            .is_some_and(|sw| sw.credit.room(0.0) < 0.0 && now >= sw.released_at + 50);
+        if self.lazy && debt {
+            self.release_quiet_chunks(st);
+            if let Some(sw) = st.sweep.as_mut() {
+                sw.released_at = now;
+            }
+        }
+        let mut top = 0;
+        if let Some(sw) = st.sweep.as_mut() {
+            let cost = if victims.is_empty() {
+                0.0
+            } else {
+                #[allow(clippy::cast_precision_loss)]
+                let share = done as f64 / victims.len() as f64;
+                sw.reserving * share
+            };
+            sw.pending.swept(now, done, cost);
+            top = sw.longest_period_ms();
+        }
+        self.publish(st);
+        let c = self.stats.counters();
+        c.swept.fetch_add(done as u64, Ordering::Relaxed);
+        c.sweep_lag_ms.store(lag, Ordering::Relaxed);
+        c.max_sweep_lag_ms.fetch_max(lag, Ordering::Relaxed);
+        c.max_period_ms.store(top, Ordering::Relaxed);
+        c.sweep_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+        SweepStep {
+            more: victims.len() == SWEEP_BATCH,
+            waiting: lag > 0,
+            next_due_ms: st.sweep.as_ref().and_then(|s| s.next_due_ms(now)),
+        }
+    }
+
+    /// Scans the chunks of lazily registered ranges not registered yet:
+    /// counts their resident pages (plaintext the shield does not track page
+    /// by page), and registers those that have held data for the shortest
+    /// sweep period, finding their resident pages, which the sweep then
+    /// takes as having come in when the data was first seen. `mincore` runs
+    /// without the lock, 64 MiB at a time into `scratch`.
+    pub(crate) fn scan_chunks(&self, scratch: &mut uffd::DirectMap) {
+        const STEP: usize = 16 * 1024;
+        let t0 = Instant::now();
+        // Never waits for the lock (the watchdog calls this): a step whose
+        // lock is taken is left for the next scan. The steps: runs of
+        // chunks in use and not registered, as `(range, first page, pages)`.
+        let steps: Vec<(usize, usize, usize, usize)> = {
+            let Some(st) = self.try_lock() else {
+                return;
+            };
+            let mut steps = Vec::new();
+            for (pos, r) in st.ranges.iter().enumerate() {
+                let Some(ch) = r.chunks.as_ref() else {
+                    continue;
+                };
+                let mut c = 0;
+                while c < ch.registered.len() {
+                    if ch.registered[c] || !ch.in_use[c] {
+                        c += 1;
+                        continue;
+                    }
+                    let first = c;
+                    while c < ch.registered.len()
+                        && !ch.registered[c]
+                        && ch.in_use[c]
+                        && (c + 1 - first) * CHUNK_PAGES <= STEP
+                    {
+                        c += 1;
+                    }
+                    let a = first * CHUNK_PAGES;
+                    let b = (c * CHUNK_PAGES).min(r.pages);
+                    steps.push((pos, r.base, a, b - a));
+                }
+            }
+            steps
+        };
+        for (pos, base, i, n) in steps {
+            let n = n.min(scratch.as_mut_slice().len());
+            let v = &mut scratch.as_mut_slice()[..n];
+            if uffd::resident_pages(base + i * PAGE, n * PAGE, v).is_err() {
+                continue;
+            }
+            let Some(mut st) = self.try_lock() else {
+                continue;
+            };
+            let now = st.now_ms();
+            if st.ranges.get(pos).is_none_or(|r| r.base != base) {
+                continue;
+            }
+            // Registering is what makes later first touches in the chunk
+            // hand-offs: not while the budget is spent.
+            let cost = self.cost_ns();
+            let afford = st.sweep.as_mut().is_some_and(|sw| {
+                sw.credit.refill(now, cost);
+                sw.credit.room(0.0) > 0.0
+            });
+            for k in (0..n).step_by(CHUNK_PAGES) {
+                let c = (i + k) / CHUNK_PAGES;
+                let Some(ch) = st.ranges[pos].chunks.as_mut() else {
+                    break;
+                };
+                if ch.registered[c] {
+                    continue;
+                }
+                let m = CHUNK_PAGES.min(n - k);
+                let found = v[k..k + m].iter().filter(|b| *b & 1 != 0).count();
+                ch.unseen[c] = u16::try_from(found).unwrap_or(u16::MAX);
+                if found == 0 {
+                    ch.seen[c] = 0;
+                } else if ch.seen[c] == 0 {
+                    ch.seen[c] = now + 1;
+                } else if afford && now + 1 - ch.seen[c] >= crate::sweep::REGISTER_AFTER_MS {
+                    let since = ch.seen[c] - 1;
+                    self.register_chunk(&mut st, pos, c, since);
+                }
+            }
+            st.unseen = st
+                .ranges
+                .iter()
+                .filter_map(|r| r.chunks.as_ref())
+                .flat_map(|c| c.unseen.iter())
+                .map(|&u| usize::from(u))
+                .sum();
+        }
+        self.stats
+            .counters()
+            .sweep_ns
+            .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+    }
+
+    /// Registers chunk `c` of range `pos` with the userfaultfd and books the
+    /// pages it holds as resident since `since_ms`.
+    pub(super) fn register_chunk(&self, st: &mut State, pos: usize, c: usize, since_ms: u64) {
+        let r = &st.ranges[pos];
+        let a = c * CHUNK_PAGES;
+        let b = (a + CHUNK_PAGES).min(r.pages);
+        let (addr, len) = (r.addr(a), (b - a) * PAGE);
+        if let Err(e) =
+            self.uffd
+                .register(addr as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
+        {
+            let n = self
+                .stats
+                .counters()
+                .register_failures
+                .fetch_add(1, Ordering::Relaxed);
+            if n == 0 {
+                eprintln!(
+                    "memveil-shield: cannot register {addr:#x}+{len:#x} with the userfaultfd ({e}): \
+                     its pages stay plaintext (counted as register_failures)"
+                );
+            }
+            return;
+        }
+        // Registered first, then looked at: a page the program touches from
+        // now on faults to the handler, which waits for this lock.
+        let present = st.ranges[pos].present(a, b).unwrap_or_default();
+        if let Some(ch) = st.ranges[pos].chunks.as_mut() {
+            ch.registered[c] = true;
+            ch.seen[c] = 0;
+            ch.unseen[c] = 0;
+        }
+        for i in present {
+            st.mark_found(pos, i, since_ms);
+        }
+        self.stats
+            .counters()
+            .chunks_registered
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Unregisters every lazily registered chunk holding no evicted page in
+    /// which the program keeps allocating (the budget is spent, and there
+    /// [`RELEASE_ZERO_FILLS`] or more never-written pages were filled by
+    /// the handler since it was registered: each was a hand-off the kernel
+    /// would have served as a plain page fault): its resident pages are no
+    /// longer tracked page by page (they keep the level they learnt), the
+    /// scan counts them again, and registers the chunk again once the
+    /// budget allows. Chunks of data in use stay registered.
+    pub(super) fn release_quiet_chunks(&self, st: &mut State) {
+        let mut released = 0u64;
+        for pos in 0..st.ranges.len() {
+            let chunks = st.ranges[pos]
+                .chunks
+                .as_ref()
+                .map_or(0, |c| c.registered.len());
+            for c in 0..chunks {
+                let r = &st.ranges[pos];
+                let Some(ch) = r.chunks.as_ref() else { break };
+                if !ch.registered[c] || ch.evicted[c] != 0 || ch.zero_fills[c] < RELEASE_ZERO_FILLS
+                {
+                    continue;
+                }
+                let a = c * CHUNK_PAGES;
+                let b = (a + CHUNK_PAGES).min(r.pages);
+                if self
+                    .uffd
+                    .unregister(r.addr(a) as u64, ((b - a) * PAGE) as u64)
+                    .is_err()
+                {
+                    continue;
+                }
+                let dropped = st.ranges[pos].forget_chunk(c);
+                st.resident -= dropped;
+                released += 1;
+            }
+        }
+        if released > 0 {
+            self.stats
+                .counters()
+                .chunks_unregistered
+                .fetch_add(released, Ordering::Relaxed);
+            self.publish(st);
+        }
+    }
+
+    /// Unregisters the lazily registered chunks `emptied` (as `(range,
+    /// chunk)`, from [`State::discard`]) that still hold no data: the
+    /// program's next touches there are the kernel's own faults again.
+    pub(crate) fn unregister_empty(&self, st: &mut State, emptied: &[(usize, usize)]) {
+        for &(pos, c) in emptied {
+            let r = &mut st.ranges[pos];
+            let Some(ch) = r.chunks.as_mut() else {
+                continue;
+            };
+            if !ch.registered[c] || ch.live[c] != 0 {
+                continue;
+            }
+            let a = c * CHUNK_PAGES;
+            let b = (a + CHUNK_PAGES).min(r.pages);
+            let (addr, len) = (r.addr(a), (b - a) * PAGE);
+            if self.uffd.unregister(addr as u64, len as u64).is_ok() {
+                if let Some(ch) = r.chunks.as_mut() {
+                    ch.registered[c] = false;
+                }
+                self.stats
+                    .counters()
+                    .chunks_unregistered
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
