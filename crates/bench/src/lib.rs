@@ -1,6 +1,6 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`, `disk`, and `workloads`,
+//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`, `disk`, `probe`, and `workloads`,
 //! which only `--only` runs) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
@@ -15,6 +15,7 @@ pub mod disk;
 pub mod engine;
 pub mod nginx;
 pub mod pkcs11;
+pub mod probe;
 pub(crate) mod procs;
 pub mod report;
 pub mod rng;
@@ -105,7 +106,7 @@ pub enum BenchError {
 
 /// The parts a run without `--only` runs, in run order.
 pub const PARTS: &[&str] = &[
-    "cipher", "engine", "vault", "pkcs11", "rng", "shield", "disk",
+    "cipher", "engine", "vault", "pkcs11", "rng", "shield", "disk", "probe",
 ];
 
 /// Parts only `--only` runs: `workloads` (the articles' workloads with real
@@ -125,6 +126,7 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
         "rng" => rng::run(opts),
         "shield" => shield::run(opts),
         "disk" => disk::run(opts),
+        "probe" => probe::run(opts),
         "workloads" => workloads::run(opts),
         other => Err(BenchError::Part {
             part: "bench",

@@ -68,3 +68,22 @@ pub(crate) fn scratch_dir(what: &str) -> PathBuf {
             .map_or(0, |d| d.subsec_nanos())
     ))
 }
+
+/// The first line a daemon prints on `out` (its ready line), or "" when
+/// none comes within `limit`; the rest is read and dropped on a thread of
+/// its own, so the daemon never blocks writing it.
+pub(crate) fn ready_line(out: std::process::ChildStdout, limit: Duration) -> String {
+    use std::io::{BufRead as _, BufReader};
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        let mut sink = String::new();
+        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    rx.recv_timeout(limit).unwrap_or_default()
+}

@@ -76,7 +76,8 @@ pub fn met(target: &str, x: f64) -> Option<bool> {
     let (op, rest) = [">=", "<=", "=="]
         .iter()
         .find_map(|op| t.strip_prefix(op).map(|r| (*op, r)))?;
-    let v: f64 = rest.trim().parse().ok()?;
+    // The number, then perhaps its unit ("<= 2 us added").
+    let v: f64 = rest.split_whitespace().next()?.parse().ok()?;
     Some(match op {
         ">=" => x >= v,
         "<=" => x <= v,
@@ -207,6 +208,7 @@ mod tests {
         assert_eq!(met("== 0", 0.0), Some(true));
         assert_eq!(met("reported", 1.0), None);
         assert_eq!(met(">= x", 1.0), None);
+        assert_eq!(met("<= 2 us added", 2.86), Some(false));
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! running `memveil` binary); clients reach it through shared-memory lanes
 //! with zero-copy buffers, as VM-Vault's per-CPU communication blocks did.
 
-use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
@@ -48,23 +47,12 @@ impl Drop for Daemon {
 }
 
 /// The first line a child writes on its (piped) stdout within `limit`
-/// (empty if none); the rest of its output is drained in the background.
+/// (empty if none; see [`crate::procs::ready_line`]).
 pub(crate) fn first_line(child: &mut Child, limit: Duration) -> String {
-    let Some(out) = child.stdout.take() else {
-        return String::new();
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(out);
-        let mut line = String::new();
-        let _ = r.read_line(&mut line);
-        let _ = tx.send(line);
-        let mut sink = String::new();
-        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
-    rx.recv_timeout(limit).unwrap_or_default()
+    child
+        .stdout
+        .take()
+        .map_or_else(String::new, |out| crate::procs::ready_line(out, limit))
 }
 
 pub(crate) fn start_daemon() -> Result<Daemon, BenchError> {

@@ -62,14 +62,35 @@ fn json_and_prometheus_outputs() {
         .args([
             "probe",
             "--prometheus",
+            "--no-vault",
             "--replay",
             &fixture("tsme-only.json"),
         ])
         .output()
         .expect("run");
     let p = String::from_utf8_lossy(&o.stdout);
-    assert!(p.starts_with("# HELP memveil_probe_info"), "{p}");
+    assert!(
+        p.starts_with("# HELP memveil_memory_encryption_active"),
+        "{p}"
+    );
+    assert!(p.contains("\nmemveil_memory_encryption_active 1\n"), "{p}");
     assert!(p.contains("memveil_probe_item{item=\"amd.tsme.active\"} 1\n"));
+    assert!(!p.contains("memveil_vault"), "--no-vault: {p}");
+
+    // A vault that does not answer is exported as down, not left out.
+    let o = memveil()
+        .args([
+            "probe",
+            "--prometheus",
+            "--vault-socket",
+            "/nonexistent/vault.sock",
+        ])
+        .args(["--replay", &fixture("tsme-only.json")])
+        .output()
+        .expect("run");
+    let p = String::from_utf8_lossy(&o.stdout);
+    assert!(p.contains("\nmemveil_vault_up 0\n"), "{p}");
+    assert!(!p.contains("memveil_vault_keys"), "{p}");
 }
 
 #[test]

@@ -15,7 +15,11 @@
 //!   "unknown" with the reason, then checks with pass/warn/fail and what to do.
 //!
 //! [`render`] prints a report for people, as JSON, or in the Prometheus
-//! textfile format.
+//! textfile format ([`exposition`] writes that format); [`fleet`] adds the
+//! vault's and the entropy service's live counters for a scrape, and
+//! [`http`] is the small server `memveil probe --serve` answers Prometheus
+//! with (it parses requests from the network, sans-IO, and never panics on
+//! them).
 //!
 //! What it refuses to do: guess. A value it could not establish is reported
 //! as unknown with the reason and the way to find out; the absence of a boot
@@ -29,7 +33,10 @@
 
 pub mod collect;
 pub mod decode;
+pub mod exposition;
 pub mod facts;
+pub mod fleet;
+pub mod http;
 pub mod render;
 pub mod report;
 

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::exposition::{flag, Kind, Writer};
 use crate::report::{Report, Section, Status};
 
 /// The report for people: sections of items (value, then how it was known
@@ -65,26 +66,37 @@ pub fn json(r: &Report) -> String {
     serde_json::to_string_pretty(r).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
-/// Escapes a Prometheus label value (backslash, double quote, newline).
-#[must_use]
-pub fn escape_label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
+pub use crate::exposition::escape_label;
+
+/// The CPU features exported as `memveil_cpu_feature{feature}`: the label
+/// and the report item.
+const CPU_FEATURES: &[(&str, &str)] = &[
+    ("aes_ni", "cpu.aes_ni"),
+    ("vaes", "cpu.vaes"),
+    ("pclmulqdq", "cpu.pclmulqdq"),
+    ("vpclmulqdq", "cpu.vpclmulqdq"),
+    ("avx512f", "cpu.avx512f"),
+    ("rdrand", "cpu.rdrand"),
+    ("rdseed", "cpu.rdseed"),
+];
 
 /// The report in the Prometheus text exposition format, for node_exporter's
 /// textfile collector (write it to `*.prom` atomically: a temporary file,
-/// then rename).
+/// then rename) and for `memveil probe --serve`.
 ///
-/// Families (all gauges):
+/// Families (all gauges), first the named ones a dashboard or an alert
+/// reads (a sample is left out when the probe could not establish it):
+/// - `memveil_memory_encryption_active`: 1 when the `memory-encryption`
+///   check passes (TME, SME or TSME active, or an SEV/TDX guest)
+/// - `memveil_cpu_feature{feature}`: AES-NI, VAES, (V)PCLMULQDQ, AVX-512F,
+///   RDRAND, RDSEED present (CPUID)
+/// - `memveil_rng_healthy{source}`: RDRAND/RDSEED passed the live health
+///   sample
+/// - `memveil_kernel_feature{feature}`: `memfd_secret`, `userfaultfd`
+///   (usable, the check passes), `kvm`
+/// - `memveil_tme_mk_keyids`: hardware TME-MK KeyIDs usable
+///
+/// then every item and check generically:
 /// - `memveil_probe_info{vendor,model,kernel}` 1
 /// - `memveil_probe_item{item}`: numeric and yes/no items (1/0)
 /// - `memveil_probe_item_known{item}`: 1 when the item is known, 0 when not
@@ -93,81 +105,133 @@ pub fn escape_label(v: &str) -> String {
 /// - `memveil_probe_checks{status}`: how many checks have each status
 #[must_use]
 pub fn prometheus(r: &Report) -> String {
-    let mut o = String::new();
+    let mut w = Writer::new();
+    named(r, &mut w);
+    generic(r, &mut w);
+    w.finish()
+}
+
+/// The named host families of [`prometheus`].
+pub fn named(r: &Report, w: &mut Writer) {
+    let num = |id: &str| r.item(id).and_then(|i| i.value.as_metric());
+    let passes = |id: &str| r.check(id).map(|c| flag(c.status == Status::Pass));
+    if let Some(v) = passes("memory-encryption") {
+        w.single(
+            "memveil_memory_encryption_active",
+            Kind::Gauge,
+            "1 when hardware memory encryption is in force (Intel TME, AMD SME or TSME, or an SEV/TDX confidential guest), 0 when not or unknown.",
+            v,
+        );
+    }
+    w.family(
+        "memveil_cpu_feature",
+        Kind::Gauge,
+        "CPU instruction present (CPUID): 1 yes, 0 no.",
+    );
+    for (label, id) in CPU_FEATURES {
+        if let Some(v) = num(id) {
+            #[allow(clippy::cast_precision_loss)]
+            w.sample(&[("feature", label)], v as f64);
+        }
+    }
+    w.family(
+        "memveil_rng_healthy",
+        Kind::Gauge,
+        "The on-chip RNG passed the SP 800-90B health tests on a live sample: 1 yes, 0 no (absent, failing or unusable).",
+    );
+    for source in ["rdrand", "rdseed"] {
+        if let Some(v) = num(&format!("rng.{source}.healthy")) {
+            #[allow(clippy::cast_precision_loss)]
+            w.sample(&[("source", source)], v as f64);
+        }
+    }
+    w.family(
+        "memveil_kernel_feature",
+        Kind::Gauge,
+        "Kernel facility memveil uses works here: 1 yes, 0 no (memfd_secret: secret memory; userfaultfd: usable for memveil run; kvm: /dev/kvm).",
+    );
+    let kernel = [
+        (
+            "memfd_secret",
+            num("kernel.memfd_secret").map(|v| flag(v != 0)),
+        ),
+        ("userfaultfd", passes("userfaultfd")),
+        ("kvm", num("kernel.kvm").map(|v| flag(v != 0))),
+    ];
+    for (label, v) in kernel {
+        if let Some(v) = v {
+            w.sample(&[("feature", label)], v);
+        }
+    }
+    if let Some(v) = num("intel.mktme.usable_keyids") {
+        #[allow(clippy::cast_precision_loss)]
+        w.single(
+            "memveil_tme_mk_keyids",
+            Kind::Gauge,
+            "Hardware TME-MK KeyIDs usable (IA32_TME_ACTIVATE), 0 without TME-MK.",
+            v as f64,
+        );
+    }
+}
+
+/// The generic families of [`prometheus`]: every item and check.
+#[allow(clippy::cast_precision_loss)]
+pub(crate) fn generic(r: &Report, w: &mut Writer) {
     let text = |id: &str| match r.item(id).map(|i| &i.value) {
         Some(crate::report::Value::Text(t)) => t.clone(),
         _ => String::new(),
     };
-    let _ = writeln!(
-        o,
-        "# HELP memveil_probe_info Host identity as seen by memveil probe."
+    w.family(
+        "memveil_probe_info",
+        Kind::Gauge,
+        "Host identity as seen by memveil probe.",
+    )
+    .sample(
+        &[
+            ("vendor", &text("cpu.vendor")),
+            ("model", &text("cpu.model_name")),
+            ("kernel", r.kernel_release.as_deref().unwrap_or("")),
+        ],
+        1.0,
     );
-    let _ = writeln!(o, "# TYPE memveil_probe_info gauge");
-    let _ = writeln!(
-        o,
-        "memveil_probe_info{{vendor=\"{}\",model=\"{}\",kernel=\"{}\"}} 1",
-        escape_label(&text("cpu.vendor")),
-        escape_label(&text("cpu.model_name")),
-        escape_label(r.kernel_release.as_deref().unwrap_or(""))
+    w.family(
+        "memveil_probe_item",
+        Kind::Gauge,
+        "Numeric and yes/no (1/0) facts found by memveil probe.",
     );
-    let _ = writeln!(
-        o,
-        "# HELP memveil_probe_item Numeric and yes/no (1/0) facts found by memveil probe."
-    );
-    let _ = writeln!(o, "# TYPE memveil_probe_item gauge");
     for it in &r.items {
         if let Some(v) = it.value.as_metric() {
-            let _ = writeln!(
-                o,
-                "memveil_probe_item{{item=\"{}\"}} {v}",
-                escape_label(&it.id)
-            );
+            w.sample(&[("item", &it.id)], v as f64);
         }
     }
-    let _ = writeln!(o, "# HELP memveil_probe_item_known 1 when memveil probe could establish the fact, 0 when it is unknown.");
-    let _ = writeln!(o, "# TYPE memveil_probe_item_known gauge");
-    for it in &r.items {
-        let _ = writeln!(
-            o,
-            "memveil_probe_item_known{{item=\"{}\"}} {}",
-            escape_label(&it.id),
-            u8::from(it.value.is_known())
-        );
-    }
-    let _ = writeln!(
-        o,
-        "# HELP memveil_probe_check Verdict of each memveil probe check (1 for its status)."
+    w.family(
+        "memveil_probe_item_known",
+        Kind::Gauge,
+        "1 when memveil probe could establish the fact, 0 when it is unknown.",
     );
-    let _ = writeln!(o, "# TYPE memveil_probe_check gauge");
+    for it in &r.items {
+        w.sample(&[("item", &it.id)], flag(it.value.is_known()));
+    }
+    w.family(
+        "memveil_probe_check",
+        Kind::Gauge,
+        "Verdict of each memveil probe check (1 for its status).",
+    );
     for c in &r.checks {
         for s in [Status::Pass, Status::Warn, Status::Fail] {
-            let _ = writeln!(
-                o,
-                "memveil_probe_check{{check=\"{}\",status=\"{}\"}} {}",
-                escape_label(&c.id),
-                s.name(),
-                u8::from(c.status == s)
+            w.sample(
+                &[("check", &c.id), ("status", s.name())],
+                flag(c.status == s),
             );
         }
     }
-    let _ = writeln!(
-        o,
-        "# HELP memveil_probe_checks Number of memveil probe checks with each status."
+    w.family(
+        "memveil_probe_checks",
+        Kind::Gauge,
+        "Number of memveil probe checks with each status.",
     );
-    let _ = writeln!(o, "# TYPE memveil_probe_checks gauge");
     for s in [Status::Pass, Status::Warn, Status::Fail] {
         let n = r.checks.iter().filter(|c| c.status == s).count();
-        let _ = writeln!(o, "memveil_probe_checks{{status=\"{}\"}} {n}", s.name());
-    }
-    o
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_escaping() {
-        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        w.sample(&[("status", s.name())], n as f64);
     }
 }

@@ -425,7 +425,7 @@ fn check_prometheus(out: &str) {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let mut w = rest.split(' ');
             let name = w.next().unwrap_or("").to_owned();
-            assert_eq!(w.next(), Some("gauge"), "{line}");
+            assert!(matches!(w.next(), Some("gauge" | "counter")), "{line}");
             assert_eq!(name, current, "TYPE without HELP first: {line}");
             typed.insert(name);
             continue;
@@ -438,7 +438,7 @@ fn check_prometheus(out: &str) {
             .parse::<f64>()
             .unwrap_or_else(|_| panic!("bad value: {line}"));
         let name = key.split('{').next().unwrap_or("");
-        assert!(name.starts_with("memveil_probe_"), "{line}");
+        assert!(name.starts_with("memveil_"), "{line}");
         assert!(
             name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
             "{line}"
@@ -534,6 +534,21 @@ fn prometheus_item_values_follow_the_report() {
         p.contains("memveil_probe_item_known{item=\"amd.syscfg\"} 0\n"),
         "{p}"
     );
+}
+
+#[test]
+fn named_metrics_follow_the_checks() {
+    // TME-MK enabled, memfd_secret missing on that recorded host.
+    let p = render::prometheus(&decode(&load("icelake-tme-mk-enabled.json")));
+    assert!(p.contains("\nmemveil_memory_encryption_active 1\n"), "{p}");
+    assert!(p.contains("\nmemveil_tme_mk_keyids 63\n"), "{p}");
+    assert!(p.contains("\nmemveil_kernel_feature{feature=\"memfd_secret\"} 0\n"));
+    assert!(p.contains("\nmemveil_cpu_feature{feature=\"aes_ni\"} 1\n"));
+    let p = render::prometheus(&decode(&load("tsme-only.json")));
+    assert!(p.contains("\nmemveil_memory_encryption_active 1\n"), "{p}");
+    // Negative control: TME capable but disabled by the BIOS.
+    let p = render::prometheus(&decode(&load("icelake-tme-disabled.json")));
+    assert!(p.contains("\nmemveil_memory_encryption_active 0\n"), "{p}");
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! Input from outside the process never panics the decoder: arbitrary kernel
 //! log lines, cpuinfo text, sysfs contents and register values decode to a
-//! report (possibly full of unknowns), and the three renderers accept it.
+//! report (possibly full of unknowns), and the three renderers accept it;
+//! any bytes sent to `memveil probe --serve` parse to a request or are
+//! refused.
 
 use memveil_probe::facts::{CpuidRecord, FileRead, KernelLog, MsrAccess, MsrRecord, Text};
 use memveil_probe::{decode, render, HostFacts};
@@ -132,5 +134,19 @@ proptest! {
         f.dirs.insert(format!("/sys/dev/block/{mm}/slaves"), FileRead::Ok("dm-0".into()));
         f.files.insert("/sys/class/block/dm-0/dev".into(), FileRead::Ok(mm));
         let _ = decode(&f);
+    }
+
+    #[test]
+    fn any_bytes_as_an_http_request_head_parse_or_are_refused(
+        bytes in prop::collection::vec(any::<u8>(), 0..600),
+        near in "(GET|HEAD|POST|get) (/metrics|/|x|/a b)(\\?[ -~]{0,10})? HTTP/(1\\.[01]|2|9)(\r?\n[!-~]{0,10}(: ?[ -~]{0,10})?){0,4}\r?\n\r?\n",
+    ) {
+        for b in [&bytes[..], near.as_bytes()] {
+            if let Ok(h) = memveil_probe::http::parse_head(b) {
+                prop_assert!(h.path.starts_with('/'));
+                let r = memveil_probe::http::route(&h, &|| String::new());
+                prop_assert!([200, 404, 405].contains(&r.code));
+            }
+        }
     }
 }

@@ -183,11 +183,32 @@ impl Client {
     /// [`ClientError::Connect`] when the socket cannot be reached, or the
     /// vault's refusal.
     pub fn connect(path: impl AsRef<Path>) -> Result<Client, ClientError> {
-        let path = path.as_ref();
+        Self::connect_with(path.as_ref(), None)
+    }
+
+    /// Connects with `timeout` on every read and write of the control
+    /// socket (the hello included), for callers that must not hang on a
+    /// vault that accepts but does not answer (the probe's exporter).
+    ///
+    /// # Errors
+    /// As [`Client::connect`]; a vault that does not answer in time is an
+    /// I/O error (`WouldBlock`/`TimedOut`).
+    pub fn connect_timeout(
+        path: impl AsRef<Path>,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        Self::connect_with(path.as_ref(), Some(timeout))
+    }
+
+    fn connect_with(path: &Path, timeout: Option<Duration>) -> Result<Client, ClientError> {
         let sock = UnixStream::connect(path).map_err(|source| ClientError::Connect {
             path: path.to_owned(),
             source,
         })?;
+        if timeout.is_some() {
+            sock.set_read_timeout(timeout)?;
+            sock.set_write_timeout(timeout)?;
+        }
         let mut c = Client {
             sock,
             level: String::new(),

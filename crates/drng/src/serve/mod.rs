@@ -61,7 +61,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::condition::Conditioner;
 use crate::drbg::{DirectInput, EntropyInput};
@@ -95,7 +95,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 const TICK: Duration = Duration::from_millis(100);
 
 /// What consumers receive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum Output {
@@ -359,7 +359,7 @@ pub enum ServeError {
 }
 
 /// State of a seed source as the stats report it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SourceStatus {
     /// Name (`seed(rdrand 512:1 AES-CBC-MAC)`, `rdseed`, ...).
     pub name: String,
@@ -371,7 +371,7 @@ pub struct SourceStatus {
 }
 
 /// Counters of one consumer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConsumerStats {
     /// Consumer number (1, 2, ... in order of connection).
     pub id: u64,
@@ -411,7 +411,7 @@ pub struct ConsumerStats {
 }
 
 /// The daemon's counters.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerStats {
     /// Process id.
     pub pid: u32,

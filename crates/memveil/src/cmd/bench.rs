@@ -26,7 +26,7 @@ pub struct Args {
     /// Run only this part (repeatable)
     ///
     /// Run only this part (repeatable). Parts: cipher, engine, vault, pkcs11,
-    /// rng, shield, disk (the default run: all of these), and workloads (only
+    /// rng, shield, disk, probe (the default run: all of these), and workloads (only
     /// when named: the TME-MK and AMD SME articles' workloads, fio, iperf3,
     /// HPL, redis, nginx TLS, Tesseract, STREAM, plain against `memveil run`
     /// and `--window 4096`, and a cryptsetup-style cipher table; about 10

@@ -358,7 +358,7 @@ fn fields(s: &KeyIdState) -> String {
 }
 
 /// KeyID `keyid`'s running tenants, when the vault said (`tenants`, by KeyID).
-fn tenants_of(tenants: Option<&[u32]>, keyid: u16) -> Option<u32> {
+pub(crate) fn tenants_of(tenants: Option<&[u32]>, keyid: u16) -> Option<u32> {
     tenants.map(|n| n.get(usize::from(keyid)).copied().unwrap_or(0))
 }
 
@@ -368,11 +368,7 @@ fn print_status(
     tenants: Option<&[u32]>,
     all: bool,
 ) -> std::io::Result<()> {
-    let programmed = t
-        .entries
-        .iter()
-        .filter(|e| e.keyid != 0 && !matches!(e.mode, memveil_engine::KeyIdMode::Clear))
-        .count();
+    let programmed = t.programmed();
     let running = tenants.map_or_else(
         || {
             "running tenants unknown (the vault predates the count: restart it with this build)"

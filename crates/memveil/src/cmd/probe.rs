@@ -5,25 +5,37 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use memveil_probe::{collect, decode, render, CollectOptions, HostFacts};
 
+#[path = "probe_serve.rs"]
+mod serve;
+
 /// `memveil probe --help`, after the options.
 const AFTER_LONG_HELP: &str = "\
 Each item says how it was known (CPUID leaf and bit, MSR field, file, kernel log
 line) or why it is unknown.
 
+--prometheus, --textfile and --serve export the same metrics: the probe's facts
+(memveil_memory_encryption_active, memveil_cpu_feature, memveil_kernel_feature, ...)
+and, read live, the vault's counters (memveil_vault_up, memveil_vault_keys,
+memveil_vault_keyids_programmed, memveil_vault_tenants; --no-vault on a host without a
+vault) and the entropy service's (--rng-stats).
+
 Exit status: 0 no check failed (warnings allowed); 3 at least one check failed; 2 usage
 error; 1 the probe could not run (an unreadable or invalid --replay file, an
-unwritable --record file).
+unwritable --record or --textfile file, an address --serve cannot listen on).
+--serve runs until killed.
 
 Examples:
   memveil probe                           # the report for people
   memveil probe --json | jq .             # the same report as JSON
-  memveil probe --prometheus > /var/lib/node_exporter/textfile/memveil.prom.$$ &&
-      mv /var/lib/node_exporter/textfile/memveil.prom.$$ /var/lib/node_exporter/textfile/memveil.prom
+  memveil probe --serve 127.0.0.1:9464    # Prometheus scrapes http://127.0.0.1:9464/metrics
+  memveil probe --serve 0.0.0.0:9464 --rng-stats /run/memveil-egd.stats
+  memveil probe --textfile /var/lib/prometheus/node-exporter/memveil.prom   # atomic
+  memveil probe --prometheus --no-vault   # the metrics on stdout
   memveil probe --load-msr                # may run `modprobe msr` (root)
   memveil probe --record facts.json       # also save the raw facts, for a bug report
   memveil probe --replay facts.json       # decode saved facts instead of probing
 
-See docs/probe.md.";
+See docs/probe.md and docs/fleet.md.";
 
 /// Flags of `memveil probe`.
 ///
@@ -34,14 +46,64 @@ See docs/probe.md.";
 #[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
     /// Print the report as JSON
-    #[arg(long, conflicts_with = "prometheus")]
+    #[arg(long, conflicts_with_all = ["prometheus", "serve", "textfile"])]
     json: bool,
-    /// Print the report in the Prometheus text format
+    /// Print the metrics in the Prometheus text format
     ///
-    /// Print the report in the Prometheus text format (for node_exporter's
-    /// textfile collector: write to a temporary file, then rename to *.prom).
-    #[arg(long, verbatim_doc_comment)]
+    /// Print the metrics in the Prometheus text exposition format: the
+    /// facts, the vault's counters (unless --no-vault) and the entropy
+    /// service's (with --rng-stats). For node_exporter's textfile collector
+    /// use --textfile, which writes atomically.
+    #[arg(long, conflicts_with_all = ["serve", "textfile"], verbatim_doc_comment)]
     prometheus: bool,
+    /// Serve the metrics over HTTP at ADDR:PORT/metrics for Prometheus
+    ///
+    /// Serve the metrics at http://ADDR:PORT/metrics until killed (port 0: a
+    /// free port; the first line on stdout names the address). The facts
+    /// are collected at start and every --refresh seconds; the vault's and
+    /// the entropy service's counters are read on every scrape. No TLS and
+    /// no authentication: bind loopback or a management network.
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        conflicts_with = "textfile",
+        verbatim_doc_comment
+    )]
+    serve: Option<std::net::SocketAddr>,
+    /// Write the metrics to FILE atomically (node_exporter textfile)
+    ///
+    /// Write the metrics to FILE through a temporary file in the same
+    /// directory and a rename, so node_exporter's textfile collector never
+    /// reads half a file (FILE should end in .prom; run it from a systemd
+    /// timer, see docs/fleet.md).
+    #[arg(long, value_name = "FILE", verbatim_doc_comment)]
+    textfile: Option<PathBuf>,
+    /// With --serve: collect the facts again every SECS seconds
+    #[arg(long, value_name = "SECS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    refresh: u64,
+    /// Vault control socket whose counters to export
+    ///
+    /// Vault control socket whose counters to export (default:
+    /// $MEMVEIL_VAULT_SOCKET or /run/memveil/vault.sock). A vault that does
+    /// not answer is exported as memveil_vault_up 0.
+    #[arg(
+        long,
+        value_name = "PATH",
+        conflicts_with = "no_vault",
+        verbatim_doc_comment
+    )]
+    vault_socket: Option<PathBuf>,
+    /// This host runs no vault: export no vault metrics
+    #[arg(long)]
+    no_vault: bool,
+    /// Stats socket of `memveil rng serve --stats` to export
+    ///
+    /// The `--stats` socket of a running `memveil rng serve` whose counters
+    /// to export (memveil_rng_serve_*; 0 in memveil_rng_serve_up when it
+    /// does not answer).
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
+    rng_stats: Option<PathBuf>,
     /// Load the msr module if needed, to read TME and SYSCFG (root)
     ///
     /// Run `modprobe msr` if /dev/cpu/0/msr is missing, so the TME and SYSCFG
@@ -77,29 +139,55 @@ pub struct Args {
 
 /// Runs `memveil probe`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let facts = match &args.replay {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read recorded facts {}", p.display()))?;
-            HostFacts::from_json(&text).with_context(|| format!("in {}", p.display()))?
-        }
-        None => collect(&CollectOptions {
-            load_msr: args.load_msr,
-            rng_samples: usize::try_from(args.rng_samples).unwrap_or(4096),
-        }),
-    };
+    let started = std::time::Instant::now();
+    let facts = facts(&args)?;
     if let Some(p) = &args.record {
         std::fs::write(p, facts.to_json() + "\n")
             .with_context(|| format!("cannot write recorded facts to {}", p.display()))?;
     }
     let report = decode(&facts);
+    let exported = serve::Sources::of(&args);
+    if let Some(addr) = args.serve {
+        let collected = serve::Collected::now(report, started);
+        // Replayed facts do not change: nothing to collect again.
+        let refresh = args.replay.is_none().then(|| {
+            (
+                std::time::Duration::from_secs(args.refresh),
+                collect_options(&args),
+            )
+        });
+        return serve::serve(addr, collected, refresh, exported);
+    }
     let out = if args.json {
         render::json(&report) + "\n"
-    } else if args.prometheus {
-        render::prometheus(&report)
+    } else if args.prometheus || args.textfile.is_some() {
+        let collected = serve::Collected::now(report.clone(), started);
+        exported.exposition(&collected)
     } else {
         render::human(&report)
     };
-    print!("{out}");
+    match &args.textfile {
+        Some(p) => serve::write_atomically(p, &out)?,
+        None => print!("{out}"),
+    }
     Ok(report.exit_code())
+}
+
+fn collect_options(args: &Args) -> CollectOptions {
+    CollectOptions {
+        load_msr: args.load_msr,
+        rng_samples: usize::try_from(args.rng_samples).unwrap_or(4096),
+    }
+}
+
+/// The facts: recorded (`--replay`) or collected now.
+fn facts(args: &Args) -> anyhow::Result<HostFacts> {
+    Ok(match &args.replay {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read recorded facts {}", p.display()))?;
+            HostFacts::from_json(&text).with_context(|| format!("in {}", p.display()))?
+        }
+        None => collect(&collect_options(args)),
+    })
 }

@@ -12,6 +12,8 @@ use memveil_drng::{DrngError, SourceKind, Stream, StreamKind, StreamOptions};
 #[path = "rng_serve.rs"]
 mod serve_cmd;
 
+pub(crate) use serve_cmd::read_stats;
+
 /// `memveil rng --help`, after the verbs.
 const AFTER_LONG_HELP: &str = "\
 Examples:

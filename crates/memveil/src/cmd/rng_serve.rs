@@ -1,14 +1,16 @@
 //! `memveil rng serve` and `memveil rng feed-kernel` (included by `rng.rs`).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use memveil_drng::egd::Limits;
 use memveil_drng::kernel::{FeedError, FeedPolicy, Feeder};
-use memveil_drng::serve::{Listen, Output, SeedSpec, ServeConfig, Server};
+use memveil_drng::serve::{Listen, Output, SeedSpec, ServeConfig, Server, ServerStats};
 use memveil_drng::SourceKind;
 
 /// `memveil rng serve --help`, after the options.
@@ -138,6 +140,38 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is not an octal mode like 600 or 660"))
 }
 
+/// The counters as the `--stats` socket writes them: pretty JSON.
+fn stats_json(s: &ServerStats) -> String {
+    let mut j = serde_json::to_string_pretty(s).unwrap_or_default();
+    j.push('\n');
+    j
+}
+
+/// Reads the counters of a running `memveil rng serve` from its `--stats`
+/// socket (what [`stats_json`] wrote), waiting at most `timeout`.
+pub(crate) fn read_stats(path: &Path, timeout: Duration) -> anyhow::Result<ServerStats> {
+    use std::io::Read as _;
+    let s = std::os::unix::net::UnixStream::connect(path).with_context(|| {
+        format!(
+            "cannot reach the entropy service's stats socket {} (memveil rng serve --stats {0})",
+            path.display()
+        )
+    })?;
+    s.set_read_timeout(Some(timeout))?;
+    let mut text = String::new();
+    // The service writes the counters and closes; a bounded read keeps a
+    // wrong socket from feeding us forever.
+    s.take(1 << 20)
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} did not answer with memveil rng serve's JSON counters",
+            path.display()
+        )
+    })
+}
+
 pub(super) fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let mut listen: Vec<Listen> = a.unix.into_iter().map(Listen::Unix).collect();
     listen.extend(a.tcp.into_iter().map(Listen::Tcp));
@@ -165,11 +199,7 @@ pub(super) fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         producers: a.producers,
         stats_socket: a.stats,
         stats_interval: (a.stats_interval > 0).then(|| Duration::from_secs(a.stats_interval)),
-        stats_format: Arc::new(|s| {
-            let mut j = serde_json::to_string_pretty(s).unwrap_or_default();
-            j.push('\n');
-            j
-        }),
+        stats_format: Arc::new(stats_json),
         ..ServeConfig::default()
     };
     let stop = memveil_drng::serve::stop_on_signals();

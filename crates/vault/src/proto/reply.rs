@@ -60,6 +60,19 @@ pub struct KeyIdTable {
     pub entries: Vec<KeyIdState>,
 }
 
+impl KeyIdTable {
+    /// How many KeyIDs are programmed now (KeyID 0 and cleared ones not
+    /// counted): what `memveil key status` and the probe's
+    /// `memveil_vault_keyids_programmed` report.
+    #[must_use]
+    pub fn programmed(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| e.keyid != 0 && !matches!(e.mode, memveil_engine::KeyIdMode::Clear))
+            .count()
+    }
+}
+
 /// Error classes of replies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
