@@ -131,7 +131,17 @@ pub fn markdown(files: &[(String, String)]) -> Result<String, String> {
     );
     let (mut n_met, mut n_missed) = (0, 0);
     for (id, (f, k)) in &rows {
-        let x = f.ratio.unwrap_or(f.value);
+        // A target with a unit ("<= 2 us added") is of the value; one
+        // without, of the ratio (the value when there is none).
+        let with_unit = f
+            .target
+            .as_deref()
+            .is_some_and(|t| t.split_whitespace().count() > 2);
+        let x = if with_unit {
+            f.value
+        } else {
+            f.ratio.unwrap_or(f.value)
+        };
         let verdict = match f.target.as_deref().and_then(|t| met(t, x)) {
             Some(true) => {
                 n_met += 1;
