@@ -24,8 +24,8 @@ pub mod sheet;
 pub mod shield;
 pub mod timing;
 pub mod vault;
-pub mod vault_tls;
 pub mod vault_kmip;
+pub mod vault_tls;
 pub mod workloads;
 
 pub use report::{write_report, Figure, Plot, Section, Series};
