@@ -427,10 +427,7 @@ fn the_passphrase_copy_opens_the_keystore_when_the_kms_is_gone() {
     std::fs::write(&pass, "a long fallback passphrase\n").expect("pass");
     let state = d.join("state");
     let mut args = host_args(&s, "host-a", &state, &kek);
-    args.extend([
-        "--kmip-fallback-passphrase-file".into(),
-        pass.display().to_string(),
-    ]);
+    args.extend(["--kmip-fallback".into(), pass.display().to_string()]);
     args.extend([
         "--kdf-memory-kib".into(),
         "1024".into(),

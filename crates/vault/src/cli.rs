@@ -73,7 +73,7 @@ pub enum Cmd {
     Create {
         /// Key name
         name: String,
-        /// Kind: aes*, xts*, rsa2048/3072/4096, p256, p384, ed25519
+        /// aes*, xts*, rsa2048/3072/4096, p256, p384, ed25519
         ///
         /// aes128, aes256, xts128, xts256 (symmetric); rsa2048, rsa3072,
         /// rsa4096, p256, p384, ed25519 (a key pair: the private half stays in
@@ -333,14 +333,14 @@ pub struct ServeArgs {
     /// closed and the vault not started.
     #[arg(long, value_name = "UID", verbatim_doc_comment)]
     pub kmip_kek: Option<String>,
-    /// With --kmip-kek: also seal a copy of the keystore with this passphrase
+    /// With --kmip-kek: a copy sealed by this passphrase file
     ///
     /// With --kmip-kek: also keep keys.vault.fallback, the keystore sealed
     /// with this passphrase (Argon2id), in step with keys.vault. If the KMS is
     /// lost for good, `serve --passphrase-file FILE` opens the copy and seals
     /// the keystore with the passphrase from then on.
     #[arg(long, value_name = "FILE", requires = "kmip_kek", verbatim_doc_comment)]
-    pub kmip_fallback_passphrase_file: Option<PathBuf>,
+    pub kmip_fallback: Option<PathBuf>,
     /// The KMIP server (with --kmip-kek)
     #[command(flatten)]
     pub kmip: KmipArgs,
@@ -442,7 +442,7 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
         (_, _, Some(uid)) => Some(KekSource::Kmip {
             config: a.kmip.resolve()?,
             uid: uid.clone(),
-            fallback: a.kmip_fallback_passphrase_file.clone(),
+            fallback: a.kmip_fallback.clone(),
         }),
         _ => None,
     };

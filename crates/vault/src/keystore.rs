@@ -42,7 +42,7 @@ const MAGIC: &[u8; 8] = b"MVVAULT1";
 const HEADER: usize = 8 + 1 + 12 + 16 + 12 + 8;
 /// File name of the keystore inside the state directory.
 pub const FILE: &str = "keys.vault";
-/// The passphrase-sealed copy of a KMIP-sealed keystore (`--kmip-fallback-passphrase-file`).
+/// The passphrase-sealed copy of a KMIP-sealed keystore (`--kmip-fallback`).
 pub const FALLBACK_FILE: &str = "keys.vault.fallback";
 
 /// Where the key-encryption key comes from.
