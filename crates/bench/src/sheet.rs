@@ -68,16 +68,23 @@ fn utc_now() -> String {
     )
 }
 
-/// Whether `x` meets `target` (`>= 0.85`, `<= 2`, `== 0`); `None` for a
-/// figure that is only reported.
+/// Whether a figure meets `target` (`>= 0.85`, `<= 2`, `== 0`): a target
+/// with a unit (`<= 2 us added`) is of the `value`, one without of the
+/// `ratio` (the value when there is none); `None` for a figure that is only
+/// reported.
 #[must_use]
-pub fn met(target: &str, x: f64) -> Option<bool> {
+pub fn met(target: &str, value: f64, ratio: Option<f64>) -> Option<bool> {
     let t = target.trim();
     let (op, rest) = [">=", "<=", "=="]
         .iter()
         .find_map(|op| t.strip_prefix(op).map(|r| (*op, r)))?;
-    // The number, then perhaps its unit ("<= 2 us added").
-    let v: f64 = rest.split_whitespace().next()?.parse().ok()?;
+    let mut words = rest.split_whitespace();
+    let v: f64 = words.next()?.parse().ok()?;
+    let x = if words.next().is_some() {
+        value
+    } else {
+        ratio.unwrap_or(value)
+    };
     Some(match op {
         ">=" => x >= v,
         "<=" => x <= v,
@@ -131,18 +138,7 @@ pub fn markdown(files: &[(String, String)]) -> Result<String, String> {
     );
     let (mut n_met, mut n_missed) = (0, 0);
     for (id, (f, k)) in &rows {
-        // A target with a unit ("<= 2 us added") is of the value; one
-        // without, of the ratio (the value when there is none).
-        let with_unit = f
-            .target
-            .as_deref()
-            .is_some_and(|t| t.split_whitespace().count() > 2);
-        let x = if with_unit {
-            f.value
-        } else {
-            f.ratio.unwrap_or(f.value)
-        };
-        let verdict = match f.target.as_deref().and_then(|t| met(t, x)) {
+        let verdict = match f.target.as_deref().and_then(|t| met(t, f.value, f.ratio)) {
             Some(true) => {
                 n_met += 1;
                 "met"
@@ -212,13 +208,14 @@ mod tests {
 
     #[test]
     fn targets_are_read_and_checked() {
-        assert_eq!(met(">= 0.85", 0.9), Some(true));
-        assert_eq!(met(">= 0.85", 0.8), Some(false));
-        assert_eq!(met("<= 2", 2.0), Some(true));
-        assert_eq!(met("== 0", 0.0), Some(true));
-        assert_eq!(met("reported", 1.0), None);
-        assert_eq!(met(">= x", 1.0), None);
-        assert_eq!(met("<= 2 us added", 2.86), Some(false));
+        assert_eq!(met(">= 0.85", 0.9, None), Some(true));
+        assert_eq!(met(">= 0.85", 0.8, None), Some(false));
+        assert_eq!(met(">= 0.85", 5.0, Some(0.8)), Some(false));
+        assert_eq!(met("<= 2", 2.0, None), Some(true));
+        assert_eq!(met("== 0", 0.0, None), Some(true));
+        assert_eq!(met("reported", 1.0, None), None);
+        assert_eq!(met(">= x", 1.0, None), None);
+        assert_eq!(met("<= 2 us added", 2.86, Some(-8.4)), Some(false));
     }
 
     #[test]
