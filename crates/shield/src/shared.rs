@@ -499,14 +499,38 @@ impl SharedShield {
     /// (the creator unmaps or remaps it): evicted pages are decrypted back
     /// into the shmem file, so views in other processes keep their data, in
     /// plaintext from now on.
+    ///
+    /// When other live processes still map a mapping it writes back, this
+    /// process says so on stderr before it goes on: the views' own watchdogs
+    /// learn of it only when this process has exited, and a view that
+    /// exits first would never say it (the message raced the view's exit).
     pub fn release(&self, addr: usize, len: usize) {
         let mut gone = Vec::with_capacity(MAX_MAPPINGS);
         {
             let mut st = self.inner.lock();
+            let mut others = None;
             let mut i = 0;
             while i < st.mappings.len() {
                 let m = &st.mappings[i];
                 if addr < m.base + m.pages * PAGE && m.base < addr.saturating_add(len) {
+                    // Counted once, before the first write-back: views of
+                    // processes gone are dropped first (their probe needs a
+                    // mapping still known).
+                    let others = *others.get_or_insert_with(|| {
+                        self.inner.reap(&mut st);
+                        st.views.iter().skip(1).flatten().count()
+                    });
+                    let m = &st.mappings[i];
+                    if others > 0 {
+                        eprintln!(
+                            "memveil-shield: process {} wrote back the shared memory at {:#x} \
+                             ({} pages) it protected, which {others} other process(es) still \
+                             map: that memory is plaintext from now on",
+                            std::process::id(),
+                            m.base,
+                            m.pages
+                        );
+                    }
                     let plain = m.states.iter().filter(|&&s| s == RESIDENT).count();
                     self.inner.write_back(&mut st, i);
                     st.resident = st.resident.saturating_sub(plain);
@@ -743,13 +767,9 @@ impl Shared {
     }
 
     fn creator_gone(&self) {
-        if self.released() {
-            eprintln!(
-                "memveil-shield: process {} exited after writing back the shared memory it \
-                 protected; that memory is plaintext from now on",
-                self.creator
-            );
-        } else {
+        // Released: the creator said so itself when it wrote the memory
+        // back (see `SharedShield::release`); nothing is left to do.
+        if !self.released() {
             eprintln!(
                 "memveil-shield: process {} died holding the keys of shared memory this \
                  process maps; its evicted pages are lost, so this process is stopped \
