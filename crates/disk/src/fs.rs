@@ -50,6 +50,10 @@ pub(crate) struct DiskFs {
     sectors: Sectors,
     locks: SectorLocks,
     wb_errors: WritebackErrors,
+    /// Test only ([`crate::ServeOpts::test_drop_write`]): the write request
+    /// (counted from 1) to acknowledge without storing it.
+    drop_write: Option<u64>,
+    writes: AtomicU64,
     uid: u32,
     gid: u32,
     started: SystemTime,
@@ -62,6 +66,7 @@ impl DiskFs {
         file: File,
         sectors: Sectors,
         counters: std::sync::Arc<Counters>,
+        drop_write: Option<u64>,
     ) -> Self {
         Self {
             name,
@@ -69,6 +74,8 @@ impl DiskFs {
             sectors,
             locks: SectorLocks::default(),
             wb_errors: WritebackErrors::default(),
+            drop_write,
+            writes: AtomicU64::new(0),
             uid: memveil_sys::probe::euid(),
             gid: 0,
             started: SystemTime::now(),
@@ -170,6 +177,9 @@ impl DiskFs {
         }
         let skip = usize::try_from(offset - start).unwrap_or(0);
         let partial = !g.aligned(offset, n as u64);
+        if self.drop_write.is_some() && self.dropped(offset, n) {
+            return Ok(n);
+        }
         // Every write, whole sectors or not: a full-sector write racing the
         // read-modify-write of a partial one would otherwise be undone by
         // the partial one's store of the sector it read before.
@@ -191,6 +201,19 @@ impl DiskFs {
             }
             Err(e) => Err(self.fail("write", &e)),
         }
+    }
+
+    /// Test only: whether this write is the one to acknowledge and drop.
+    fn dropped(&self, offset: u64, n: usize) -> bool {
+        let nth = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.drop_write != Some(nth) {
+            return false;
+        }
+        eprintln!(
+            "memveil disk: TEST SWITCH: write #{nth} at byte {offset} ({n} bytes) acknowledged \
+             and not stored"
+        );
+        true
     }
 
     /// `fsync(2)` of the image for handle `fh`; fails also when an earlier
