@@ -483,7 +483,7 @@ fn sigkill_of_the_server_under_writers_loses_no_acknowledged_write() {
         }
     }
     eprintln!(
-        "{kills} kills, {total} writes checked, {} kills lost writes, {:?} (seed {seed})",
+        "{kills} kills, {total} writes completed, every sector checked after each kill; {} kills lost writes; {:?} (seed {seed})",
         failed.len(),
         t0.elapsed()
     );

@@ -256,3 +256,57 @@ fn close_reporting(fd: std::os::fd::RawFd) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// The first idea, the image itself on a small tmpfs: there is no
+/// write-back under the server (tmpfs refuses the `pwrite` at once), so the
+/// server's reply carries the error: a write through the served file fails
+/// itself, and buffered writes through the loop device fail the device's
+/// `fsync` (the kernel's write-back of the device gets the write's error).
+/// This held before the handle-tracking of write-back errors too; the test
+/// above needs ext4 under the image for a write-back that can fail.
+#[test]
+fn the_image_on_a_full_tmpfs_fails_the_write_or_the_devices_fsync() {
+    if !common::root_or_skip() || !common::devices_or_skip(true) {
+        return;
+    }
+    let dir = common::scratch("tmpfsfull");
+    let mut stack = Stack(Vec::new());
+    let small = dir.join("small");
+    std::fs::create_dir_all(&small).expect("mkdir");
+    common::run(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+            .arg(&small),
+    );
+    stack.push({
+        let p = small.clone();
+        move || umount(&p)
+    });
+    let _v = common::vault(&dir);
+    let sock = dir.join("vault.sock");
+    let image = small.join("disk.img");
+    memveil_disk::create(&common::image_opts(&image, &sock, "full", 32 << 20)).expect("create");
+    let mut srv = common::disk(&image, &dir.join("fuse"), Some(&sock), true);
+    let chunk = vec![0x5au8; 1 << 20];
+    let served = std::fs::OpenOptions::new()
+        .write(true)
+        .open(srv.field("file"))
+        .expect("open the served file");
+    let direct = (0..32u64).try_for_each(|i| served.write_all_at(&chunk, i << 20));
+    assert!(direct.is_err(), "32 MiB written onto an 8 MiB tmpfs");
+    let dev = std::fs::OpenOptions::new()
+        .write(true)
+        .open(srv.field("device"))
+        .expect("open the loop device");
+    let buffered = (0..32u64).try_for_each(|i| dev.write_all_at(&chunk, i << 20));
+    let synced = dev.sync_all();
+    eprintln!("served file: {direct:?}; device: write {buffered:?}, fsync {synced:?}");
+    assert!(
+        buffered.is_err() || synced.is_err(),
+        "the device took 32 MiB onto an 8 MiB tmpfs and its fsync succeeded"
+    );
+    drop((served, dev));
+    let _ = srv.term(Duration::from_secs(30));
+    drop(srv);
+    drop(stack);
+}
