@@ -13,8 +13,15 @@ use std::sync::{Condvar, Mutex, PoisonError};
 /// different sectors run in parallel.
 #[derive(Default)]
 pub(crate) struct SectorLocks {
-    held: Mutex<Vec<Held>>,
+    held: Mutex<Ranges>,
     freed: Condvar,
+}
+
+#[derive(Default)]
+struct Ranges {
+    held: Vec<Held>,
+    /// Requests waiting for a range (a release wakes them only when some).
+    waiting: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -42,10 +49,12 @@ impl SectorLocks {
     pub(crate) fn lock(&self, start: u64, end: u64, write: bool) -> SectorGuard<'_> {
         let me = Held { start, end, write };
         let mut g = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        while g.iter().any(|h| h.conflicts(&me)) {
+        while g.held.iter().any(|h| h.conflicts(&me)) {
+            g.waiting += 1;
             g = self.freed.wait(g).unwrap_or_else(PoisonError::into_inner);
+            g.waiting -= 1;
         }
-        g.push(me);
+        g.held.push(me);
         SectorGuard {
             locks: self,
             held: me,
@@ -61,11 +70,14 @@ impl Drop for SectorGuard<'_> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         // Equal entries (reads of the same sectors) are interchangeable.
-        if let Some(i) = g.iter().position(|h| *h == self.held) {
-            g.swap_remove(i);
+        if let Some(i) = g.held.iter().position(|h| *h == self.held) {
+            g.held.swap_remove(i);
         }
+        let wake = g.waiting > 0;
         drop(g);
-        self.locks.freed.notify_all();
+        if wake {
+            self.locks.freed.notify_all();
+        }
     }
 }
 
@@ -206,6 +218,7 @@ mod tests {
         drop(w_other);
         t.join().expect("writer");
         assert!(done.load(Ordering::SeqCst));
-        assert!(l.held.lock().expect("held").is_empty());
+        let g = l.held.lock().expect("held");
+        assert!(g.held.is_empty() && g.waiting == 0);
     }
 }
