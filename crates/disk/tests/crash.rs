@@ -256,6 +256,14 @@ impl Rig {
         self.mnt.join(FILE)
     }
 
+    /// The layout's server stopped, a new one with `env` serving.
+    fn stop_and_restart(&mut self, env: &[(&str, String)]) {
+        self.srv
+            .term(Duration::from_secs(30))
+            .expect("server stops");
+        self.restart(env);
+    }
+
     /// A new server (cleaning up after a dead one), ext4 mounted.
     fn restart(&mut self, env: &[(&str, String)]) {
         self.srv = common::try_disk_env(&self.image, &self.fuse, Some(&self.sock), true, 1, env)
@@ -451,8 +459,7 @@ fn sigkill_of_the_server_under_writers_loses_no_acknowledged_write() {
         return;
     };
     // The writing server starts as the switch test's does.
-    rig.srv.term(Duration::from_secs(30)).expect("server stops");
-    rig.restart(&[]);
+    rig.stop_and_restart(&[]);
     let kills: u32 = std::env::var("MEMVEIL_CRASH_KILLS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -505,11 +512,10 @@ fn the_crash_check_finds_an_acknowledged_write_the_server_dropped() {
     let Some((mut rig, mut e)) = rig_or_skip("crash-drop") else {
         return;
     };
-    rig.srv.term(Duration::from_secs(30)).expect("server stops");
     // Write 300 of this server: ext4's mount writes a few blocks, then only
     // the writers write. Killed well within their first pass, no block is
     // written twice, so nothing can overwrite the dropped write.
-    rig.restart(&[(common::DROP_WRITE, "300".into())]);
+    rig.stop_and_restart(&[(common::DROP_WRITE, "300".into())]);
     let dropper = rig.srv.errlog.clone();
     let (lost, n) = crash_round(&mut rig, &mut e, &KillAt::Acked(2000), seed());
     let said = std::fs::read_to_string(&dropper).unwrap_or_default();

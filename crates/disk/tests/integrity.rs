@@ -115,6 +115,19 @@ impl Stack {
     fn push(&mut self, f: impl FnOnce() + 'static) {
         self.0.push(Box::new(f));
     }
+
+    /// A tmpfs of `size` mounted at `at`.
+    fn tmpfs(&mut self, at: PathBuf, size: &str) -> PathBuf {
+        std::fs::create_dir_all(&at).expect("mkdir");
+        common::run(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&at),
+        );
+        let p = at.clone();
+        self.push(move || umount(&p));
+        at
+    }
 }
 
 impl Drop for Stack {
@@ -151,19 +164,9 @@ fn a_writeback_error_reaches_the_loop_devices_fsync_after_another_close_took_it(
     }
     let dir = common::scratch("wberr");
     let mut stack = Stack(Vec::new());
-    let small = dir.join("small");
+    let small = stack.tmpfs(dir.join("small"), "24m");
     let lower = dir.join("lower");
-    std::fs::create_dir_all(&small).expect("mkdir");
     std::fs::create_dir_all(&lower).expect("mkdir");
-    common::run(
-        Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
-            .arg(&small),
-    );
-    stack.push({
-        let p = small.clone();
-        move || umount(&p)
-    });
     let backing = small.join("lower.img");
     File::create(&backing)
         .and_then(|f| f.set_len(256 << 20))
@@ -271,17 +274,7 @@ fn the_image_on_a_full_tmpfs_fails_the_write_or_the_devices_fsync() {
     }
     let dir = common::scratch("tmpfsfull");
     let mut stack = Stack(Vec::new());
-    let small = dir.join("small");
-    std::fs::create_dir_all(&small).expect("mkdir");
-    common::run(
-        Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-            .arg(&small),
-    );
-    stack.push({
-        let p = small.clone();
-        move || umount(&p)
-    });
+    let small = stack.tmpfs(dir.join("small"), "8m");
     let _v = common::vault(&dir);
     let sock = dir.join("vault.sock");
     let image = small.join("disk.img");
