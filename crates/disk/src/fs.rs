@@ -4,16 +4,18 @@
 //! cache of it (the filesystem on the loop device above caches) and every
 //! write reaches this server before the writer sees it complete: a write
 //! acknowledged to the loop device is on the backing file, and `flush` and
-//! `fsync` are `fsync(2)` of the backing file. Writes to different sectors
-//! run in parallel (`FOPEN_PARALLEL_DIRECT_WRITES`); a write that does not
-//! cover whole sectors is a read-modify-write of its edge sectors, serialised
-//! against the other partial writes so two of them never lose each other's
-//! bytes. The size cannot change.
+//! `fsync` are `fsync(2)` of the backing file. Requests over different
+//! sectors run in parallel (`FOPEN_PARALLEL_DIRECT_WRITES`); a write holds
+//! every sector it touches until it is on the image ([`SectorLocks`]), so a
+//! write that does not cover whole sectors (a read-modify-write of its edge
+//! sectors) never puts back bytes that another write replaced meanwhile. A
+//! failed write-back of the image reaches the next `fsync` or `flush` of
+//! every handle open when it was found ([`WritebackErrors`]). The size
+//! cannot change.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -22,6 +24,7 @@ use fuser::{
     ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
 };
 
+use crate::order::{SectorLocks, WritebackErrors};
 use crate::sectors::{IoError, Sectors, MAX_IO};
 
 const FILE_INO: INodeNo = INodeNo(2);
@@ -45,7 +48,12 @@ pub(crate) struct DiskFs {
     name: String,
     file: File,
     sectors: Sectors,
-    rmw: Mutex<()>,
+    locks: SectorLocks,
+    wb_errors: WritebackErrors,
+    /// Test only ([`crate::ServeOpts::test_drop_write`]): the write request
+    /// (counted from 1) to acknowledge without storing it.
+    drop_write: Option<u64>,
+    writes: AtomicU64,
     uid: u32,
     gid: u32,
     started: SystemTime,
@@ -58,12 +66,16 @@ impl DiskFs {
         file: File,
         sectors: Sectors,
         counters: std::sync::Arc<Counters>,
+        drop_write: Option<u64>,
     ) -> Self {
         Self {
             name,
             file,
             sectors,
-            rmw: Mutex::new(()),
+            locks: SectorLocks::default(),
+            wb_errors: WritebackErrors::default(),
+            drop_write,
+            writes: AtomicU64::new(0),
             uid: memveil_sys::probe::euid(),
             gid: 0,
             started: SystemTime::now(),
@@ -125,6 +137,7 @@ impl DiskFs {
         }
         let skip = usize::try_from(offset - start).unwrap_or(0);
         let mut reply = Some(reply);
+        let _sectors = self.locks.lock(start, end, false);
         let r = self.sectors.with_slot(|slot| {
             self.sectors.load(slot, &self.file, start, len)?;
             self.sectors.with_buf(slot, skip, want, |b| {
@@ -164,11 +177,13 @@ impl DiskFs {
         }
         let skip = usize::try_from(offset - start).unwrap_or(0);
         let partial = !g.aligned(offset, n as u64);
-        let _serial = partial.then(|| {
-            self.rmw
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        });
+        if self.drop_write.is_some() && self.dropped(offset, n) {
+            return Ok(n);
+        }
+        // Every write, whole sectors or not: a full-sector write racing the
+        // read-modify-write of a partial one would otherwise be undone by
+        // the partial one's store of the sector it read before.
+        let _sectors = self.locks.lock(start, end, true);
         let r = self.sectors.with_slot(|slot| {
             if partial {
                 self.sectors.load(slot, &self.file, start, len)?;
@@ -188,14 +203,37 @@ impl DiskFs {
         }
     }
 
-    fn sync(&self, data_only: bool) -> Result<(), Errno> {
+    /// Test only: whether this write is the one to acknowledge and drop.
+    fn dropped(&self, offset: u64, n: usize) -> bool {
+        let nth = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.drop_write != Some(nth) {
+            return false;
+        }
+        eprintln!(
+            "memveil disk: TEST SWITCH: write #{nth} at byte {offset} ({n} bytes) acknowledged \
+             and not stored"
+        );
+        true
+    }
+
+    /// `fsync(2)` of the image for handle `fh`; fails also when an earlier
+    /// sync failed and `fh` has not heard of it ([`WritebackErrors`]).
+    fn sync(&self, fh: FileHandle, data_only: bool) -> Result<(), Errno> {
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        let r = if data_only {
-            self.file.sync_data()
-        } else {
-            self.file.sync_all()
-        };
-        r.map_err(|e| self.fail("fsync", &IoError::File(e)))
+        let (r, found) = self.wb_errors.sync(fh.0, || {
+            if data_only {
+                self.file.sync_data()
+            } else {
+                self.file.sync_all()
+            }
+        });
+        if let Some(e) = found {
+            self.fail(
+                "fsync of the image (every open handle's next fsync or flush fails with it)",
+                &IoError::File(e),
+            );
+        }
+        r.map_err(Errno::from_i32)
     }
 }
 
@@ -260,7 +298,7 @@ impl Filesystem for DiskFs {
             return;
         }
         reply.opened(
-            FileHandle(0),
+            FileHandle(self.wb_errors.open()),
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
         );
     }
@@ -309,11 +347,11 @@ impl Filesystem for DiskFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.sync(true) {
+        match self.sync(fh, true) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -323,14 +361,28 @@ impl Filesystem for DiskFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.sync(datasync) {
+        match self.sync(fh, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.wb_errors.release(fh.0);
+        reply.ok();
     }
 
     fn readdir(

@@ -25,6 +25,7 @@ pub mod binding;
 mod fs;
 pub mod geometry;
 pub mod host;
+mod order;
 mod sectors;
 mod serve;
 

@@ -43,6 +43,14 @@ pub struct ServeOpts {
     pub attach_loop: bool,
     /// How long to wait for busy mounts and the loop device at shutdown.
     pub grace: Duration,
+    /// TEST ONLY, never set by `memveil disk serve`: acknowledge the write
+    /// request of this number (counted from 1 since the start) without
+    /// storing it, so a test can show that the crash test finds a lost
+    /// acknowledged write. The test harness sets it from the environment
+    /// variable `MEMVEIL_DISK_TEST_DROP_WRITE` (tests/common); nothing
+    /// else reads that variable.
+    #[doc(hidden)]
+    pub test_drop_write: Option<u64>,
 }
 
 impl ServeOpts {
@@ -57,6 +65,7 @@ impl ServeOpts {
             lanes_per_thread: 1,
             attach_loop: true,
             grace: Duration::from_secs(10),
+            test_drop_write: None,
         }
     }
 }
@@ -328,7 +337,13 @@ pub fn serve(
         .file_name()
         .map_or_else(|| "disk".into(), |n| n.to_string_lossy().into_owned());
     let counters = Arc::new(Counters::default());
-    let fs = DiskFs::new(name.clone(), file, sectors, counters.clone());
+    let fs = DiskFs::new(
+        name.clone(),
+        file,
+        sectors,
+        counters.clone(),
+        o.test_drop_write,
+    );
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName(host::FSNAME.into()),

@@ -19,6 +19,10 @@ use memveil_testkit::{skip, Need};
 
 const CHILD: &str = "MEMVEIL_DISK_CHILD";
 const ARGS: &str = "MEMVEIL_DISK_CHILD_ARGS";
+/// Test only: the disk child acknowledges this write request (counted
+/// from one) without storing it (`ServeOpts::test_drop_write`). Read here,
+/// in the test harness, and nowhere else.
+pub const DROP_WRITE: &str = "MEMVEIL_DISK_TEST_DROP_WRITE";
 
 #[derive(clap::Parser)]
 struct VaultCli {
@@ -67,6 +71,7 @@ fn disk_child(a: &[String]) -> i32 {
     o.attach_loop = a[3] == "loop";
     o.lanes_per_thread = a.get(4).and_then(|l| l.parse().ok()).unwrap_or(1);
     o.grace = Duration::from_secs(5);
+    o.test_drop_write = std::env::var(DROP_WRITE).ok().and_then(|n| n.parse().ok());
     let r = memveil_disk::serve(&o, stop, |r| {
         for line in &r.recovered {
             eprintln!("recovered: {line}");
@@ -176,10 +181,18 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn start(mode: &str, args: &[String], errlog: PathBuf, want: &str) -> Result<Proc, String> {
+    fn start(
+        mode: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        errlog: PathBuf,
+        want: &str,
+    ) -> Result<Proc, String> {
         let exe = std::env::current_exe().expect("test binary");
         let mut child = Command::new(exe)
             .args(["child", "--exact", "--nocapture", "--test-threads=1"])
+            .env_remove(DROP_WRITE)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env(CHILD, mode)
             .env(ARGS, args.join("\n"))
             .stdin(Stdio::null())
@@ -289,6 +302,7 @@ pub fn vault(dir: &Path) -> Proc {
             "--allow-level".into(),
             "locked".into(),
         ],
+        &[],
         dir.join("vault.err"),
         "memveil-vault ready",
     )
@@ -318,6 +332,19 @@ pub fn try_disk_lanes(
     attach_loop: bool,
     lanes: usize,
 ) -> Result<Proc, String> {
+    try_disk_env(image, mount, vault, attach_loop, lanes, &[])
+}
+
+/// [`try_disk_lanes`] with environment variables for the child
+/// ([`DROP_WRITE`]).
+pub fn try_disk_env(
+    image: &Path,
+    mount: &Path,
+    vault: Option<&Path>,
+    attach_loop: bool,
+    lanes: usize,
+    env: &[(&str, String)],
+) -> Result<Proc, String> {
     // A dead server's mount point cannot be created (ENOTCONN): the server
     // cleans it up.
     let _ = std::fs::create_dir_all(mount);
@@ -332,6 +359,7 @@ pub fn try_disk_lanes(
             if attach_loop { "loop" } else { "noloop" }.into(),
             lanes.to_string(),
         ],
+        env,
         errlog,
         "ready device=",
     )
