@@ -106,3 +106,93 @@ fn create_register_get_locate_destroy_and_every_failure() {
     s.restart().expect("restart");
     assert_eq!(&a.get_key(&uid).expect("after restart")[..], &ka[..]);
 }
+
+/// Where `key` (kept only masked: `masked[i] = key[i] ^ MASK`, so the
+/// search itself holds no copy) occurs in this process's readable memory,
+/// read through `/proc/self/mem` region by region (what a memory dump of
+/// the process would show; secret memory cannot be read and is skipped).
+fn copies_in_memory(masked: &[u8]) -> Vec<usize> {
+    use std::os::unix::fs::FileExt as _;
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let mem = std::fs::File::open("/proc/self/mem").expect("/proc/self/mem");
+    let first = masked[0] ^ MASK;
+    let mut found = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for l in maps.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || l.ends_with("[vvar]") || l.ends_with("[vsyscall]") {
+            continue;
+        }
+        let Some((lo, hi)) = range.split_once('-').and_then(|(a, b)| {
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        }) else {
+            continue;
+        };
+        let mut at = lo;
+        while at < hi {
+            let n = buf.len().min(hi - at);
+            // A region that cannot be read (secret memory, a guard) is skipped.
+            if mem.read_exact_at(&mut buf[..n], at as u64).is_err() {
+                break;
+            }
+            let chunk = &buf[..n];
+            for i in memchr_all(first, chunk) {
+                let w = &chunk[i..];
+                if w.len() >= masked.len() && w.iter().zip(masked).all(|(a, m)| a ^ MASK == *m) {
+                    found.push(at + i);
+                }
+            }
+            // Overlap chunks by the needle's length less one.
+            if n == hi - at {
+                break;
+            }
+            at += n - (masked.len() - 1);
+        }
+    }
+    found
+}
+
+const MASK: u8 = 0xA5;
+
+fn memchr_all(b: u8, hay: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    hay.iter()
+        .enumerate()
+        .filter_map(move |(i, x)| (*x == b).then_some(i))
+}
+
+#[test]
+fn a_fetched_key_leaves_no_copy_in_the_process_memory() {
+    let Some((s, _d)) = server("leftover") else {
+        return;
+    };
+    let admin = client(&s, "host-a");
+    let uid = admin
+        .create_aes256(None, Some(FLEET_POLICY))
+        .expect("create");
+    drop(admin);
+    // The key comes into this process only through a Get.
+    let c = client(&s, "host-b");
+    let key = c.get_key_len(&uid, 32, "the test").expect("get");
+    let masked: Vec<u8> = key.iter().map(|b| b ^ MASK).collect();
+    drop(key);
+    drop(c);
+    // The search sees the heap: a control pattern placed there is found.
+    let control: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(37) ^ 0x5C).collect();
+    let control_masked: Vec<u8> = control.iter().map(|b| b ^ MASK).collect();
+    assert!(
+        !copies_in_memory(&control_masked).is_empty(),
+        "the memory search does not see the heap"
+    );
+    drop(control);
+    let at = copies_in_memory(&masked);
+    assert!(
+        at.is_empty(),
+        "the fetched key is still in this process's memory at {at:x?}"
+    );
+}
