@@ -111,60 +111,39 @@ fn create_register_get_locate_destroy_and_every_failure() {
 /// search itself holds no copy) occurs in this process's readable memory,
 /// read through `/proc/self/mem` region by region (what a memory dump of
 /// the process would show; secret memory cannot be read and is skipped).
-fn copies_in_memory(masked: &[u8]) -> Vec<usize> {
+fn copies_in_memory(masked: &[u8]) -> Vec<u64> {
     use std::os::unix::fs::FileExt as _;
-    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
     let mem = std::fs::File::open("/proc/self/mem").expect("/proc/self/mem");
     let first = masked[0] ^ MASK;
     let mut found = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
-    for l in maps.lines() {
-        let mut f = l.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        if !perms.starts_with('r') || l.ends_with("[vvar]") || l.ends_with("[vsyscall]") {
-            continue;
-        }
-        let Some((lo, hi)) = range.split_once('-').and_then(|(a, b)| {
-            Some((
-                usize::from_str_radix(a, 16).ok()?,
-                usize::from_str_radix(b, 16).ok()?,
-            ))
-        }) else {
-            continue;
-        };
+    for (lo, hi) in memveil_testkit::readable_mappings("self") {
         let mut at = lo;
         while at < hi {
-            let n = buf.len().min(hi - at);
+            let n = usize::try_from(hi - at).map_or(buf.len(), |left| left.min(buf.len()));
             // A region that cannot be read (secret memory, a guard) is skipped.
-            if mem.read_exact_at(&mut buf[..n], at as u64).is_err() {
+            if mem.read_exact_at(&mut buf[..n], at).is_err() {
                 break;
             }
             let chunk = &buf[..n];
-            for i in memchr_all(first, chunk) {
-                let w = &chunk[i..];
-                if w.len() >= masked.len() && w.iter().zip(masked).all(|(a, m)| a ^ MASK == *m) {
-                    found.push(at + i);
+            for (i, _) in chunk.iter().enumerate().filter(|(_, b)| **b == first) {
+                if chunk[i..].len() >= masked.len()
+                    && chunk[i..].iter().zip(masked).all(|(a, m)| a ^ MASK == *m)
+                {
+                    found.push(at + i as u64);
                 }
             }
-            // Overlap chunks by the needle's length less one.
-            if n == hi - at {
+            if at + n as u64 == hi {
                 break;
             }
-            at += n - (masked.len() - 1);
+            // Overlap chunks by the needle's length less one.
+            at += (n - (masked.len() - 1)) as u64;
         }
     }
     found
 }
 
 const MASK: u8 = 0xA5;
-
-fn memchr_all(b: u8, hay: &[u8]) -> impl Iterator<Item = usize> + '_ {
-    hay.iter()
-        .enumerate()
-        .filter_map(move |(i, x)| (*x == b).then_some(i))
-}
 
 #[test]
 fn a_fetched_key_leaves_no_copy_in_the_process_memory() {
