@@ -107,7 +107,37 @@ fn a_rogue_ca_from_ssl_cert_file_or_dir_cannot_vouch_for_the_kms() {
     }
 }
 
-/// Not a test of its own: what the test above runs in a child process.
+#[test]
+fn a_ca_file_without_a_certificate_is_refused_naming_the_flag() {
+    let s = Scratch(std::env::temp_dir().join(format!("mv-kmip-noca-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&s.0);
+    if let Err(e) = memveil_kmip::testserver::certificates(&s.0) {
+        skip(
+            Need::Installed("openssl"),
+            format!("no test certificates: {e}"),
+        );
+        return;
+    }
+    // A key where the CA should be: PEM, but no certificate in it.
+    let cfg = Config {
+        url: "127.0.0.1:5696".to_owned(),
+        cert: s.0.join("host-a.crt"),
+        key: s.0.join("host-a.key"),
+        ca: s.0.join("host-a.key"),
+        timeout: Duration::from_secs(1),
+    };
+    let e = Client::new(cfg, Policy::allow(Level::Locked)).expect_err("no CA in it");
+    assert!(
+        matches!(e, KmipError::Credentials { flag: "ca", .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("no PEM certificate in it") && e.to_string().contains("--kmip-ca"),
+        "{e}"
+    );
+}
+
+/// Not a test of its own: what the first test runs in a child process.
 #[test]
 fn child_connects_to_the_impersonator() {
     let (Some(dir), Some(ca)) = (std::env::var_os(CHILD_DIR), std::env::var_os(CHILD_CA)) else {
