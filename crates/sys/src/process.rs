@@ -591,6 +591,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn signal_group_reaches_a_grandchild_and_refuses_our_group_and_everyone() {
+        use std::os::unix::process::CommandExt as _;
+        for bad in [0, 1] {
+            let e = signal_group(bad, 0).expect_err("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad}");
+        }
+        // A shell whose child (a grandchild of ours) a kill of its pid
+        // alone would leave running.
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "sleep 60 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("sh");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(sh.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("the grandchild's pid");
+        let grandchild: u32 = line.trim().parse().expect("a pid");
+        signal_group(sh.id(), libc::SIGKILL).expect("kill the group");
+        let _ = sh.wait();
+        let gone = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        };
+        let t = std::time::Instant::now();
+        while !gone(grandchild) && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(
+            gone(grandchild),
+            "the grandchild {grandchild} outlived the group's kill"
+        );
+    }
+
+    #[test]
     fn lookup_user_finds_root_and_not_a_made_up_name() {
         let root = lookup_user("root")
             .expect("getpwnam_r")
