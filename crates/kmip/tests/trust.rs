@@ -35,6 +35,21 @@ impl Drop for Scratch {
     }
 }
 
+/// The test certificates in a scratch directory named after `tag`, or a
+/// skip without the openssl CLI.
+fn certificates(tag: &str) -> Option<Scratch> {
+    let s = Scratch(std::env::temp_dir().join(format!("mv-kmip-{tag}-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&s.0);
+    if let Err(e) = memveil_kmip::testserver::certificates(&s.0) {
+        skip(
+            Need::Installed("openssl"),
+            format!("no test certificates: {e}"),
+        );
+        return None;
+    }
+    Some(s)
+}
+
 /// Runs the child with `--kmip-ca` = `ca` and the environment `env`; its
 /// report line ("handshake: yes|no; error: ...").
 fn child(dir: &Path, ca: &str, env: &[(&str, PathBuf)]) -> String {
@@ -68,15 +83,9 @@ fn child(dir: &Path, ca: &str, env: &[(&str, PathBuf)]) -> String {
 
 #[test]
 fn a_rogue_ca_from_ssl_cert_file_or_dir_cannot_vouch_for_the_kms() {
-    let s = Scratch(std::env::temp_dir().join(format!("mv-kmip-trust-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&s.0);
-    if let Err(e) = memveil_kmip::testserver::certificates(&s.0) {
-        skip(
-            Need::Installed("openssl"),
-            format!("no test certificates: {e}"),
-        );
+    let Some(s) = certificates("trust") else {
         return;
-    }
+    };
     // SSL_CERT_DIR wants files named by the subject's hash.
     let hash = Command::new("openssl")
         .args(["x509", "-hash", "-noout", "-in"])
@@ -109,15 +118,9 @@ fn a_rogue_ca_from_ssl_cert_file_or_dir_cannot_vouch_for_the_kms() {
 
 #[test]
 fn a_ca_file_without_a_certificate_is_refused_naming_the_flag() {
-    let s = Scratch(std::env::temp_dir().join(format!("mv-kmip-noca-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&s.0);
-    if let Err(e) = memveil_kmip::testserver::certificates(&s.0) {
-        skip(
-            Need::Installed("openssl"),
-            format!("no test certificates: {e}"),
-        );
+    let Some(s) = certificates("noca") else {
         return;
-    }
+    };
     // A key where the CA should be: PEM, but no certificate in it.
     let cfg = Config {
         url: "127.0.0.1:5696".to_owned(),
