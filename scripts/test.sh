@@ -15,6 +15,11 @@ MEMVEIL_SKIP_LOG=$(mktemp "${TMPDIR:-/tmp}/memveil-skips.XXXXXX")
 export MEMVEIL_SKIP_LOG
 count_skips() {
     local rc=$?
+    # The tests failed before the check at the end: name leftovers all the same.
+    if [ -n "${MEMVEIL_TEST_RUN:-}" ] && [ -z "${LEFTOVERS_CHECKED:-}" ]; then
+        step "processes the tests started"
+        check_leftovers || true
+    fi
     step "skipped tests, by reason${CI:+ (CI=$CI)}"
     if [ -s "$MEMVEIL_SKIP_LOG" ]; then
         # A test that skips the same part twice (gcore of two processes) counts once.
@@ -31,6 +36,53 @@ count_skips() {
 }
 trap count_skips EXIT
 
+# Every process a test starts inherits MEMVEIL_TEST_RUN (pykmip-server,
+# memveil vault/agent/rng/disk/probe serve, memveil run, qemu, prometheus,
+# rngd, gocryptfs, ssh-agent...); the daemons that write their title over
+# their environment (nginx, sshd, redis-server, postgres) are found by their
+# command line instead, if they were not running before. Whatever of either
+# is still alive after the tests is a leftover: a test or bench part that
+# did not stop what it started. (Another test run on the machine at the same
+# time may start such daemons too: run the suite alone.)
+DAEMONS='nginx|sshd.*sshd_config|redis-server|postgres'
+# Whether process $1 is this script or runs under it (the check's own pipeline).
+ours() {
+    local p=$1
+    while [ -n "$p" ] && [ "$p" -gt 1 ]; do
+        [ "$p" = $$ ] && return 0
+        p=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+    done
+    return 1
+}
+# A zombie is dead (its init may be slow to reap it), the rest is running.
+alive() {
+    [ "$(awk '/^State:/ { print $2 }' "/proc/$1/status" 2>/dev/null)" != Z ] && [ -e "/proc/$1" ]
+}
+leftovers() {
+    local pid
+    for pid in $(pgrep -f -- "$DAEMONS" || true); do
+        grep -qx "$pid" <<<"$DAEMONS_BEFORE" || ours "$pid" || ! alive "$pid" || echo "$pid"
+    done
+    for pid in /proc/[0-9]*; do
+        pid=${pid#/proc/}
+        grep -qzx "MEMVEIL_TEST_RUN=$MEMVEIL_TEST_RUN" "/proc/$pid/environ" 2>/dev/null &&
+            ! ours "$pid" && alive "$pid" && echo "$pid"
+    done
+}
+check_leftovers() {
+    local pids
+    LEFTOVERS_CHECKED=1
+    pids=$(leftovers | sort -un)
+    # What was killed a moment ago may still be on its way out.
+    [ -z "$pids" ] || { sleep 2; pids=$(leftovers | sort -un); }
+    [ -z "$pids" ] && { echo "test.sh: no process the tests started is left"; return 0; }
+    echo "test.sh: processes the tests started are still running (a test or bench part does not stop what it starts):"
+    for pid in $pids; do
+        echo "  $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
+    done
+    return 1
+}
+
 scripts/install.sh --deps
 
 step "cargo fmt --check"
@@ -44,11 +96,16 @@ cargo build --locked --workspace --release
 step "BENCHMARKS.md's figure table against docs/figures/*.json"
 scripts/figures.sh --check
 step "cargo test"
+DAEMONS_BEFORE=$(pgrep -f -- "$DAEMONS" || true)
+MEMVEIL_TEST_RUN="$$-$(date +%s%N)"
+export MEMVEIL_TEST_RUN
 cargo test --locked --workspace --release --no-fail-fast 2>&1
 for f in scripts/test.d/*.sh; do
     [ -e "$f" ] || continue
     step "$f"
     bash "$f"
 done
+step "no process the tests started is left"
+check_leftovers
 echo
 echo "test.sh: all checks passed"

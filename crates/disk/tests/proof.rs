@@ -90,24 +90,49 @@ fn dump_and_scan(pid: u32, dir: &Path, tag: &str, needles: &[&[u8]]) -> Option<S
     })
 }
 
+/// A program killed and reaped on drop: on a failed assertion or an early
+/// return too (fio runs for minutes otherwise, holding the mount).
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// gocryptfs serving `mnt`: unmounted, then (its `Proc` dropped) killed.
+struct Gocryptfs {
+    proc: Proc,
+    mnt: PathBuf,
+}
+
+impl Drop for Gocryptfs {
+    fn drop(&mut self) {
+        let _ = memveil_sys::mount::unmount(&self.mnt, false);
+    }
+}
+
 /// fio's load: the same job on the disk and on gocryptfs.
-fn load(dir: &Path) -> Child {
-    Command::new("fio")
-        .current_dir(dir)
-        .args([
-            "--name=load",
-            "--rw=randrw",
-            "--bs=64k",
-            "--size=16M",
-            "--direct=1",
-            "--ioengine=psync",
-            "--time_based",
-            "--runtime=120",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("fio")
+fn load(dir: &Path) -> Proc {
+    Proc(
+        Command::new("fio")
+            .current_dir(dir)
+            .args([
+                "--name=load",
+                "--rw=randrw",
+                "--bs=64k",
+                "--size=16M",
+                "--direct=1",
+                "--ioengine=psync",
+                "--time_based",
+                "--runtime=120",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("fio"),
+    )
 }
 
 /// Waits until fio has started its I/O (its file exists at full size).
@@ -122,11 +147,6 @@ fn wait_loaded(dir: &Path, fio: &mut Child) {
         assert!(t0.elapsed() < Duration::from_secs(60), "fio never started");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn stop(mut c: Child) {
-    let _ = c.kill();
-    let _ = c.wait();
 }
 
 /// HKDF-SHA256 with no salt, 32 bytes (gocryptfs's `hkdfDerive`).
@@ -192,7 +212,7 @@ fn key_is_not_in_dumps_of_the_disk_server_or_vault_but_gocryptfs_key_is_found() 
     common::run(Command::new("mkfs.ext4").args(["-q", "-F", &dev]));
     common::run(Command::new("mount").arg(&dev).arg(&mnt));
     let mut fio = load(&mnt);
-    wait_loaded(&mnt, &mut fio);
+    wait_loaded(&mnt, &mut fio.0);
     let Some(disk) = dump_and_scan(srv.pid(), &dir, "disk", &needles) else {
         return;
     };
@@ -200,10 +220,10 @@ fn key_is_not_in_dumps_of_the_disk_server_or_vault_but_gocryptfs_key_is_found() 
         return;
     };
     assert!(
-        fio.try_wait().expect("fio").is_none(),
+        fio.0.try_wait().expect("fio").is_none(),
         "fio ended before the dumps were taken"
     );
-    stop(fio);
+    drop(fio);
     for (who, s) in [("disk server", &disk), ("vault", &vault)] {
         assert!(
             s.keyfind.is_empty(),
@@ -230,7 +250,7 @@ fn key_is_not_in_dumps_of_the_disk_server_or_vault_but_gocryptfs_key_is_found() 
     );
     let mut master = [0u8; 32];
     memveil_sys::getrandom(&mut master).expect("random");
-    let mut g = Command::new("gocryptfs")
+    let g = Command::new("gocryptfs")
         .args(["-fg", "-q"])
         .arg(format!("-masterkey={}", hex::encode(master)))
         .arg(&cipher_dir)
@@ -239,10 +259,14 @@ fn key_is_not_in_dumps_of_the_disk_server_or_vault_but_gocryptfs_key_is_found() 
         .stderr(Stdio::null())
         .spawn()
         .expect("gocryptfs");
+    let mut g = Gocryptfs {
+        proc: Proc(g),
+        mnt: plain_dir.clone(),
+    };
     let t0 = Instant::now();
     while !common::mounted(&plain_dir) {
         assert!(
-            g.try_wait().expect("gocryptfs").is_none(),
+            g.proc.0.try_wait().expect("gocryptfs").is_none(),
             "gocryptfs exited"
         );
         assert!(
@@ -252,13 +276,12 @@ fn key_is_not_in_dumps_of_the_disk_server_or_vault_but_gocryptfs_key_is_found() 
         std::thread::sleep(Duration::from_millis(50));
     }
     let mut fio = load(&plain_dir);
-    wait_loaded(&plain_dir, &mut fio);
+    wait_loaded(&plain_dir, &mut fio.0);
     let content = hkdf(&master, b"AES-GCM file content encryption");
     let names = hkdf(&master, b"EME filename encryption");
-    let got = dump_and_scan(g.id(), &dir, "gocryptfs", &[&content]);
-    stop(fio);
-    let _ = memveil_sys::mount::unmount(&plain_dir, false);
-    stop(g);
+    let got = dump_and_scan(g.proc.0.id(), &dir, "gocryptfs", &[&content]);
+    drop(fio);
+    drop(g);
     let Some(got) = got else { return };
     for (what, k) in [("content key", &content), ("file name key", &names)] {
         let k = hex::encode(k);

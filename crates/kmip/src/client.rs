@@ -1,17 +1,26 @@
 //! The KMIP client: one TLS connection (client certificate, server verified
 //! against the configured CA) per operation, responses read into secret
 //! memory, key bytes returned only as [`SecretBox`]es.
+//!
+//! The server is verified against the certificates of the CA file alone:
+//! the system's CAs, `SSL_CERT_FILE` and `SSL_CERT_DIR` play no part. OpenSSL
+//! wipes each record's plaintext once it is read, and its record buffers
+//! before it frees them (`SSL_OP_CLEANSE_PLAINTEXT`), so no key bytes stay
+//! behind in ordinary heap memory when a connection ends.
 #![forbid(unsafe_code)]
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpStream, ToSocketAddrs as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use memveil_secmem::{Policy, SecmemError, SecretBox, SecretPool};
 use openssl::ssl::{
-    HandshakeError, SslConnector, SslFiletype, SslMethod, SslStream, SslVerifyMode, SslVersion,
+    HandshakeError, SslConnector, SslFiletype, SslMethod, SslOptions, SslStream, SslVerifyMode,
+    SslVersion,
 };
-use openssl::x509::X509VerifyResult;
+use openssl::x509::store::{X509Store, X509StoreBuilder};
+use openssl::x509::verify::X509VerifyFlags;
+use openssl::x509::{X509VerifyResult, X509};
 
 use crate::config::Config;
 use crate::msg::{self, object_type, reason, Failure, Got, Operation};
@@ -21,6 +30,12 @@ use crate::ttlv::{self, typ};
 pub const MAX_RESPONSE: usize = 64 * 1024;
 /// Secret memory for requests and responses in flight.
 const POOL_BYTES: usize = 4 * MAX_RESPONSE;
+/// `SSL_OP_CLEANSE_PLAINTEXT` (OpenSSL 3.0+, `SSL_OP_BIT(1)` in `ssl.h`;
+/// the openssl crate does not name it): OpenSSL wipes a record's plaintext
+/// as soon as it is read, and its record buffers before freeing them.
+const CLEANSE_PLAINTEXT: SslOptions = SslOptions::from_bits_retain(1 << 1);
+/// The first OpenSSL that honours [`CLEANSE_PLAINTEXT`] (`OPENSSL_VERSION_NUMBER`).
+const CLEANSE_SINCE: i64 = 0x3000_0000;
 
 /// What went wrong talking to the KMIP server; each message names the cause
 /// and the fix.
@@ -128,6 +143,24 @@ pub enum KmipError {
     Secmem(#[from] SecmemError),
 }
 
+/// A certificate store that holds the certificates of the PEM file `path`
+/// and nothing else. Each of them is a trust anchor (partial chains
+/// accepted): a file holding only an intermediate CA trusts what it signed.
+fn ca_store(path: &Path) -> Result<X509Store, String> {
+    let pem = std::fs::read(path).map_err(|e| e.to_string())?;
+    let certs = X509::stack_from_pem(&pem).map_err(|e| e.to_string())?;
+    if certs.is_empty() {
+        return Err("no PEM certificate in it".to_owned());
+    }
+    let mut b = X509StoreBuilder::new().map_err(|e| e.to_string())?;
+    for c in certs {
+        b.add_cert(c).map_err(|e| e.to_string())?;
+    }
+    b.set_flags(X509VerifyFlags::PARTIAL_CHAIN)
+        .map_err(|e| e.to_string())?;
+    Ok(b.build())
+}
+
 /// A KMIP client for one server.
 pub struct Client {
     cfg: Config,
@@ -175,8 +208,25 @@ impl Client {
             "key",
             &cfg.key,
         ))?;
-        b.set_ca_file(&cfg.ca)
-            .map_err(cred("CA certificate", "ca", &cfg.ca))?;
+        // The builder loaded the system's CAs (and SSL_CERT_FILE/DIR) into
+        // its store; this store replaces it: the CA file, and nothing else.
+        let store = ca_store(&cfg.ca).map_err(|detail| KmipError::Credentials {
+            what: "CA certificate",
+            flag: "ca",
+            path: cfg.ca.clone(),
+            detail,
+        })?;
+        b.set_cert_store(store);
+        if openssl::version::number() < CLEANSE_SINCE {
+            return Err(KmipError::Tls {
+                url: cfg.url.clone(),
+                detail: format!(
+                    "{} cannot wipe the key bytes it decrypts (SSL_OP_CLEANSE_PLAINTEXT needs OpenSSL 3.0 or later); build memveil against OpenSSL 3",
+                    openssl::version::version()
+                ),
+            });
+        }
+        b.set_options(CLEANSE_PLAINTEXT);
         b.set_verify(SslVerifyMode::PEER);
         b.set_min_proto_version(Some(SslVersion::TLS1_2))
             .map_err(cred("CA certificate", "ca", &cfg.ca))?;

@@ -15,11 +15,13 @@
 //!
 //! What it refuses to do: KMIP 2.0, asymmetric keys, server-side crypto
 //! (Encrypt/Decrypt), batches, asynchronous operations; TLS without a
-//! verified server certificate.
+//! server certificate verified against the configured CA alone (never the
+//! system's CAs); an OpenSSL older than 3.0, which cannot wipe the
+//! plaintext in its record buffers (`SSL_OP_CLEANSE_PLAINTEXT`).
 //!
-//! What it cannot do: OpenSSL's own record buffers hold the decrypted TLS
-//! record briefly in ordinary heap memory before it is copied into the
-//! secret buffer; OpenSSL frees them without a guarantee of wiping.
+//! What it cannot do: OpenSSL's record buffers hold each decrypted TLS
+//! record in ordinary heap memory from its decryption until it is copied
+//! into the secret buffer (then OpenSSL wipes it).
 #![forbid(unsafe_code)]
 
 pub mod client;

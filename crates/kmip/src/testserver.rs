@@ -11,9 +11,21 @@
 //! created with the Operation Policy Name [`FLEET_POLICY`] may be read by
 //! every client certificate the CA signed (the policy file this module
 //! writes); others only by their creator's certificate common name.
+//!
+//! `pykmip-server` is more than one process: it forks a `multiprocessing`
+//! manager and a policy-directory monitor, which a signal to its pid alone
+//! leaves running (as would a wrapper script's child). So the server runs
+//! as the leader of a process group of its own, and [`TestServer::stop`]
+//! (and dropping the [`TestServer`], on a panic too) kills the whole group
+//! and waits until it is empty. Should its starter be killed or abort
+//! without dropping it, the server gets SIGINT (`PR_SET_PDEATHSIG`), on
+//! which PyKMIP leaves its accept loop at once, stops its helpers and exits
+//! (within a second, tested by hand); on SIGTERM it would wait out its
+//! 10 s socket timeout first.
 #![forbid(unsafe_code)]
 
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -129,27 +141,43 @@ fn cert(dir: &Path, name: &str, cn: &str, ca: Option<&str>, ext: &str) -> Result
 const CLIENT_EXT: &str =
     "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n";
 
+const SERVER_EXT: &str = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyAgreement\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n";
+
+/// Makes the test certificates in `dir` (created), each `NAME.crt` with its
+/// `NAME.key`: `ca`, the server's `server` (for 127.0.0.1) and the clients
+/// `host-a`, `host-b` it signed; another CA, `rogue-ca`, and what it signed:
+/// a client `rogue` (named host-a) and a server `rogue-server` (for
+/// 127.0.0.1, as a server impersonating the KMS would present).
+///
+/// # Errors
+/// The words of what failed (no openssl, a file not written).
+pub fn certificates(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    cert(dir, "ca", "memveil test KMIP CA", None, "")?;
+    cert(dir, "server", "127.0.0.1", Some("ca"), SERVER_EXT)?;
+    cert(dir, "host-a", "host-a", Some("ca"), CLIENT_EXT)?;
+    cert(dir, "host-b", "host-b", Some("ca"), CLIENT_EXT)?;
+    cert(dir, "rogue-ca", "rogue CA", None, "")?;
+    cert(dir, "rogue", "host-a", Some("rogue-ca"), CLIENT_EXT)?;
+    cert(
+        dir,
+        "rogue-server",
+        "127.0.0.1",
+        Some("rogue-ca"),
+        SERVER_EXT,
+    )
+}
+
 impl TestServer {
-    /// Makes certificates in `dir` (created) and starts the server on a free
-    /// loopback port. Client certificates: `host-a`, `host-b` (CA-signed),
-    /// `rogue` (signed by another CA).
+    /// Makes [`certificates`] in `dir` (created) and starts the server on a
+    /// free loopback port. Client certificates: `host-a`, `host-b`
+    /// (CA-signed), `rogue` (signed by another CA).
     ///
     /// # Errors
     /// The words of what failed (no openssl, no PyKMIP, server not listening).
     pub fn start(dir: &Path) -> Result<Self, String> {
         std::fs::create_dir_all(dir.join("policies")).map_err(|e| e.to_string())?;
-        cert(dir, "ca", "memveil test KMIP CA", None, "")?;
-        cert(
-            dir,
-            "server",
-            "127.0.0.1",
-            Some("ca"),
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyAgreement\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )?;
-        cert(dir, "host-a", "host-a", Some("ca"), CLIENT_EXT)?;
-        cert(dir, "host-b", "host-b", Some("ca"), CLIENT_EXT)?;
-        cert(dir, "rogue-ca", "rogue CA", None, "")?;
-        cert(dir, "rogue", "host-a", Some("rogue-ca"), CLIENT_EXT)?;
+        certificates(dir)?;
         let all = |p: &str| {
             format!(
                 "{{\"GET\": \"ALLOW_ALL\", \"LOCATE\": \"ALLOW_ALL\", \"GET_ATTRIBUTES\": \"ALLOW_ALL\", \"GET_ATTRIBUTE_LIST\": \"ALLOW_ALL\", \"DESTROY\": \"{p}\", \"ACTIVATE\": \"{p}\", \"REVOKE\": \"{p}\", \"ADD_ATTRIBUTE\": \"{p}\", \"MODIFY_ATTRIBUTE\": \"{p}\", \"DELETE_ATTRIBUTE\": \"{p}\"}}"
@@ -202,14 +230,17 @@ impl TestServer {
             .append(true)
             .open(self.dir.join("server.log"))
             .map_err(|e| e.to_string())?;
-        let child = Command::new(&prog)
-            .arg("--config_path")
+        let mut cmd = Command::new(&prog);
+        cmd.arg("--config_path")
             .arg(self.dir.join("server.conf"))
             .arg("--log_path")
             .arg(self.dir.join("pykmip.log"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
+            .process_group(0);
+        memveil_sys::process::die_with_parent(&mut cmd, libc::SIGINT);
+        let child = cmd
             .spawn()
             .map_err(|e| format!("{}: {e} (run scripts/install.sh)", prog.display()))?;
         self.child = Some(child);
@@ -233,12 +264,30 @@ impl TestServer {
         ))
     }
 
-    /// Stops the server (SIGKILL: as a crashed or unreachable KMS).
+    /// Stops the server (SIGKILL: as a crashed or unreachable KMS): every
+    /// process of its group, and waits (up to 10 s) until none is left.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let group = c.id();
+            let _ = memveil_sys::process::signal_group(group, libc::SIGKILL);
             let _ = c.kill();
             let _ = c.wait();
+            // The forked helpers are not our children: their parent's death
+            // hands them to init, which reaps them. Signal 0 finds any left.
+            let t0 = Instant::now();
+            while memveil_sys::process::signal_group(group, 0).is_ok()
+                && t0.elapsed() < Duration::from_secs(10)
+            {
+                let _ = memveil_sys::process::signal_group(group, libc::SIGKILL);
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
+    }
+
+    /// The process group of the running server (its leader's pid), `None`
+    /// when stopped.
+    pub fn process_group(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// The server's log so far (its own log and its stderr).

@@ -106,3 +106,72 @@ fn create_register_get_locate_destroy_and_every_failure() {
     s.restart().expect("restart");
     assert_eq!(&a.get_key(&uid).expect("after restart")[..], &ka[..]);
 }
+
+/// Where `key` (kept only masked: `masked[i] = key[i] ^ MASK`, so the
+/// search itself holds no copy) occurs in this process's readable memory,
+/// read through `/proc/self/mem` region by region (what a memory dump of
+/// the process would show; secret memory cannot be read and is skipped).
+fn copies_in_memory(masked: &[u8]) -> Vec<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let mem = std::fs::File::open("/proc/self/mem").expect("/proc/self/mem");
+    let first = masked[0] ^ MASK;
+    let mut found = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for (lo, hi) in memveil_testkit::readable_mappings("self") {
+        let mut at = lo;
+        while at < hi {
+            let n = usize::try_from(hi - at).map_or(buf.len(), |left| left.min(buf.len()));
+            // A region that cannot be read (secret memory, a guard) is skipped.
+            if mem.read_exact_at(&mut buf[..n], at).is_err() {
+                break;
+            }
+            let chunk = &buf[..n];
+            for (i, _) in chunk.iter().enumerate().filter(|(_, b)| **b == first) {
+                if chunk[i..].len() >= masked.len()
+                    && chunk[i..].iter().zip(masked).all(|(a, m)| a ^ MASK == *m)
+                {
+                    found.push(at + i as u64);
+                }
+            }
+            if at + n as u64 == hi {
+                break;
+            }
+            // Overlap chunks by the needle's length less one.
+            at += (n - (masked.len() - 1)) as u64;
+        }
+    }
+    found
+}
+
+const MASK: u8 = 0xA5;
+
+#[test]
+fn a_fetched_key_leaves_no_copy_in_the_process_memory() {
+    let Some((s, _d)) = server("leftover") else {
+        return;
+    };
+    let admin = client(&s, "host-a");
+    let uid = admin
+        .create_aes256(None, Some(FLEET_POLICY))
+        .expect("create");
+    drop(admin);
+    // The key comes into this process only through a Get.
+    let c = client(&s, "host-b");
+    let key = c.get_key_len(&uid, 32, "the test").expect("get");
+    let masked: Vec<u8> = key.iter().map(|b| b ^ MASK).collect();
+    drop(key);
+    drop(c);
+    // The search sees the heap: a control pattern placed there is found.
+    let control: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(37) ^ 0x5C).collect();
+    let control_masked: Vec<u8> = control.iter().map(|b| b ^ MASK).collect();
+    assert!(
+        !copies_in_memory(&control_masked).is_empty(),
+        "the memory search does not see the heap"
+    );
+    drop(control);
+    let at = copies_in_memory(&masked);
+    assert!(
+        at.is_empty(),
+        "the fetched key is still in this process's memory at {at:x?}"
+    );
+}

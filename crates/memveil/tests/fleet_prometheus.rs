@@ -9,6 +9,7 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use memveil_testkit::{first_line, skip, Need, VaultProcess};
@@ -395,6 +396,69 @@ fn malformed_requests_get_an_error_and_the_server_keeps_serving() {
     let (code, body) = get(addr, "/metrics?x=1");
     assert_eq!(code, 200);
     assert_eq!(sample(&body, "memveil_memory_encryption_active"), Some(1.0));
+}
+
+/// Sets the flag on drop, so the trickling thread stops on a failed
+/// assertion too.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn slow_clients_cannot_hold_the_exporter_past_the_connection_deadline() {
+    let (_p, addr) = probe_serve(&["--no-vault", "--replay", &fixture("tsme-only.json")]);
+    // As many slow clients as the server serves at once: half send their
+    // request and then a byte every 100 ms (the drain after the answer),
+    // half trickle a request head that never ends (read of the head). Each
+    // byte arrives well within any per-read timeout.
+    let mut slow: Vec<TcpStream> = (0..32)
+        .map(|i| {
+            let mut s = TcpStream::connect(addr).expect("connect");
+            if i % 2 == 0 {
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .expect("request");
+            } else {
+                s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+                    .expect("request");
+            }
+            s
+        })
+        .collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let _stop = StopOnDrop(&stop);
+        sc.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                for s in &mut slow {
+                    // Fails once the server closed it: that is the point.
+                    let _ = s.write(b"a");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        // They hold every slot: the next scrape is turned away...
+        assert_ne!(
+            get(addr, "/metrics").0,
+            200,
+            "the slow clients hold no slot"
+        );
+        // ...until their deadlines end them all (the head's 5 s, the
+        // drain's 0.5 s; every connection's life within 10 s).
+        let t = Instant::now();
+        let code = loop {
+            let (code, _) = get(addr, "/metrics");
+            if code == 200 || t.elapsed() > Duration::from_secs(20) {
+                break code;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        };
+        assert_eq!(code, 200, "no scrape answered within {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(13), "{:?}", t.elapsed());
+    });
 }
 
 #[test]

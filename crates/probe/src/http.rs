@@ -7,7 +7,11 @@
 //! off, answered 408), parsed by [`parse_head`] (bytes in, request out, no
 //! I/O; malformed input is a 400, never a panic), and at most
 //! [`MAX_CONNECTIONS`] connections are served at once (the next one gets a
-//! 503). A request body is never read.
+//! 503). A request body is never read. Each connection has one deadline for
+//! all of its life, [`CONNECTION_DEADLINE`] from its accept: reading the
+//! head, writing the answer and draining what the client still sends all
+//! end by it, and no read or write renews it, so a client that trickles
+//! bytes or reads the answer slowly holds its slot for that long at most.
 //!
 //! | request | answer |
 //! |---|---|
@@ -31,8 +35,11 @@ pub const MAX_HEAD: usize = 8192;
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
 /// Connections served at once; more are answered 503 and closed.
 pub const MAX_CONNECTIONS: usize = 32;
-/// Time a response may take to be written.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a connection may last from its accept, all of it: the head, the
+/// answer and the drain. Never renewed by a read or a write.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
+/// Longest drain of what the client still sends after the answer.
+const DRAIN: Duration = Duration::from_millis(500);
 
 /// Errors of starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +217,8 @@ pub struct Server {
     listener: TcpListener,
     metrics: Metrics,
     active: Arc<AtomicUsize>,
+    /// [`CONNECTION_DEADLINE`]; shorter in tests.
+    deadline: Duration,
 }
 
 impl Server {
@@ -224,6 +233,7 @@ impl Server {
             listener,
             metrics,
             active: Arc::new(AtomicUsize::new(0)),
+            deadline: CONNECTION_DEADLINE,
         })
     }
 
@@ -258,12 +268,13 @@ impl Server {
                 let _ = conn.write_all(&r.bytes(true));
                 continue;
             }
+            let end = Instant::now() + self.deadline;
             let metrics = Arc::clone(&self.metrics);
             let active = Arc::clone(&self.active);
             let spawned = std::thread::Builder::new()
                 .name("probe-http".to_owned())
                 .spawn(move || {
-                    handle(conn, &*metrics);
+                    handle(conn, &*metrics, end);
                     active.fetch_sub(1, Ordering::AcqRel);
                 });
             if spawned.is_err() {
@@ -273,34 +284,66 @@ impl Server {
     }
 }
 
-/// Serves one connection: reads the head, answers, closes.
-fn handle(mut conn: TcpStream, metrics: &dyn Fn() -> String) {
-    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-    let (resp, with_body) = match read_head(&mut conn) {
+/// Serves one connection: reads the head, answers, closes; all of it by
+/// `end`.
+fn handle(mut conn: TcpStream, metrics: &dyn Fn() -> String, end: Instant) {
+    let head_end = end.min(Instant::now() + HEAD_DEADLINE);
+    let (resp, with_body) = match read_head(&mut conn, head_end) {
         Ok(head) => (route(&head, metrics), head.method != "HEAD"),
         Err(Some(r)) => (r, true),
         Err(None) => return,
     };
-    let _ = conn.write_all(&resp.bytes(with_body));
+    if write_by(&mut conn, &resp.bytes(with_body), end).is_err() {
+        return;
+    }
     let _ = conn.shutdown(std::net::Shutdown::Write);
     // Drain what the client still sends for a moment, so closing with unread
     // input does not reset the connection before it read the answer.
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    let drain_end = end.min(Instant::now() + DRAIN);
     let mut sink = [0u8; 1024];
-    while conn.read(&mut sink).is_ok_and(|n| n > 0) {}
+    while let Some(left) = left_until(drain_end) {
+        if conn.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match conn.read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            _ => return,
+        }
+    }
+}
+
+/// The time left until `end`, `None` when none (a socket timeout of zero
+/// would mean "no timeout").
+fn left_until(end: Instant) -> Option<Duration> {
+    Some(end.saturating_duration_since(Instant::now())).filter(|d| !d.is_zero())
+}
+
+/// Writes all of `buf` by `end`: each write waits only for the time left,
+/// so a client that reads slowly cannot stretch it.
+fn write_by(conn: &mut TcpStream, mut buf: &[u8], end: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        let left = left_until(end).ok_or(io::ErrorKind::TimedOut)?;
+        conn.set_write_timeout(Some(left))?;
+        match conn.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads and parses the head; `Err(Some(r))` answers `r`, `Err(None)` closes
 /// without answering (the peer went away).
-fn read_head(conn: &mut TcpStream) -> Result<Head, Option<Response>> {
-    let start = Instant::now();
+fn read_head(conn: &mut TcpStream, end: Instant) -> Result<Head, Option<Response>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
-        let left = HEAD_DEADLINE.saturating_sub(start.elapsed());
-        if left.is_zero() {
+        let Some(left) = left_until(end) else {
             return Err(Some(timeout()));
-        }
+        };
         let _ = conn.set_read_timeout(Some(left));
         match conn.read(&mut chunk) {
             Ok(0) => return Err(None),
@@ -382,6 +425,101 @@ mod tests {
         ] {
             assert!(malformed(bad), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    /// A server on loopback whose connections live `deadline`, answering
+    /// `body_len` bytes; stopped and joined on drop.
+    struct Serving {
+        server: Arc<Server>,
+        addr: SocketAddr,
+        stop: Arc<AtomicBool>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Serving {
+        fn start(deadline: Duration, body_len: usize) -> Self {
+            let body = "x".repeat(body_len);
+            let metrics: Metrics = Arc::new(move || body.clone());
+            let mut server = Server::bind(([127, 0, 0, 1], 0).into(), metrics).expect("bind");
+            server.deadline = deadline;
+            let server = Arc::new(server);
+            let addr = server.local_addr().expect("addr");
+            let stop = Arc::new(AtomicBool::new(false));
+            let (s, f) = (Arc::clone(&server), Arc::clone(&stop));
+            let thread = Some(std::thread::spawn(move || s.serve(&f)));
+            Self {
+                server,
+                addr,
+                stop,
+                thread,
+            }
+        }
+
+        /// Connections being served.
+        fn active(&self) -> usize {
+            self.server.active.load(Ordering::Acquire)
+        }
+
+        /// Waits (up to 5 s) until the server took a connection in.
+        fn until_serving(&self) {
+            let t = Instant::now();
+            while self.active() == 0 && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(self.active(), 1, "the connection was not taken in");
+        }
+    }
+
+    impl Drop for Serving {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            let _ = TcpStream::connect(self.addr);
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    #[test]
+    fn a_slowly_reading_client_is_cut_off_at_the_connection_deadline() {
+        // 16 MiB: more than loopback's socket buffers hold, so the write
+        // waits on the reader, who takes 4 KiB every 20 ms (some 80 s for
+        // all of it): progress that renewed a per-write timeout.
+        let len = 16 << 20;
+        let s = Serving::start(Duration::from_secs(1), len);
+        let mut c = TcpStream::connect(s.addr).expect("connect");
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .expect("request");
+        c.set_read_timeout(Some(Duration::from_secs(1)))
+            .expect("timeout");
+        s.until_serving();
+        // What the server queued before the deadline still arrives (the
+        // kernel sends it after the close); what counts is the slot.
+        let t = Instant::now();
+        let mut chunk = [0u8; 4096];
+        while s.active() > 0 && t.elapsed() < Duration::from_secs(10) {
+            let _ = c.read(&mut chunk);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(s.active(), 0, "held for {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_client_that_keeps_sending_after_its_answer_is_cut_off() {
+        let s = Serving::start(Duration::from_secs(2), 10);
+        let mut c = TcpStream::connect(s.addr).expect("connect");
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .expect("request");
+        s.until_serving();
+        // A byte every 50 ms: each read of the drain gets one in time.
+        let t = Instant::now();
+        while s.active() > 0 && t.elapsed() < Duration::from_secs(6) {
+            let _ = c.write(b"a");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(s.active(), 0, "held for {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     }
 
     #[test]

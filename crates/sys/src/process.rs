@@ -114,6 +114,52 @@ pub fn send_signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Sends `sig` to every process of the process group `pgid` (`kill(2)` of
+/// `-pgid`): a daemon started as the leader of a group of its own
+/// (`CommandExt::process_group(0)`) with every process it forked since,
+/// which a signal to its pid alone would leave running.
+///
+/// # Errors
+/// `InvalidInput` for 0 and 1 (0 is the caller's own group, and `kill(-1)`
+/// every process it may signal); ESRCH when the group is empty.
+pub fn signal_group(pgid: u32, sig: libc::c_int) -> io::Result<()> {
+    let pgid = libc::pid_t::try_from(pgid)
+        .ok()
+        .filter(|p| *p > 1)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "process group out of range"))?;
+    // SAFETY: kill takes plain integers and touches no memory of ours; the
+    // group is at least 2, never 0 (our own) nor -1 (everyone).
+    if unsafe { libc::kill(-pgid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes the program `cmd` starts receive `sig` when the thread that
+/// spawns it ends, however it ends (`PR_SET_PDEATHSIG`): a helper daemon
+/// never outlives a starter that was killed or aborted. Spawning fails
+/// with ESRCH if the starter is already gone when the child sets it.
+pub fn die_with_parent(cmd: &mut std::process::Command, sig: libc::c_int) {
+    use std::os::unix::process::CommandExt as _;
+    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(libc::pid_t::MAX);
+    // SAFETY: the closure runs in the child between fork and exec; it calls
+    // only prctl and getppid, both async-signal-safe, allocates nothing and
+    // takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            let sig = libc::c_ulong::try_from(sig).unwrap_or(0);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The starter may have ended before the prctl: no signal then.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A process watched through a pidfd (`pidfd_open(2)`, Linux 5.3+): it
 /// becomes readable when the process ends, so a waiter wakes at once
 /// instead of finding out at its next poll.
@@ -543,6 +589,47 @@ pub fn abort_on_panic() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signal_group_reaches_a_grandchild_and_refuses_our_group_and_everyone() {
+        use std::os::unix::process::CommandExt as _;
+        for bad in [0, 1] {
+            let e = signal_group(bad, 0).expect_err("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad}");
+        }
+        // A shell whose child (a grandchild of ours) a kill of its pid
+        // alone would leave running.
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "sleep 60 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("sh");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(sh.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("the grandchild's pid");
+        let grandchild: u32 = line.trim().parse().expect("a pid");
+        signal_group(sh.id(), libc::SIGKILL).expect("kill the group");
+        let _ = sh.wait();
+        let gone = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        };
+        let t = std::time::Instant::now();
+        while !gone(grandchild) && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(
+            gone(grandchild),
+            "the grandchild {grandchild} outlived the group's kill"
+        );
+    }
 
     #[test]
     fn lookup_user_finds_root_and_not_a_made_up_name() {

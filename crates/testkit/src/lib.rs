@@ -236,6 +236,32 @@ impl Drop for VaultProcess {
     }
 }
 
+/// The readable mappings of process `pid` (`"self"` for this one), as
+/// `[start, end)` address ranges from `/proc/PID/maps`, without `[vvar]` and
+/// `[vsyscall]` (which `/proc/PID/mem` cannot read). For tests that search
+/// a process's memory for what should not be there.
+///
+/// # Panics
+/// When the maps cannot be read (a broken `/proc`, a process gone).
+#[must_use]
+pub fn readable_mappings(pid: &str) -> Vec<(u64, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms) = (f.next()?, f.next()?);
+            if !perms.starts_with('r') || l.contains("[vvar") || l.contains("[vsyscall]") {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// Runs `f` on a fresh thread 64 KiB deep in its stack, then returns a copy
 /// of that thread's whole stack mapping, read through `/proc/self/mem`
 /// while the thread waits at the top (so nothing it does after `f` can
