@@ -54,7 +54,7 @@ pub enum DecryptScheme<'a> {
     Raw,
 }
 
-fn backend_error(what: &str) -> AsymError {
+pub(crate) fn backend_error(what: &str) -> AsymError {
     let mut buf = [0u8; 256];
     // SAFETY: ERR_get_error reads this thread's error queue;
     // ERR_error_string_n writes at most `buf.len()` bytes, NUL-terminated.
@@ -74,10 +74,10 @@ fn backend_error(what: &str) -> AsymError {
 
 /// A BIGNUM owned here (freed, and so wiped, on drop: aws-lc's free wipes,
 /// and the secret heap wipes again).
-struct Bn(NonNull<sys::BIGNUM>);
+pub(crate) struct Bn(NonNull<sys::BIGNUM>);
 
 impl Bn {
-    fn from_be(b: &[u8]) -> Result<Bn, AsymError> {
+    pub(crate) fn from_be(b: &[u8]) -> Result<Bn, AsymError> {
         // SAFETY: `b` is readable for its length; a NULL `ret` asks for a
         // new BIGNUM.
         let p = unsafe { sys::BN_bin2bn(b.as_ptr(), b.len(), ptr::null_mut()) };
@@ -91,8 +91,14 @@ impl Bn {
             .map(Bn)
             .ok_or_else(|| backend_error("BN_new"))
     }
-    fn ptr(&self) -> *mut sys::BIGNUM {
+    pub(crate) fn ptr(&self) -> *mut sys::BIGNUM {
         self.0.as_ptr()
+    }
+    /// Gives the BIGNUM up (to a function that takes ownership).
+    pub(crate) fn into_raw(self) -> *mut sys::BIGNUM {
+        let p = self.0.as_ptr();
+        std::mem::forget(self);
+        p
     }
 }
 
@@ -185,7 +191,7 @@ impl Drop for PrivateKey {
     }
 }
 
-fn nid(c: Curve) -> c_int {
+pub(crate) fn nid(c: Curve) -> c_int {
     match c {
         Curve::P256 => sys::NID_X9_62_prime256v1,
         Curve::P384 => sys::NID_secp384r1,
