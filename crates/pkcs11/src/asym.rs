@@ -40,7 +40,7 @@ pub trait AsymBackend {
 }
 
 /// The hash of a `CKM_SHA*` mechanism code or a `CKG_MGF1_SHA*` code.
-fn hash_of_mech(m: CK_MECHANISM_TYPE) -> Option<Hash> {
+pub(crate) fn hash_of_mech(m: CK_MECHANISM_TYPE) -> Option<Hash> {
     Some(match m {
         CKM_SHA_1 => Hash::Sha1,
         CKM_SHA224 => Hash::Sha224,
@@ -51,7 +51,7 @@ fn hash_of_mech(m: CK_MECHANISM_TYPE) -> Option<Hash> {
     })
 }
 
-fn hash_of_mgf(g: CK_RSA_PKCS_MGF_TYPE) -> Option<Hash> {
+pub(crate) fn hash_of_mgf(g: CK_RSA_PKCS_MGF_TYPE) -> Option<Hash> {
     Some(match g {
         CKG_MGF1_SHA1 => Hash::Sha1,
         CKG_MGF1_SHA224 => Hash::Sha224,
@@ -86,7 +86,9 @@ pub fn is_sign_mech(m: CK_MECHANISM_TYPE) -> bool {
 
 /// (vault mode, hash the module applies first, DigestInfo prefix, the key
 /// type it needs, multi-part allowed).
-fn sign_shape(m: CK_MECHANISM_TYPE) -> Option<(Mode, Option<Hash>, bool, CK_KEY_TYPE, bool)> {
+pub(crate) fn sign_shape(
+    m: CK_MECHANISM_TYPE,
+) -> Option<(Mode, Option<Hash>, bool, CK_KEY_TYPE, bool)> {
     Some(match m {
         CKM_RSA_PKCS => (Mode::RsaPkcs1, None, false, CKK_RSA, false),
         CKM_RSA_X_509 => (Mode::RsaRaw, None, false, CKK_RSA, false),
@@ -215,34 +217,53 @@ impl AsymSign {
     pub fn sign(&self, be: &dyn AsymBackend, last: &[u8]) -> Result<Zeroizing<Vec<u8>>, Rv> {
         let mut msg = Zeroizing::new(self.pending.to_vec());
         msg.extend_from_slice(last);
-        let input = match self.hash {
-            Some(h) => {
-                let mut v = if self.prefix {
-                    h.digest_info_prefix().to_vec()
-                } else {
-                    Vec::new()
-                };
-                v.extend(digest(h, &msg));
-                Zeroizing::new(v)
-            }
-            None if self.mode == Mode::RsaRaw => {
-                // CKM_RSA_X_509: shorter input is a number below the
-                // modulus, left-padded with zeros.
-                if msg.len() > self.modulus_len {
-                    return Err(CKR_DATA_LEN_RANGE);
-                }
-                let mut v = Zeroizing::new(vec![0u8; self.modulus_len - msg.len()]);
-                v.extend_from_slice(&msg);
-                v
-            }
-            None => msg,
-        };
-        if input.is_empty() && self.mode != Mode::EdDsa {
-            return Err(CKR_DATA_LEN_RANGE);
-        }
+        let input = sign_input(self.hash, self.prefix, self.mode, self.modulus_len, msg)?;
         be.run_asym(Op::Encrypt, self.key, self.mode, self.params, &input)
             .map_err(|f| map(f, CKR_DATA_LEN_RANGE, CKR_DATA_INVALID))
     }
+}
+
+/// What a signature mechanism signs (and its verification checks): the
+/// message's digest (in a `DigestInfo` for PKCS#1 v1.5) for the `SHA*`
+/// mechanisms, the message left-padded to the modulus for `CKM_RSA_X_509`,
+/// the message itself otherwise.
+///
+/// # Errors
+/// `CKR_DATA_LEN_RANGE` for an empty input (but Ed25519's) or a raw one
+/// longer than the modulus.
+pub(crate) fn sign_input(
+    hash: Option<Hash>,
+    prefix: bool,
+    mode: Mode,
+    modulus_len: usize,
+    msg: Zeroizing<Vec<u8>>,
+) -> Result<Zeroizing<Vec<u8>>, Rv> {
+    let input = match hash {
+        Some(h) => {
+            let mut v = if prefix {
+                h.digest_info_prefix().to_vec()
+            } else {
+                Vec::new()
+            };
+            v.extend(digest(h, &msg));
+            Zeroizing::new(v)
+        }
+        None if mode == Mode::RsaRaw => {
+            // CKM_RSA_X_509: shorter input is a number below the modulus,
+            // left-padded with zeros.
+            if msg.len() > modulus_len {
+                return Err(CKR_DATA_LEN_RANGE);
+            }
+            let mut v = Zeroizing::new(vec![0u8; modulus_len - msg.len()]);
+            v.extend_from_slice(&msg);
+            v
+        }
+        None => msg,
+    };
+    if input.is_empty() && mode != Mode::EdDsa {
+        return Err(CKR_DATA_LEN_RANGE);
+    }
+    Ok(input)
 }
 
 /// The parameters of a decryption mechanism, copied out.

@@ -17,9 +17,12 @@ use memveil_vault::Client;
 use zeroize::Zeroizing;
 
 use crate::asym::{AsymBackend, AsymDecrypt, AsymSign, Ecdh, Import, PairTemplate};
+use crate::digest::DigestOp;
+use crate::hmac::HmacOp;
 use crate::mech::{Backend, CryptOp, Failure, MacOp, Req, Rv};
 use crate::object::{cap, CERT_PREFIX, SESSION_PREFIX};
 pub use crate::object::{parse_name, token_name, Attr, Obj};
+use crate::public::{AsymEncrypt, AsymVerify};
 
 /// The one slot's id.
 pub const SLOT: CK_SLOT_ID = 0;
@@ -62,13 +65,35 @@ pub enum DecOp {
     Rsa(AsymDecrypt),
 }
 
+/// An encryption in progress.
+#[derive(Clone)]
+pub enum EncOp {
+    /// With an AES key (in the vault).
+    Aes(CryptOp),
+    /// With an RSA public key (here).
+    Rsa(AsymEncrypt),
+}
+
 /// A signature in progress.
 #[derive(Clone)]
 pub enum SignOp {
     /// `CKM_AES_CMAC`.
     Cmac(MacOp),
+    /// `CKM_SHA*_HMAC`.
+    Hmac(HmacOp),
     /// With an asymmetric key.
     Asym(AsymSign),
+}
+
+/// A verification in progress.
+#[derive(Clone)]
+pub enum VerifyOp {
+    /// `CKM_AES_CMAC` (in the vault).
+    Cmac(MacOp),
+    /// `CKM_SHA*_HMAC` (in the vault).
+    Hmac(HmacOp),
+    /// With a public key (here).
+    Asym(AsymVerify),
 }
 
 /// One session's state.
@@ -77,13 +102,17 @@ pub struct Sess {
     /// Opened with `CKF_RW_SESSION`.
     pub rw: bool,
     /// Encryption in progress.
-    pub enc: Option<CryptOp>,
+    pub enc: Option<EncOp>,
     /// Decryption in progress.
     pub dec: Option<DecOp>,
     /// Signature in progress.
     pub sign: Option<SignOp>,
-    /// CMAC verification in progress.
-    pub verify: Option<MacOp>,
+    /// Verification in progress.
+    pub verify: Option<VerifyOp>,
+    /// Verification with recovery in progress.
+    pub recover: Option<AsymVerify>,
+    /// Digest in progress.
+    pub digest: Option<DigestOp>,
     /// Handles a search has still to return.
     pub find: Option<Vec<CK_OBJECT_HANDLE>>,
 }
@@ -108,6 +137,12 @@ pub struct Module {
     max_lanes: usize,
     sessions: Mutex<HashMap<CK_SESSION_HANDLE, Arc<Mutex<Sess>>>>,
     objects: Mutex<HashMap<CK_OBJECT_HANDLE, Obj>>,
+    /// Public keys built for verification and encryption, by object.
+    pubkeys: Mutex<HashMap<CK_OBJECT_HANDLE, Arc<memveil_asym::PublicKey>>>,
+    /// Public key objects of token pairs destroyed in this process (vault
+    /// key ids): the private half stays, so a refresh must not bring them
+    /// back.
+    hidden: Mutex<std::collections::HashSet<u32>>,
     next: AtomicU64,
     logged_in: AtomicBool,
     rng: Mutex<Option<memveil_drng::Stream>>,
@@ -133,6 +168,8 @@ impl Module {
             max_lanes,
             sessions: Mutex::new(HashMap::new()),
             objects: Mutex::new(HashMap::new()),
+            pubkeys: Mutex::new(HashMap::new()),
+            hidden: Mutex::new(std::collections::HashSet::new()),
             next: AtomicU64::new(1),
             logged_in: AtomicBool::new(false),
             rng: Mutex::new(None),
@@ -348,8 +385,10 @@ impl Module {
 
     /// What this uid may do with an object of `class` over vault key `k`:
     /// an AES key encrypts and signs (CMAC) with `e`, decrypts and verifies
-    /// with `d`; a private key signs with `e`, decrypts (RSA) and derives
-    /// (EC) with `d`; public keys and certificates do nothing here.
+    /// with `d`; a generic secret signs (HMAC) with `e` and verifies with
+    /// `d`; a private key signs with `e`, decrypts (RSA) and derives (EC)
+    /// with `d`; a public key verifies (and encrypts, RSA) in this process,
+    /// whatever the vault's ACL; certificates do nothing.
     fn caps_of(&self, k: &KeyInfo, class: CK_OBJECT_CLASS) -> [bool; 5] {
         let uid = self.uid();
         let bits = if k.owner == uid {
@@ -359,8 +398,11 @@ impl Module {
         };
         let e = bits & perm::ENCRYPT != 0;
         let d = bits & perm::DECRYPT != 0;
+        let ty = crate::object::key_type(k.kind);
         match class {
+            CKO_SECRET_KEY if k.kind == KeyKind::Secret => [false, false, e, d, false],
             CKO_SECRET_KEY => [e, d, e, d, false],
+            CKO_PUBLIC_KEY => [ty == CKK_RSA, false, false, true, false],
             CKO_PRIVATE_KEY => {
                 let rsa = crate::object::key_type(k.kind) == CKK_RSA;
                 let ec = crate::object::key_type(k.kind) == CKK_EC;
@@ -373,7 +415,7 @@ impl Module {
     /// The classes a vault kind shows as.
     fn classes(kind: KeyKind) -> &'static [CK_OBJECT_CLASS] {
         match kind {
-            KeyKind::Aes128 | KeyKind::Aes256 => &[CKO_SECRET_KEY],
+            KeyKind::Aes128 | KeyKind::Aes256 | KeyKind::Secret => &[CKO_SECRET_KEY],
             KeyKind::Xts128 | KeyKind::Xts256 => &[],
             KeyKind::Cert => &[CKO_CERTIFICATE],
             _ => &[CKO_PRIVATE_KEY, CKO_PUBLIC_KEY],
@@ -393,6 +435,9 @@ impl Module {
                 continue;
             }
             for &class in Self::classes(k.kind) {
+                if class == CKO_PUBLIC_KEY && lock(&self.hidden).contains(&k.id) {
+                    continue;
+                }
                 seen.push((k.id, class));
                 let known = {
                     let mut objs = lock(&self.objects);
@@ -456,6 +501,29 @@ impl Module {
             .get(&h)
             .cloned()
             .ok_or(CKR_OBJECT_HANDLE_INVALID)
+    }
+
+    /// The public key of object `h` (a public key object with `cap`), built
+    /// once and kept for the object's life.
+    ///
+    /// # Errors
+    /// As [`Module::key`]; `CKR_KEY_TYPE_INCONSISTENT` for an object
+    /// without a public half.
+    pub fn public_key(
+        &self,
+        h: CK_OBJECT_HANDLE,
+        cap: usize,
+    ) -> Result<(Obj, Arc<memveil_asym::PublicKey>), Rv> {
+        let o = self.key(h, cap)?;
+        if let Some(k) = lock(&self.pubkeys).get(&h) {
+            return Ok((o, k.clone()));
+        }
+        let Some(PublicParts::Key(p)) = o.public.as_deref() else {
+            return Err(CKR_KEY_TYPE_INCONSISTENT);
+        };
+        let k = Arc::new(memveil_asym::PublicKey::new(p).map_err(|_| CKR_KEY_HANDLE_INVALID)?);
+        lock(&self.pubkeys).insert(h, k.clone());
+        Ok((o, k))
     }
 
     /// A key for an operation: `CKR_KEY_HANDLE_INVALID` instead of the
@@ -532,6 +600,7 @@ impl Module {
     /// buffer to the socket). Token objects are sealed to disk when the
     /// vault has a keystore (`--state`), and live as long as the vault
     /// otherwise.
+    #[allow(clippy::too_many_arguments)]
     fn vault_key(
         &self,
         session: CK_SESSION_HANDLE,
@@ -540,6 +609,7 @@ impl Module {
         id: &[u8],
         kind: KeyKind,
         value: Option<&[u8]>,
+        len: usize,
     ) -> Result<KeyInfo, Rv> {
         let s = self.session(session)?;
         if token && !lock(&s).rw {
@@ -548,6 +618,7 @@ impl Module {
         let name = self.new_name(token, label, id, kind)?;
         self.with_vault(|c| {
             let make = |c: &mut Client, persistent: bool| match value {
+                None if kind == KeyKind::Secret => c.create_secret(&name, len, persistent),
                 None => c.create_key(&name, kind, persistent),
                 Some(v) => c.import_key(&name, kind, persistent, v),
             };
@@ -625,12 +696,13 @@ impl Module {
         t: &Template<'_>,
         value: Option<&[u8]>,
     ) -> Result<CK_OBJECT_HANDLE, Rv> {
-        let kind = match t.key_len {
-            16 => KeyKind::Aes128,
-            32 => KeyKind::Aes256,
+        let kind = match (t.generic, t.key_len) {
+            (true, _) => KeyKind::Secret,
+            (_, 16) => KeyKind::Aes128,
+            (_, 32) => KeyKind::Aes256,
             _ => return Err(CKR_ATTRIBUTE_VALUE_INVALID),
         };
-        let info = self.vault_key(session, t.token, t.label, t.id, kind, value)?;
+        let info = self.vault_key(session, t.token, t.label, t.id, kind, value, t.key_len)?;
         let want = [t.caps[0], t.caps[1], t.caps[2], t.caps[3], false];
         let h = self.add_objects(
             session,
@@ -655,8 +727,8 @@ impl Module {
         t: &PairTemplate<'_>,
     ) -> Result<(CK_OBJECT_HANDLE, CK_OBJECT_HANDLE), Rv> {
         let kind = t.kind.ok_or(CKR_TEMPLATE_INCOMPLETE)?;
-        let info = self.vault_key(session, t.token, t.label, t.id, kind, None)?;
-        let want = [false, t.decrypt, t.sign, false, t.derive];
+        let info = self.vault_key(session, t.token, t.label, t.id, kind, None, 0)?;
+        let want = [true, t.decrypt, t.sign, true, t.derive];
         match self.add_objects(session, &info, t.token, t.label, t.id, true, want)?[..] {
             [private, public] => Ok((public, private)),
             _ => Err(CKR_GENERAL_ERROR),
@@ -675,8 +747,8 @@ impl Module {
         i: &Import<'_>,
     ) -> Result<CK_OBJECT_HANDLE, Rv> {
         let t = &i.t;
-        let info = self.vault_key(session, t.token, t.label, t.id, i.kind, Some(&i.bytes))?;
-        let want = [false, t.decrypt, t.sign, false, t.derive];
+        let info = self.vault_key(session, t.token, t.label, t.id, i.kind, Some(&i.bytes), 0)?;
+        let want = [true, t.decrypt, t.sign, true, t.derive];
         let h = self.add_objects(session, &info, t.token, t.label, t.id, false, want)?;
         h.first().copied().ok_or(CKR_GENERAL_ERROR)
     }
@@ -728,11 +800,13 @@ impl Module {
     }
 
     /// Destroys an object's vault key (a private key takes its public
-    /// object with it; a public key object alone cannot be destroyed).
+    /// object with it). A public key object is only removed: the private
+    /// half stays in the vault (for a token pair, other processes still
+    /// show its public object, which the vault derives from the private key).
     ///
     /// # Errors
-    /// `CKR_OBJECT_HANDLE_INVALID`, `CKR_SESSION_READ_ONLY`,
-    /// `CKR_ACTION_PROHIBITED`, the vault's refusal.
+    /// `CKR_OBJECT_HANDLE_INVALID`, `CKR_SESSION_READ_ONLY`, the vault's
+    /// refusal.
     pub fn destroy(&self, session: CK_SESSION_HANDLE, h: CK_OBJECT_HANDLE) -> Result<(), Rv> {
         let s = self.session(session)?;
         let o = self.object(h)?;
@@ -740,10 +814,28 @@ impl Module {
             return Err(CKR_SESSION_READ_ONLY);
         }
         if o.class == CKO_PUBLIC_KEY {
-            return Err(CKR_ACTION_PROHIBITED);
+            if o.token {
+                lock(&self.hidden).insert(o.vault_id);
+            }
+            lock(&self.objects).remove(&h);
+            lock(&self.pubkeys).remove(&h);
+            return Ok(());
         }
         self.with_vault(|c| c.destroy_key(&o.name).map_err(|e| client_rv(&e)))?;
-        lock(&self.objects).retain(|_, x| x.vault_id != o.vault_id);
+        let mut objs = lock(&self.objects);
+        let gone: Vec<CK_OBJECT_HANDLE> = objs
+            .iter()
+            .filter(|(_, x)| x.vault_id == o.vault_id)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut pk = lock(&self.pubkeys);
+        for k in gone {
+            objs.remove(&k);
+            pk.remove(&k);
+        }
+        drop(pk);
+        drop(objs);
+        lock(&self.hidden).remove(&o.vault_id);
         Ok(())
     }
 
@@ -793,6 +885,9 @@ impl Drop for Module {
 /// What a creation template asked for, checked.
 #[derive(Debug, Default)]
 pub struct Template<'a> {
+    /// `CKK_GENERIC_SECRET` ([`KeyKind::Secret`]), else AES (the kind by
+    /// length).
+    pub generic: bool,
     /// `CKA_VALUE_LEN` or the length of `CKA_VALUE`.
     pub key_len: usize,
     /// `CKA_TOKEN`.
@@ -826,7 +921,9 @@ pub(crate) fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
 /// reads back `CKA_SENSITIVE=true`. Refused with
 /// `CKR_ATTRIBUTE_VALUE_INVALID`: `CKA_EXTRACTABLE=true`, `CKA_WRAP`/`CKA_UNWRAP`/`CKA_DERIVE=true`,
 /// `CKA_MODIFIABLE`/`CKA_COPYABLE=true`, a class other than secret key, a
-/// key type other than AES, lengths other than 16 and 32 bytes; for a token
+/// key type other than AES or generic secret, AES lengths other than 16 and
+/// 32 bytes, generic secrets shorter than 14 bytes (112 bits, the least
+/// SP 800-131A allows for HMAC) or longer than 256; for a token
 /// object, `CKA_ENCRYPT`/`CKA_DECRYPT`/`CKA_SIGN`/`CKA_VERIFY=false` (the
 /// vault's ACL decides those for every process: `memveil vault grant`).
 ///
@@ -836,6 +933,7 @@ pub(crate) fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
 pub fn check_template<'a>(
     attrs: &[(CK_ATTRIBUTE_TYPE, &'a [u8])],
     import: bool,
+    generic: bool,
 ) -> Result<(Template<'a>, Option<&'a [u8]>), Rv> {
     let mut t = Template {
         caps: [true; 4],
@@ -882,9 +980,12 @@ pub fn check_template<'a>(
             _ => return Err(CKR_ATTRIBUTE_TYPE_INVALID),
         }
     }
-    if class.is_some_and(|c| c != CKO_SECRET_KEY) || key_type.is_some_and(|k| k != CKK_AES) {
+    if class.is_some_and(|c| c != CKO_SECRET_KEY)
+        || key_type.is_some_and(|k| k != CKK_AES && k != CKK_GENERIC_SECRET)
+    {
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
+    t.generic = key_type.map_or(generic, |k| k == CKK_GENERIC_SECRET);
     if t.token && t.caps.contains(&false) {
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
@@ -901,7 +1002,12 @@ pub fn check_template<'a>(
         let l = value_len.ok_or(CKR_TEMPLATE_INCOMPLETE)?;
         t.key_len = usize::try_from(l).map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
     }
-    if t.key_len != 16 && t.key_len != 32 {
+    let ok = if t.generic {
+        KeyKind::Secret.import_len_ok(t.key_len)
+    } else {
+        t.key_len == 16 || t.key_len == 32
+    };
+    if !ok {
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
     Ok((t, value))
@@ -1040,23 +1146,28 @@ mod tests {
         let f = CK_FALSE;
         let len = (32 as CK_ULONG).to_ne_bytes();
         let ok = [(CKA_VALUE_LEN, &len[..])];
-        assert!(check_template(&ok, false).is_ok());
+        assert!(check_template(&ok, false, false).is_ok());
         // Asked not to be sensitive: still made (and reported) sensitive.
-        assert!(check_template(&[ok[0], (CKA_SENSITIVE, std::slice::from_ref(&f))], false).is_ok());
+        assert!(check_template(
+            &[ok[0], (CKA_SENSITIVE, std::slice::from_ref(&f))],
+            false,
+            false
+        )
+        .is_ok());
         for bad in [
             (CKA_EXTRACTABLE, std::slice::from_ref(&t)),
             (CKA_WRAP, std::slice::from_ref(&t)),
         ] {
-            let r = check_template(&[ok[0], bad], false);
+            let r = check_template(&[ok[0], bad], false, false);
             assert_eq!(r.err(), Some(CKR_ATTRIBUTE_VALUE_INVALID), "{:#x}", bad.0);
         }
         assert_eq!(
-            check_template(&[], false).err(),
+            check_template(&[], false, false).err(),
             Some(CKR_TEMPLATE_INCOMPLETE)
         );
         let l24 = (24 as CK_ULONG).to_ne_bytes();
         assert_eq!(
-            check_template(&[(CKA_VALUE_LEN, &l24[..])], false).err(),
+            check_template(&[(CKA_VALUE_LEN, &l24[..])], false, false).err(),
             Some(CKR_ATTRIBUTE_VALUE_INVALID)
         );
     }

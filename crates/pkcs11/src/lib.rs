@@ -32,6 +32,9 @@
 
 pub mod asym;
 pub mod core;
+pub mod digest;
 pub mod ffi;
+pub mod hmac;
 pub mod mech;
 pub mod object;
+pub mod public;

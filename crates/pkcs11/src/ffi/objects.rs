@@ -60,7 +60,7 @@ pub(crate) unsafe fn create(
     let attrs = unsafe { template(t, n) }?;
     // SAFETY: checked by `out`.
     let p = unsafe { out(ph) }?;
-    let (tpl, value) = check_template(&attrs, import)?;
+    let (tpl, value) = check_template(&attrs, import, false)?;
     *p = m.create(h, &tpl, value)?;
     Ok(())
 }
