@@ -381,7 +381,7 @@ impl AsymDecrypt {
 }
 
 /// The kind named by `CKA_EC_PARAMS` (an OID, or Ed25519's printable name).
-fn kind_of_params(p: &[u8]) -> Result<KeyKind, Rv> {
+pub(crate) fn kind_of_params(p: &[u8]) -> Result<KeyKind, Rv> {
     if p == ec_params(memveil_asym::Curve::P256) {
         Ok(KeyKind::P256)
     } else if p == ec_params(memveil_asym::Curve::P384) {

@@ -325,8 +325,10 @@ impl Module {
         let mut gone = std::collections::BTreeSet::new();
         for (k, name) in mine {
             lock(&self.objects).remove(&k);
-            // A key pair is two objects over one vault key.
-            if gone.insert(name.clone()) {
+            lock(&self.pubkeys).remove(&k);
+            // A key pair is two objects over one vault key; an imported
+            // public key has none.
+            if !name.is_empty() && gone.insert(name.clone()) {
                 let _ = self.with_vault(|c| c.destroy_key(&name).map_err(|e| client_rv(&e)));
             }
         }
@@ -751,6 +753,42 @@ impl Module {
         let want = [true, t.decrypt, t.sign, true, t.derive];
         let h = self.add_objects(session, &info, t.token, t.label, t.id, false, want)?;
         h.first().copied().ok_or(CKR_GENERAL_ERROR)
+    }
+
+    /// Adds an imported public key (`C_CreateObject`, `CKO_PUBLIC_KEY`): a
+    /// session object this module holds (public data, no vault key).
+    ///
+    /// # Errors
+    /// `CKR_SESSION_HANDLE_INVALID`.
+    pub fn add_public(
+        &self,
+        session: CK_SESSION_HANDLE,
+        p: crate::public::PublicImport,
+    ) -> Result<CK_OBJECT_HANDLE, Rv> {
+        self.session(session)?;
+        let public = PublicParts::Key(p.key);
+        let id = if p.id.is_empty() {
+            crate::object::default_id(&public)
+        } else {
+            p.id
+        };
+        let rsa = crate::object::key_type(p.kind) == CKK_RSA;
+        let o = Obj {
+            vault_id: 0,
+            name: String::new(),
+            kind: p.kind,
+            class: CKO_PUBLIC_KEY,
+            label: p.label,
+            id,
+            token: false,
+            session,
+            local: false,
+            caps: [rsa && p.encrypt, false, false, p.verify, false],
+            public: Some(Arc::new(public)),
+        };
+        let h = self.handle();
+        lock(&self.objects).insert(h, o);
+        Ok(h)
     }
 
     /// ECDH with the EC key `base` into a new AES key (`C_DeriveKey`).

@@ -9,13 +9,15 @@
 use std::sync::Arc;
 
 use cryptoki_sys::*;
-use memveil_asym::{AsymError, EncryptScheme, Hash, PublicKey, VerifyScheme};
+use memveil_asym::{AsymError, EncryptScheme, Hash, Public, PublicKey, VerifyScheme};
 use memveil_vault::proto::{KeyKind, Mode};
 use zeroize::Zeroizing;
 
 use crate::asym::{
-    hash_of_mech, hash_of_mgf, sign_input, sign_shape, DecryptParams, SignParams, MAX_MESSAGE,
+    hash_of_mech, hash_of_mgf, kind_of_params, sign_input, sign_shape, DecryptParams, SignParams,
+    MAX_MESSAGE,
 };
+use crate::core::{as_bool, as_ulong};
 use crate::mech::Rv;
 
 /// A verification with a public key in progress.
@@ -248,4 +250,156 @@ impl AsymEncrypt {
                 _ => CKR_DEVICE_ERROR,
             })
     }
+}
+
+/// A public key template of `C_CreateObject`, checked.
+#[derive(Debug)]
+pub struct PublicImport {
+    /// The kind whose public half this is.
+    pub kind: KeyKind,
+    /// The key.
+    pub key: Public,
+    /// `CKA_LABEL`.
+    pub label: Vec<u8>,
+    /// `CKA_ID`.
+    pub id: Vec<u8>,
+    /// `CKA_VERIFY` (default true).
+    pub verify: bool,
+    /// `CKA_ENCRYPT` (default true; RSA only).
+    pub encrypt: bool,
+}
+
+/// A point given as `CKA_EC_POINT`: a DER OCTET STRING, or raw.
+fn unwrap_point(p: &[u8]) -> &[u8] {
+    match p {
+        [0x04, n, rest @ ..] if usize::from(*n) == rest.len() && *n < 0x80 => rest,
+        [0x04, 0x81, n, rest @ ..] if usize::from(*n) == rest.len() => rest,
+        _ => p,
+    }
+}
+
+/// Checks a `C_CreateObject` template of class `CKO_PUBLIC_KEY`: RSA with
+/// `CKA_MODULUS` (2048, 3072 or 4096 bits) and `CKA_PUBLIC_EXPONENT`; EC
+/// (P-256, P-384) or Ed25519 with `CKA_EC_PARAMS` and `CKA_EC_POINT`. Every
+/// attribute the standard gives a public key is taken: the usage flags this
+/// module honours (`CKA_VERIFY`, `CKA_ENCRYPT`, `CKA_VERIFY_RECOVER`), the
+/// descriptive ones (subject, dates, allowed mechanisms...) checked for
+/// form and ignored.
+///
+/// # Errors
+/// `CKR_TEMPLATE_INCOMPLETE`, `CKR_ATTRIBUTE_VALUE_INVALID` (a weak RSA
+/// modulus among others: 1024 bits is refused), `CKR_CURVE_NOT_SUPPORTED`,
+/// `CKR_ATTRIBUTE_TYPE_INVALID`, `CKR_ATTRIBUTE_READ_ONLY`.
+pub fn check_public_import(attrs: &[(CK_ATTRIBUTE_TYPE, &[u8])]) -> Result<PublicImport, Rv> {
+    let (mut key_type, mut n, mut e, mut params, mut point) = (None, None, None, None, None);
+    let (mut label, mut id) = (Vec::new(), Vec::new());
+    let (mut verify, mut encrypt) = (true, true);
+    for (ty, v) in attrs {
+        let v: &[u8] = v;
+        match *ty {
+            CKA_CLASS => {
+                if as_ulong(v)? != CKO_PUBLIC_KEY {
+                    return Err(CKR_TEMPLATE_INCONSISTENT);
+                }
+            }
+            CKA_KEY_TYPE => key_type = Some(as_ulong(v)?),
+            CKA_MODULUS => n = Some(v),
+            CKA_PUBLIC_EXPONENT => e = Some(v),
+            CKA_EC_PARAMS => params = Some(v),
+            CKA_EC_POINT => point = Some(v),
+            CKA_LABEL => label = v.to_vec(),
+            CKA_ID => id = v.to_vec(),
+            CKA_VERIFY => verify = as_bool(v)?,
+            CKA_ENCRYPT => encrypt = as_bool(v)?,
+            // A session object of this module: CKA_TOKEN true cannot be
+            // kept (the vault stores key pairs, not lone public keys).
+            CKA_TOKEN => {
+                if as_bool(v)? {
+                    return Err(CKR_ATTRIBUTE_VALUE_INVALID);
+                }
+            }
+            CKA_VERIFY_RECOVER | CKA_DERIVE | CKA_PRIVATE | CKA_MODIFIABLE | CKA_COPYABLE
+            | CKA_DESTROYABLE => {
+                as_bool(v)?;
+            }
+            CKA_WRAP | CKA_TRUSTED => {
+                if as_bool(v)? {
+                    return Err(CKR_ATTRIBUTE_VALUE_INVALID);
+                }
+            }
+            CKA_SUBJECT
+            | CKA_START_DATE
+            | CKA_END_DATE
+            | CKA_ALLOWED_MECHANISMS
+            | CKA_PUBLIC_KEY_INFO
+            | CKA_WRAP_TEMPLATE => {}
+            CKA_MODULUS_BITS | CKA_LOCAL | CKA_KEY_GEN_MECHANISM => {
+                return Err(CKR_ATTRIBUTE_READ_ONLY)
+            }
+            _ => return Err(CKR_ATTRIBUTE_TYPE_INVALID),
+        }
+    }
+    let (kind, key) = match key_type.ok_or(CKR_TEMPLATE_INCOMPLETE)? {
+        CKK_RSA => {
+            let (n, e) = (
+                n.ok_or(CKR_TEMPLATE_INCOMPLETE)?,
+                e.ok_or(CKR_TEMPLATE_INCOMPLETE)?,
+            );
+            let kind = match memveil_vault::keyfile::rsa_bits(n) {
+                2048 => KeyKind::Rsa2048,
+                3072 => KeyKind::Rsa3072,
+                4096 => KeyKind::Rsa4096,
+                _ => return Err(CKR_ATTRIBUTE_VALUE_INVALID),
+            };
+            let strip = |b: &[u8]| {
+                b.iter()
+                    .copied()
+                    .skip_while(|x| *x == 0)
+                    .collect::<Vec<u8>>()
+            };
+            (
+                kind,
+                Public::Rsa {
+                    n: strip(n),
+                    e: strip(e),
+                },
+            )
+        }
+        t @ (CKK_EC | CKK_EC_EDWARDS) => {
+            let kind = kind_of_params(params.ok_or(CKR_TEMPLATE_INCOMPLETE)?)?;
+            let pt = unwrap_point(point.ok_or(CKR_TEMPLATE_INCOMPLETE)?);
+            match (t, kind) {
+                (CKK_EC, KeyKind::P256) => (
+                    kind,
+                    Public::Ec {
+                        curve: memveil_asym::Curve::P256,
+                        point: pt.to_vec(),
+                    },
+                ),
+                (CKK_EC, KeyKind::P384) => (
+                    kind,
+                    Public::Ec {
+                        curve: memveil_asym::Curve::P384,
+                        point: pt.to_vec(),
+                    },
+                ),
+                (CKK_EC_EDWARDS, KeyKind::Ed25519) => (
+                    kind,
+                    Public::Ed25519(pt.try_into().map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?),
+                ),
+                _ => return Err(CKR_CURVE_NOT_SUPPORTED),
+            }
+        }
+        _ => return Err(CKR_ATTRIBUTE_VALUE_INVALID),
+    };
+    // The key must be one aws-lc takes (a point on its curve, among others).
+    PublicKey::new(&key).map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
+    Ok(PublicImport {
+        kind,
+        key,
+        label,
+        id,
+        verify,
+        encrypt,
+    })
 }

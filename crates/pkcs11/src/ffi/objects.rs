@@ -35,9 +35,14 @@ pub unsafe extern "C" fn C_CreateObject(
                 *p = m.import(h, &i)?;
                 Ok(())
             }
-            // Public keys come with their private key (C_GenerateKeyPair,
-            // or a private key's import).
-            Some(CKO_PUBLIC_KEY) => Err(CKR_ATTRIBUTE_VALUE_INVALID),
+            // A public key alone: a session object held here.
+            Some(CKO_PUBLIC_KEY) => {
+                // SAFETY: checked by `out`.
+                let p = unsafe { out(ph) }?;
+                let i = crate::public::check_public_import(&attrs)?;
+                *p = m.add_public(h, i)?;
+                Ok(())
+            }
             // SAFETY: passed on from the caller's contract.
             _ => unsafe { create(&m, h, t, n, ph, true) },
         }
