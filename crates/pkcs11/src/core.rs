@@ -420,6 +420,7 @@ impl Module {
             KeyKind::Aes128 | KeyKind::Aes256 | KeyKind::Secret => &[CKO_SECRET_KEY],
             KeyKind::Xts128 | KeyKind::Xts256 => &[],
             KeyKind::Cert => &[CKO_CERTIFICATE],
+            KeyKind::Data => &[CKO_DATA],
             _ => &[CKO_PRIVATE_KEY, CKO_PUBLIC_KEY],
         }
     }
@@ -458,7 +459,13 @@ impl Module {
                     continue;
                 }
                 let public = self.public_of(&k)?;
-                let (label, mut id) = parse_name(&k.name, k.kind);
+                let (mut label, mut id) = parse_name(&k.name, k.kind);
+                if let Some(PublicParts::Data(b)) = public.as_deref() {
+                    (label, id) = (
+                        crate::data::Data::decode(b).unwrap_or_default().label,
+                        Vec::new(),
+                    );
+                }
                 if id.is_empty() {
                     id = public
                         .as_deref()
@@ -791,6 +798,112 @@ impl Module {
         Ok(h)
     }
 
+    /// Keeps `blob` (a data object's attributes) as a token object: a vault
+    /// entry of kind `data` named `dat.<random>`.
+    fn store_data(&self, blob: &[u8]) -> Result<KeyInfo, Rv> {
+        let mut r = [0u8; 6];
+        self.random(&mut r)?;
+        let name = format!(
+            "{}{}",
+            crate::data::DATA_PREFIX,
+            r.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        self.with_vault(|c| {
+            match c.import_key(&name, KeyKind::Data, true, blob) {
+                Err(ClientError::Refused {
+                    code: ErrorCode::NotDurable,
+                    ..
+                }) => c.import_key(&name, KeyKind::Data, false, blob),
+                r => r,
+            }
+            .map_err(|e| client_rv(&e))
+        })
+    }
+
+    /// Creates a data object (`C_CreateObject`, `CKO_DATA`): a token object
+    /// in the vault, a session object here.
+    ///
+    /// # Errors
+    /// `CKR_SESSION_READ_ONLY` for a token object in a read-only session;
+    /// the vault's refusal.
+    pub fn create_data(
+        &self,
+        session: CK_SESSION_HANDLE,
+        token: bool,
+        d: &crate::data::Data,
+    ) -> Result<CK_OBJECT_HANDLE, Rv> {
+        let s = self.session(session)?;
+        if token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        let blob = d.encode()?;
+        let (vault_id, name) = if token {
+            let info = self.store_data(&blob)?;
+            (info.id, info.name)
+        } else {
+            (0, String::new())
+        };
+        let o = Obj {
+            vault_id,
+            name,
+            kind: KeyKind::Data,
+            class: CKO_DATA,
+            label: d.label.clone(),
+            id: Vec::new(),
+            token,
+            session: if token { 0 } else { session },
+            local: false,
+            caps: [false; 5],
+            public: Some(Arc::new(PublicParts::Data(blob))),
+        };
+        let h = self.handle();
+        lock(&self.objects).insert(h, o);
+        Ok(h)
+    }
+
+    /// `C_SetAttributeValue`: a data object's label changes (a token
+    /// object is written to the vault anew, then the old entry destroyed);
+    /// every other attribute and object is read-only.
+    ///
+    /// # Errors
+    /// `CKR_ATTRIBUTE_READ_ONLY`, `CKR_ATTRIBUTE_TYPE_INVALID`,
+    /// `CKR_SESSION_READ_ONLY`, the vault's refusal.
+    pub fn set_attributes(
+        &self,
+        session: CK_SESSION_HANDLE,
+        h: CK_OBJECT_HANDLE,
+        attrs: &[(CK_ATTRIBUTE_TYPE, &[u8])],
+    ) -> Result<(), Rv> {
+        let s = self.session(session)?;
+        let o = self.object(h)?;
+        let Some(mut d) = o.data() else {
+            return Err(CKR_ATTRIBUTE_READ_ONLY);
+        };
+        if o.token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        for (ty, v) in attrs {
+            if !d.apply(*ty, v, false)? {
+                return Err(CKR_ATTRIBUTE_TYPE_INVALID);
+            }
+        }
+        let blob = d.encode()?;
+        let (vault_id, name) = if o.token {
+            let info = self.store_data(&blob)?;
+            let _ = self.with_vault(|c| c.destroy_key(&o.name).map_err(|e| client_rv(&e)));
+            (info.id, info.name)
+        } else {
+            (0, String::new())
+        };
+        if let Some(x) = lock(&self.objects).get_mut(&h) {
+            x.vault_id = vault_id;
+            x.name = name;
+            x.label = d.label;
+            x.public = Some(Arc::new(PublicParts::Data(blob)));
+        }
+        Ok(())
+    }
+
     /// ECDH with the EC key `base` into a new AES key (`C_DeriveKey`).
     ///
     /// # Errors
@@ -851,7 +964,7 @@ impl Module {
         if o.token && !lock(&s).rw {
             return Err(CKR_SESSION_READ_ONLY);
         }
-        if o.class == CKO_PUBLIC_KEY {
+        if o.class == CKO_PUBLIC_KEY || o.vault_id == 0 {
             if o.token {
                 lock(&self.hidden).insert(o.vault_id);
             }

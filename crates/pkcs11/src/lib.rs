@@ -32,6 +32,7 @@
 
 pub mod asym;
 pub mod core;
+pub mod data;
 pub mod digest;
 pub mod ffi;
 pub mod hmac;

@@ -122,7 +122,8 @@ impl Obj {
             CKA_LABEL => Some(self.label.clone()),
             CKA_ID => Some(self.id.clone()),
             CKA_TOKEN => Some(ck_bool(self.token)),
-            CKA_PRIVATE | CKA_MODIFIABLE | CKA_COPYABLE => Some(ck_bool(false)),
+            CKA_PRIVATE | CKA_COPYABLE => Some(ck_bool(false)),
+            CKA_MODIFIABLE => Some(ck_bool(self.class == CKO_DATA)),
             CKA_DESTROYABLE => Some(ck_bool(true)),
             _ => None,
         };
@@ -132,6 +133,7 @@ impl Obj {
         match self.class {
             CKO_SECRET_KEY => self.secret_attr(t),
             CKO_CERTIFICATE => self.cert_attr(t),
+            CKO_DATA => self.data_attr(t),
             _ => self.pair_attr(t),
         }
     }
@@ -238,6 +240,27 @@ impl Obj {
         Attr::Value(v)
     }
 
+    fn data_attr(&self, t: CK_ATTRIBUTE_TYPE) -> Attr {
+        let Some(d) = self.data() else {
+            return Attr::Invalid;
+        };
+        Attr::Value(match t {
+            CKA_APPLICATION => d.application,
+            CKA_OBJECT_ID => d.object_id,
+            CKA_VALUE => d.value,
+            _ => return Attr::Invalid,
+        })
+    }
+
+    /// A data object's attributes.
+    #[must_use]
+    pub fn data(&self) -> Option<crate::data::Data> {
+        match self.public.as_deref() {
+            Some(PublicParts::Data(b)) => crate::data::Data::decode(b),
+            _ => None,
+        }
+    }
+
     fn cert_attr(&self, t: CK_ATTRIBUTE_TYPE) -> Attr {
         let der: &[u8] = match self.public.as_deref() {
             Some(PublicParts::Cert(d)) => d,
@@ -275,7 +298,7 @@ pub fn default_id(p: &PublicParts) -> Vec<u8> {
         PublicParts::Key(Public::Rsa { n, .. }) => digest(Hash::Sha1, n),
         PublicParts::Key(Public::Ec { point, .. }) => digest(Hash::Sha1, point),
         PublicParts::Key(Public::Ed25519(pk)) => digest(Hash::Sha1, pk),
-        PublicParts::Cert(_) | PublicParts::SecretLen(_) => Vec::new(),
+        PublicParts::Cert(_) | PublicParts::SecretLen(_) | PublicParts::Data(_) => Vec::new(),
     }
 }
 

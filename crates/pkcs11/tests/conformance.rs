@@ -990,3 +990,94 @@ fn signatures_verify_both_ways_with_openssl() {
         t.close(h);
     }
 }
+
+impl Token {
+    fn find(&self, h: CK_SESSION_HANDLE, t: &mut [CK_ATTRIBUTE]) -> Vec<CK_OBJECT_HANDLE> {
+        ok(
+            "C_FindObjectsInit",
+            call!(
+                self,
+                C_FindObjectsInit,
+                h,
+                t.as_mut_ptr(),
+                t.len() as CK_ULONG
+            ),
+        );
+        let mut found = [0 as CK_OBJECT_HANDLE; 16];
+        let mut n = 0;
+        ok(
+            "C_FindObjects",
+            call!(self, C_FindObjects, h, found.as_mut_ptr(), 16, &mut n),
+        );
+        ok("C_FindObjectsFinal", call!(self, C_FindObjectsFinal, h));
+        found[..n as usize].to_vec()
+    }
+}
+
+#[test]
+fn data_objects_are_created_found_changed_and_destroyed() {
+    let oid = [0x06u8, 0x03, 0x2a, 0x03, 0x04];
+    for t in tokens() {
+        for token in [FALSE, TRUE] {
+            let h = t.open();
+            let app = common::label(&format!("app{token}"));
+            let class = CKO_DATA;
+            let mut tpl = [
+                attr(CKA_CLASS, &class),
+                attr(CKA_TOKEN, &token),
+                attr(CKA_PRIVATE, &FALSE),
+                attr_bytes(CKA_LABEL, b"settings"),
+                attr_bytes(CKA_APPLICATION, app.as_bytes()),
+                attr_bytes(CKA_OBJECT_ID, &oid),
+                attr_bytes(CKA_VALUE, b"first value"),
+            ];
+            let o = t.create(h, &mut tpl).unwrap();
+            assert_eq!(
+                t.get(h, o, CKA_VALUE).unwrap(),
+                b"first value",
+                "{}",
+                t.name
+            );
+            assert_eq!(t.get(h, o, CKA_OBJECT_ID).unwrap(), oid);
+            assert_eq!(t.get(h, o, CKA_LABEL).unwrap(), b"settings");
+            // Found by class and application, from another session for a
+            // token object.
+            let h2 = if token == TRUE { t.open() } else { h };
+            let mut q = [
+                attr(CKA_CLASS, &class),
+                attr_bytes(CKA_APPLICATION, app.as_bytes()),
+            ];
+            let found = t.find(h2, &mut q);
+            assert_eq!(found.len(), 1, "{} token={token}", t.name);
+            let f = found[0];
+            // The label may change; the value may not (PKCS#11 2.40, 4.5).
+            let mut set = [attr_bytes(CKA_LABEL, b"renamed")];
+            assert_eq!(
+                call!(t, C_SetAttributeValue, h2, f, set.as_mut_ptr(), 1),
+                CKR_OK,
+                "{} token={token}",
+                t.name
+            );
+            assert_eq!(t.get(h2, f, CKA_LABEL).unwrap(), b"renamed", "{}", t.name);
+            assert_eq!(
+                t.get(h2, f, CKA_VALUE).unwrap(),
+                b"first value",
+                "{}",
+                t.name
+            );
+            let mut set = [attr_bytes(CKA_VALUE, b"second value")];
+            assert_eq!(
+                call!(t, C_SetAttributeValue, h2, f, set.as_mut_ptr(), 1),
+                CKR_ATTRIBUTE_READ_ONLY,
+                "{}",
+                t.name
+            );
+            t.destroy(h2, f);
+            assert!(t.find(h2, &mut q).is_empty(), "{}", t.name);
+            if h2 != h {
+                t.close(h2);
+            }
+            t.close(h);
+        }
+    }
+}

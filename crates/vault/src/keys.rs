@@ -26,6 +26,7 @@ pub(crate) enum Material {
     Asym(SecretBox<Option<PrivateKey>>),
     Secret(SecretBox<[u8]>),
     Cert(Vec<u8>),
+    Data(Vec<u8>),
 }
 
 /// What the secret heap holds for one asymmetric key, about (aws-lc's
@@ -71,7 +72,7 @@ pub(crate) enum MaterialError {
     Random(std::io::Error),
     #[error("{0}")]
     Asym(#[from] AsymError),
-    #[error("a certificate is imported, not generated")]
+    #[error("a certificate or data object is imported, not generated")]
     Generate,
     #[error("a generic secret of {0} bytes: {min} to {max} expected", min = crate::proto::MIN_SECRET, max = crate::proto::MAX_SECRET)]
     SecretLength(usize),
@@ -91,7 +92,7 @@ impl Version {
                 PrivateKey::from_components(alg, key)
             });
         }
-        if kind == KeyKind::Cert {
+        if matches!(kind, KeyKind::Cert | KeyKind::Data) {
             let raw = if keep_raw {
                 let mut r = pool.alloc_bytes(key.len())?;
                 r.copy_from_slice(key);
@@ -99,10 +100,12 @@ impl Version {
             } else {
                 None
             };
-            return Ok(Version {
-                material: Material::Cert(key.to_vec()),
-                raw,
-            });
+            let material = if kind == KeyKind::Cert {
+                Material::Cert(key.to_vec())
+            } else {
+                Material::Data(key.to_vec())
+            };
+            return Ok(Version { material, raw });
         }
         if kind == KeyKind::Secret {
             if !kind.import_len_ok(key.len()) {
@@ -213,7 +216,7 @@ impl Version {
         if let Some(alg) = kind.asym() {
             return Version::asym(pool, alg, keep_raw, || PrivateKey::generate(alg));
         }
-        if kind == KeyKind::Cert {
+        if matches!(kind, KeyKind::Cert | KeyKind::Data) {
             return Err(MaterialError::Generate);
         }
         let mut buf = pool.alloc_bytes(kind.key_len())?;
@@ -256,7 +259,7 @@ impl Version {
             KeyKind::Xts128 | KeyKind::Xts256 => {
                 (fp(std::mem::size_of::<Option<Xts>>()), kind.key_len())
             }
-            KeyKind::Cert => (0, crate::proto::MAX_CERT),
+            KeyKind::Cert | KeyKind::Data => (0, crate::proto::MAX_CERT),
             KeyKind::Secret => (fp(crate::proto::MAX_SECRET), crate::proto::MAX_SECRET),
             k => {
                 let a = k.asym().unwrap_or(Algorithm::Rsa4096);
@@ -400,6 +403,7 @@ impl Version {
         match &self.material {
             Material::Asym(k) => k.as_ref().map(|k| PublicParts::Key(k.public())),
             Material::Cert(der) => Some(PublicParts::Cert(der.clone())),
+            Material::Data(d) => Some(PublicParts::Data(d.clone())),
             Material::Secret(k) => Some(PublicParts::SecretLen(
                 u32::try_from(k.len()).unwrap_or(u32::MAX),
             )),

@@ -35,6 +35,13 @@ pub unsafe extern "C" fn C_CreateObject(
                 *p = m.import(h, &i)?;
                 Ok(())
             }
+            Some(CKO_DATA) => {
+                // SAFETY: checked by `out`.
+                let p = unsafe { out(ph) }?;
+                let (token, d) = crate::data::check_data(&attrs)?;
+                *p = m.create_data(h, token, &d)?;
+                Ok(())
+            }
             // A public key alone: a session object held here.
             Some(CKO_PUBLIC_KEY) => {
                 // SAFETY: checked by `out`.
@@ -172,21 +179,24 @@ pub unsafe extern "C" fn C_GetAttributeValue(
     })
 }
 
-/// `C_SetAttributeValue`: keys are not modifiable.
+/// `C_SetAttributeValue`: a data object's attributes change; keys,
+/// certificates and the rest are not modifiable.
 ///
 /// # Safety
-/// None: no pointer is read.
+/// `t` holds `n` attributes.
 #[no_mangle]
 pub unsafe extern "C" fn C_SetAttributeValue(
     h: CK_SESSION_HANDLE,
     o: CK_OBJECT_HANDLE,
-    _t: *mut CK_ATTRIBUTE,
-    _n: CK_ULONG,
+    t: *mut CK_ATTRIBUTE,
+    n: CK_ULONG,
 ) -> CK_RV {
     guard(|| {
         let (m, _) = session(h)?;
+        // SAFETY: the caller's template of `n` attributes (contract).
+        let attrs = unsafe { template(t.cast_const(), n) }?;
         m.object(o)?;
-        Err(CKR_ATTRIBUTE_READ_ONLY)
+        m.set_attributes(h, o, &attrs)
     })
 }
 

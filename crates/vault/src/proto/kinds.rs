@@ -35,10 +35,14 @@ pub enum KeyKind {
     /// (SHA-1, SHA-2) and digests of the key (PKCS#11's `C_DigestKey`);
     /// never extractable, like every key.
     Secret,
+    /// Public application data (the PKCS#11 token's `CKO_DATA` objects,
+    /// up to [`MAX_CERT`] bytes with their attributes): kept, listed and
+    /// given back like a certificate; no operation uses it.
+    Data,
 }
 
 /// Every kind, in wire order.
-pub const KINDS: [KeyKind; 12] = [
+pub const KINDS: [KeyKind; 13] = [
     KeyKind::Aes128,
     KeyKind::Aes256,
     KeyKind::Xts128,
@@ -51,6 +55,7 @@ pub const KINDS: [KeyKind; 12] = [
     KeyKind::Ed25519,
     KeyKind::Cert,
     KeyKind::Secret,
+    KeyKind::Data,
 ];
 
 /// Shortest generic secret: 112 bits, the least key strength SP 800-107
@@ -83,7 +88,7 @@ impl KeyKind {
     #[must_use]
     pub fn import_len_ok(self, n: usize) -> bool {
         match self {
-            KeyKind::Cert => (1..=MAX_CERT).contains(&n),
+            KeyKind::Cert | KeyKind::Data => (1..=MAX_CERT).contains(&n),
             KeyKind::Secret => (MIN_SECRET..=MAX_SECRET).contains(&n),
             k if k.asym().is_some() => (1..=memveil_asym::components::MAX_LEN).contains(&n),
             k => n == k.key_len(),
@@ -174,6 +179,7 @@ impl KeyKind {
             KeyKind::Ed25519 => "ed25519",
             KeyKind::Cert => "cert",
             KeyKind::Secret => "secret",
+            KeyKind::Data => "data",
         }
     }
 }
@@ -349,7 +355,8 @@ mod tests {
         assert_eq!(KeyKind::Xts256.code(), 4);
         assert_eq!(KeyKind::from_code(0), None);
         assert_eq!(KeyKind::Secret.code(), 12);
-        assert_eq!(KeyKind::from_code(13), None);
+        assert_eq!(KeyKind::Data.code(), 13);
+        assert_eq!(KeyKind::from_code(14), None);
         assert!(KeyKind::Secret.import_len_ok(14) && !KeyKind::Secret.import_len_ok(13));
         assert!(!KeyKind::Secret.import_len_ok(257) && KeyKind::Secret.serves(Mode::Hmac));
         for m in MODES {

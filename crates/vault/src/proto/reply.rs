@@ -203,6 +203,8 @@ pub enum PublicParts {
     Cert(Vec<u8>),
     /// A generic secret's length in bytes (its only public fact).
     SecretLen(u32),
+    /// Public application data (kind `data`).
+    Data(Vec<u8>),
 }
 
 mod public_code {
@@ -211,6 +213,7 @@ mod public_code {
     pub const ED25519: u8 = 3;
     pub const CERT: u8 = 4;
     pub const SECRET_LEN: u8 = 5;
+    pub const DATA: u8 = 6;
     pub const P256: u8 = 1;
     pub const P384: u8 = 2;
 }
@@ -235,6 +238,9 @@ fn put_public(w: &mut W, p: &PublicParts) {
         }
         PublicParts::SecretLen(n) => {
             w.u8(public_code::SECRET_LEN).u32(*n);
+        }
+        PublicParts::Data(d) => {
+            w.u8(public_code::DATA).bytes(d);
         }
     }
 }
@@ -270,6 +276,7 @@ fn get_public(r: &mut R<'_>) -> Result<PublicParts, DecodeError> {
         }
         public_code::CERT => PublicParts::Cert(r.bytes("certificate")?.to_vec()),
         public_code::SECRET_LEN => PublicParts::SecretLen(r.u32("secret length")?),
+        public_code::DATA => PublicParts::Data(r.bytes("data")?.to_vec()),
         t => return Err(bad("public key type", t)),
     })
 }
