@@ -436,7 +436,14 @@ fn common_key_attr<'a>(
         | CKA_ALWAYS_AUTHENTICATE => {
             as_bool(v)?;
         }
-        CKA_SUBJECT | CKA_START_DATE | CKA_END_DATE | CKA_ALLOWED_MECHANISMS => {}
+        CKA_SUBJECT
+        | CKA_START_DATE
+        | CKA_END_DATE
+        | CKA_ALLOWED_MECHANISMS
+        | CKA_PUBLIC_KEY_INFO
+        | CKA_WRAP_TEMPLATE
+        | CKA_UNWRAP_TEMPLATE
+        | CKA_DERIVE_TEMPLATE => {}
         CKA_SIGN if private => t.sign = as_bool(v)?,
         CKA_DECRYPT if private => t.decrypt = as_bool(v)?,
         CKA_DERIVE => t.derive = as_bool(v)?,

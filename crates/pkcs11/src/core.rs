@@ -1122,7 +1122,19 @@ pub fn check_template<'a>(
             CKA_DECRYPT => t.caps[1] = as_bool(v)?,
             CKA_SIGN => t.caps[2] = as_bool(v)?,
             CKA_VERIFY => t.caps[3] = as_bool(v)?,
-            CKA_START_DATE | CKA_END_DATE => {}
+            // Descriptive attributes the standard gives every secret key:
+            // taken, not enforced (the vault's ACL says who may do what).
+            CKA_START_DATE
+            | CKA_END_DATE
+            | CKA_ALLOWED_MECHANISMS
+            | CKA_CHECK_VALUE
+            | CKA_WRAP_TEMPLATE
+            | CKA_UNWRAP_TEMPLATE
+            | CKA_DERIVE_TEMPLATE
+            | CKA_SUBJECT => {}
+            CKA_ALWAYS_AUTHENTICATE => {
+                as_bool(v)?;
+            }
             CKA_VALUE
             | CKA_LOCAL
             | CKA_ALWAYS_SENSITIVE
@@ -1316,6 +1328,26 @@ mod tests {
             check_template(&[], false, false).err(),
             Some(CKR_TEMPLATE_INCOMPLETE)
         );
+        // Issue 36: attributes the standard gives a secret key are taken
+        // (SoftHSM2 takes them; they were CKR_ATTRIBUTE_TYPE_INVALID).
+        let mechs = CKM_AES_CBC.to_ne_bytes();
+        let kcv = [1u8, 2, 3];
+        let std_attrs = [
+            ok[0],
+            (CKA_ALLOWED_MECHANISMS, &mechs[..]),
+            (CKA_CHECK_VALUE, &kcv[..]),
+            (CKA_WRAP_TEMPLATE, &[][..]),
+            (CKA_ALWAYS_AUTHENTICATE, std::slice::from_ref(&f)),
+        ];
+        assert!(check_template(&std_attrs, false, false).is_ok());
+        // A generic secret: 14 to 256 bytes.
+        let l13 = (13 as CK_ULONG).to_ne_bytes();
+        assert_eq!(
+            check_template(&[(CKA_VALUE_LEN, &l13[..])], false, true).err(),
+            Some(CKR_ATTRIBUTE_VALUE_INVALID)
+        );
+        let (t, _) = check_template(&ok, false, true).expect("generic");
+        assert!(t.generic && t.key_len == 32);
         let l24 = (24 as CK_ULONG).to_ne_bytes();
         assert_eq!(
             check_template(&[(CKA_VALUE_LEN, &l24[..])], false, false).err(),
