@@ -79,6 +79,7 @@ macro_rules! call {
     }};
 }
 
+mod conf;
 mod sign;
 
 /// A read-write session of `f` on `slot`.
@@ -435,6 +436,12 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     figs.append(&mut sfigs);
     let mut md = md;
     md.push_str(&smd);
+    // HMAC and verification (issue 36): the same keys in both.
+    let cmv = conf::import(mv.name, mv.f, mv.slot, mv.session, &rsa)?;
+    let chsm = conf::import(hsm.name, hsm.f, hsm.slot, hsm.session, &rsa)?;
+    let (mut cfigs, cmd) = conf::figures(opts, &cmv, &chsm, &rsa)?;
+    figs.append(&mut cfigs);
+    md.push_str(&cmd);
     for m in [&mv, &hsm] {
         call!(m.f, C_CloseSession, m.session)?;
         call!(m.f, C_Finalize, std::ptr::null_mut())?;

@@ -124,12 +124,12 @@ pub(super) fn import(
 
 /// One thread's signing loop: made on its thread (so it may hold what is
 /// not `Send`), then called once per signature.
-type SignOnce<'a> = Box<dyn FnMut() -> Result<(), BenchError> + 'a>;
+pub(super) type SignOnce<'a> = Box<dyn FnMut() -> Result<(), BenchError> + 'a>;
 
 /// Operations a second of `threads` threads for about `secs` seconds: each
 /// thread makes its loop with `make(thread)`, all start together, and each
 /// calls its loop until `secs` have passed.
-fn rate_on_threads<'a, F>(threads: usize, secs: f64, make: F) -> Result<f64, BenchError>
+pub(super) fn rate_on_threads<'a, F>(threads: usize, secs: f64, make: F) -> Result<f64, BenchError>
 where
     F: Fn(usize) -> Result<SignOnce<'a>, BenchError> + Sync,
 {
