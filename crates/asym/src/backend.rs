@@ -442,21 +442,7 @@ impl Rsa {
             if ctx.is_null() {
                 return Err(backend_error("EVP_PKEY_CTX_new"));
             }
-            let mut ok = sys::EVP_PKEY_decrypt_init(ctx) == 1
-                && sys::EVP_PKEY_CTX_set_rsa_padding(ctx, sys::RSA_PKCS1_OAEP_PADDING) == 1
-                && sys::EVP_PKEY_CTX_set_rsa_oaep_md(ctx, hash.md()) == 1
-                && sys::EVP_PKEY_CTX_set_rsa_mgf1_md(ctx, mgf1.md()) == 1;
-            if ok && !label.is_empty() {
-                let l = sys::OPENSSL_malloc(label.len()).cast::<u8>();
-                ok = !l.is_null();
-                if ok {
-                    ptr::copy_nonoverlapping(label.as_ptr(), l, label.len());
-                    ok = sys::EVP_PKEY_CTX_set0_rsa_oaep_label(ctx, l, label.len()) == 1;
-                    if !ok {
-                        sys::OPENSSL_free(l.cast());
-                    }
-                }
-            }
+            let mut ok = sys::EVP_PKEY_decrypt_init(ctx) == 1 && oaep_setup(ctx, hash, mgf1, label);
             let mut n = out.len();
             ok = ok
                 && sys::EVP_PKEY_decrypt(
@@ -489,6 +475,40 @@ impl Rsa {
             got: out.len(),
             need: self.k,
         })
+    }
+}
+
+/// Sets OAEP padding, its hash, MGF1's hash and the label on `ctx`;
+/// whether all took.
+///
+/// # Safety
+/// `ctx` is a live context of an RSA key, initialised for encryption or
+/// decryption.
+pub(crate) unsafe fn oaep_setup(
+    ctx: *mut sys::EVP_PKEY_CTX,
+    hash: Hash,
+    mgf1: Hash,
+    label: &[u8],
+) -> bool {
+    // SAFETY: `ctx` is live (this function's contract); the hashes are
+    // static tables; the label is copied into an OPENSSL_malloc'd buffer
+    // the context takes over (set0), freed here if it does not.
+    unsafe {
+        let mut ok = sys::EVP_PKEY_CTX_set_rsa_padding(ctx, sys::RSA_PKCS1_OAEP_PADDING) == 1
+            && sys::EVP_PKEY_CTX_set_rsa_oaep_md(ctx, hash.md()) == 1
+            && sys::EVP_PKEY_CTX_set_rsa_mgf1_md(ctx, mgf1.md()) == 1;
+        if ok && !label.is_empty() {
+            let l = sys::OPENSSL_malloc(label.len()).cast::<u8>();
+            ok = !l.is_null();
+            if ok {
+                ptr::copy_nonoverlapping(label.as_ptr(), l, label.len());
+                ok = sys::EVP_PKEY_CTX_set0_rsa_oaep_label(ctx, l, label.len()) == 1;
+                if !ok {
+                    sys::OPENSSL_free(l.cast());
+                }
+            }
+        }
+        ok
     }
 }
 

@@ -8,7 +8,7 @@ use std::ptr::{self, NonNull};
 
 use aws_lc_sys as sys;
 
-use crate::backend::{backend_error, nid, Bn};
+use crate::backend::{backend_error, nid, oaep_setup, Bn};
 use crate::{AsymError, Curve, Hash, Public};
 
 /// How to verify a signature.
@@ -375,9 +375,9 @@ fn oaep(
     mut out: Vec<u8>,
 ) -> Result<Vec<u8>, AsymError> {
     // SAFETY: the EVP_PKEY and its context are created, used and freed
-    // here; set1 takes its own reference to the live RSA key; the label is
-    // copied into an OPENSSL_malloc'd buffer the context takes over
-    // (set0); `out` holds the modulus' bytes and `n` says so on entry.
+    // here (`oaep_setup`'s context is live and initialised for
+    // encryption); set1 takes its own reference to the live RSA key; `out`
+    // holds the modulus' bytes and `n` says so on entry.
     unsafe {
         let pkey = sys::EVP_PKEY_new();
         if pkey.is_null() || sys::EVP_PKEY_set1_RSA(pkey, r.as_ptr()) != 1 {
@@ -385,24 +385,10 @@ fn oaep(
             return Err(backend_error("EVP_PKEY_set1_RSA"));
         }
         let ctx = sys::EVP_PKEY_CTX_new(pkey, ptr::null_mut());
-        let mut ok = !ctx.is_null()
-            && sys::EVP_PKEY_encrypt_init(ctx) == 1
-            && sys::EVP_PKEY_CTX_set_rsa_padding(ctx, sys::RSA_PKCS1_OAEP_PADDING) == 1
-            && sys::EVP_PKEY_CTX_set_rsa_oaep_md(ctx, hash.md()) == 1
-            && sys::EVP_PKEY_CTX_set_rsa_mgf1_md(ctx, mgf1.md()) == 1;
-        if ok && !label.is_empty() {
-            let l = sys::OPENSSL_malloc(label.len()).cast::<u8>();
-            ok = !l.is_null();
-            if ok {
-                ptr::copy_nonoverlapping(label.as_ptr(), l, label.len());
-                ok = sys::EVP_PKEY_CTX_set0_rsa_oaep_label(ctx, l, label.len()) == 1;
-                if !ok {
-                    sys::OPENSSL_free(l.cast());
-                }
-            }
-        }
         let mut n = out.len();
-        ok = ok
+        let ok = !ctx.is_null()
+            && sys::EVP_PKEY_encrypt_init(ctx) == 1
+            && oaep_setup(ctx, hash, mgf1, label)
             && sys::EVP_PKEY_encrypt(ctx, out.as_mut_ptr(), &mut n, input.as_ptr(), input.len())
                 == 1;
         sys::EVP_PKEY_CTX_free(ctx);

@@ -62,6 +62,28 @@ pub(crate) fn hash_of_mgf(g: CK_RSA_PKCS_MGF_TYPE) -> Option<Hash> {
     })
 }
 
+/// `CK_RSA_PKCS_PSS_PARAMS` checked (its hash the mechanism's, when the
+/// mechanism names one): the hash, MGF1's hash and the salt length.
+///
+/// # Errors
+/// `CKR_MECHANISM_PARAM_INVALID`.
+pub(crate) fn pss_of(
+    mech_hash: Option<Hash>,
+    hash: CK_MECHANISM_TYPE,
+    mgf: CK_RSA_PKCS_MGF_TYPE,
+    salt: CK_ULONG,
+) -> Result<(Hash, Hash, u32), Rv> {
+    let h = hash_of_mech(hash).ok_or(CKR_MECHANISM_PARAM_INVALID)?;
+    if mech_hash.is_some_and(|x| x != h) {
+        return Err(CKR_MECHANISM_PARAM_INVALID);
+    }
+    Ok((
+        h,
+        hash_of_mgf(mgf).ok_or(CKR_MECHANISM_PARAM_INVALID)?,
+        u32::try_from(salt).map_err(|_| CKR_MECHANISM_PARAM_INVALID)?,
+    ))
+}
+
 /// The parameters of a signature mechanism, copied out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SignParams {
@@ -165,14 +187,11 @@ impl AsymSign {
         let alg = kind.asym().ok_or(CKR_KEY_TYPE_INCONSISTENT)?;
         let p = match (mode, params) {
             (Mode::RsaPss, SignParams::Pss { hash: h, mgf, salt }) => {
-                let hh = hash_of_mech(h).ok_or(CKR_MECHANISM_PARAM_INVALID)?;
-                if hash.is_some_and(|x| x != hh) {
-                    return Err(CKR_MECHANISM_PARAM_INVALID);
-                }
+                let (hh, mgf1, salt) = pss_of(hash, h, mgf, salt)?;
                 AsymParams {
                     hash: hh.code(),
-                    mgf1: hash_of_mgf(mgf).ok_or(CKR_MECHANISM_PARAM_INVALID)?.code(),
-                    len: u32::try_from(salt).map_err(|_| CKR_MECHANISM_PARAM_INVALID)?,
+                    mgf1: mgf1.code(),
+                    len: salt,
                 }
             }
             (Mode::RsaPss, SignParams::None) => return Err(CKR_MECHANISM_PARAM_INVALID),

@@ -14,8 +14,8 @@ use memveil_vault::proto::{KeyKind, Mode};
 use zeroize::Zeroizing;
 
 use crate::asym::{
-    hash_of_mech, hash_of_mgf, kind_of_params, sign_input, sign_shape, DecryptParams, SignParams,
-    MAX_MESSAGE,
+    hash_of_mech, hash_of_mgf, kind_of_params, pss_of, sign_input, sign_shape, DecryptParams,
+    SignParams, MAX_MESSAGE,
 };
 use crate::core::{as_bool, as_ulong};
 use crate::mech::Rv;
@@ -55,15 +55,8 @@ impl AsymVerify {
         let alg = kind.asym().ok_or(CKR_KEY_TYPE_INCONSISTENT)?;
         let scheme = match (mode, params) {
             (Mode::RsaPss, SignParams::Pss { hash: h, mgf, salt }) => {
-                let hh = hash_of_mech(h).ok_or(CKR_MECHANISM_PARAM_INVALID)?;
-                if hash.is_some_and(|x| x != hh) {
-                    return Err(CKR_MECHANISM_PARAM_INVALID);
-                }
-                VerifyScheme::Pss {
-                    hash: hh,
-                    mgf1: hash_of_mgf(mgf).ok_or(CKR_MECHANISM_PARAM_INVALID)?,
-                    salt: u32::try_from(salt).map_err(|_| CKR_MECHANISM_PARAM_INVALID)?,
-                }
+                let (hash, mgf1, salt) = pss_of(hash, h, mgf, salt)?;
+                VerifyScheme::Pss { hash, mgf1, salt }
             }
             (Mode::RsaPkcs1, SignParams::None) => VerifyScheme::Pkcs1,
             (Mode::RsaRaw, SignParams::None) => VerifyScheme::Raw,

@@ -6,7 +6,7 @@
 use cryptoki_sys::*;
 use openssl::pkey::{PKey, Private};
 
-use super::sign::{rate_on_threads, SignOnce};
+use super::sign::{at, rate_on_threads, SignOnce};
 use super::{check, fail, median, session};
 use crate::{BenchError, BenchOpts, Figure};
 
@@ -18,14 +18,6 @@ pub(super) struct Side {
     slot: CK_SLOT_ID,
     public: CK_OBJECT_HANDLE,
     secret: CK_OBJECT_HANDLE,
-}
-
-fn at(ty: CK_ATTRIBUTE_TYPE, v: &[u8]) -> CK_ATTRIBUTE {
-    CK_ATTRIBUTE {
-        type_: ty,
-        pValue: v.as_ptr().cast_mut().cast(),
-        ulValueLen: v.len() as CK_ULONG,
-    }
 }
 
 /// Imports `rsa`'s public half and a 32-byte generic secret into `f` (as

@@ -22,7 +22,7 @@ pub(super) struct Signer {
     ec: CK_OBJECT_HANDLE,
 }
 
-fn at(ty: CK_ATTRIBUTE_TYPE, v: &[u8]) -> CK_ATTRIBUTE {
+pub(super) fn at(ty: CK_ATTRIBUTE_TYPE, v: &[u8]) -> CK_ATTRIBUTE {
     CK_ATTRIBUTE {
         type_: ty,
         pValue: v.as_ptr().cast_mut().cast(),
