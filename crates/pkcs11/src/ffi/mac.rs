@@ -393,7 +393,7 @@ pub unsafe extern "C" fn C_VerifyRecoverInit(
 /// `C_VerifyRecover`: the data a signature carries.
 ///
 /// # Safety
-/// `sig` holds `sl` bytes; `o`/`ol` as for [`give`].
+/// `sig` holds `sl` bytes; `o` is NULL or holds `*ol` writable bytes; `ol` is a writable `CK_ULONG`.
 #[no_mangle]
 pub unsafe extern "C" fn C_VerifyRecover(
     h: CK_SESSION_HANDLE,
