@@ -639,6 +639,15 @@ fn digest_key_hashes_the_secret_inside_the_vault() {
             .unwrap()
             .to_vec()
     );
+    // A key longer than a hash block: HMAC keys with its digest, so the
+    // digest is refused (else C_DigestKey would hand out the HMAC key).
+    let long = secret(t, h, &pattern(100)).unwrap();
+    ok("C_DigestInit", call!(t, C_DigestInit, h, &mut mm));
+    assert_eq!(call!(t, C_DigestKey, h, long), CKR_KEY_INDIGESTIBLE);
+    // An AES key: the vault keeps no bytes of it apart from its schedule.
+    let aes = common::import(h, &[7; 32], &common::label("dk"), false);
+    ok("C_DigestInit", call!(t, C_DigestInit, h, &mut mm));
+    assert_eq!(call!(t, C_DigestKey, h, aes), CKR_KEY_INDIGESTIBLE);
     t.close(h);
 }
 

@@ -412,6 +412,11 @@ impl Version {
     }
 }
 
+/// The longest generic secret [`Mode::KeyDigest`] hashes: SHA-1's and
+/// SHA-256's block. HMAC replaces a longer key by its digest, so digesting
+/// one would hand out the HMAC key.
+pub(crate) const MAX_DIGESTIBLE: usize = 64;
+
 /// HMAC ([`Mode::Hmac`]) and a digest over the key ([`Mode::KeyDigest`])
 /// with a generic secret `key`. The keyed hash state is on this thread's
 /// stack (the workers' stacks are secret memory) and in aws-lc's heap (the
@@ -434,6 +439,11 @@ fn secret_op(e: &Entry, key: &[u8], input: &[u8], out: &mut [u8]) -> Result<usiz
             }
         }
         (Mode::KeyDigest, Op::Encrypt) => {
+            // A key longer than a hash block is hashed by HMAC before use:
+            // its digest would be the HMAC key itself. Refused.
+            if key.len() > MAX_DIGESTIBLE {
+                return Err(status::WRONG_MODE);
+            }
             let at = usize::try_from(p.len).map_err(|_| status::BAD_LENGTH)?;
             let (before, after) = input.split_at_checked(at).ok_or(status::BAD_LENGTH)?;
             let mut d = Hasher::new(h).ok_or(status::NO_MEMORY)?;
@@ -554,5 +564,47 @@ impl KeyTable {
             return Err(status::WRONG_MODE);
         }
         k.version(e.version).cloned().ok_or(status::NO_KEY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::AsymParams;
+
+    fn entry(mode: Mode, op: Op) -> Entry {
+        let p = AsymParams {
+            hash: Hash::Sha256.code(),
+            mgf1: 0,
+            len: 0,
+        };
+        Entry::asym(op, mode, 1, 0, (0, 0), (0, 64), p)
+    }
+
+    #[test]
+    fn a_secret_longer_than_a_block_is_not_digested_and_macs_are_checked() {
+        let mut out = [0u8; 64];
+        let long = [7u8; 65];
+        let digest = entry(Mode::KeyDigest, Op::Encrypt);
+        // HMAC-SHA256 keys with SHA-256(long): its digest is refused.
+        assert_eq!(
+            secret_op(&digest, &long, b"", &mut out),
+            Err(status::WRONG_MODE)
+        );
+        assert_eq!(secret_op(&digest, &long[..64], b"", &mut out), Ok(32));
+        let n = secret_op(&entry(Mode::Hmac, Op::Encrypt), &long, b"m", &mut out).expect("mac");
+        let mut input = b"m".to_vec();
+        input.extend_from_slice(&out[..n]);
+        let check = entry(Mode::Hmac, Op::Decrypt);
+        assert_eq!(secret_op(&check, &long, &input, &mut out), Ok(0));
+        input[1] ^= 1;
+        assert_eq!(
+            secret_op(&check, &long, &input, &mut out),
+            Err(status::AUTH_FAILED)
+        );
+        assert_eq!(
+            secret_op(&check, &long, b"short", &mut out),
+            Err(status::BAD_LENGTH)
+        );
     }
 }

@@ -126,8 +126,14 @@ pub unsafe extern "C" fn C_DigestKey(h: CK_SESSION_HANDLE, key: CK_OBJECT_HANDLE
         let k = m.object(key).map_err(|_| CKR_KEY_HANDLE_INVALID)?;
         let mut g = lock(&s);
         let op = g.digest.as_mut().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
-        // AES keys: the vault keeps their schedules, not their bytes.
-        let r = if k.kind == memveil_vault::proto::KeyKind::Secret {
+        // AES keys: the vault keeps their schedules, not their bytes. A
+        // secret longer than a hash block: HMAC uses its digest as the key,
+        // so the vault refuses to give that digest out.
+        let long = matches!(
+            k.public.as_deref(),
+            Some(memveil_vault::proto::PublicParts::SecretLen(n)) if *n > 64
+        );
+        let r = if k.kind == memveil_vault::proto::KeyKind::Secret && !long {
             op.add_key(k.vault_id)
         } else {
             Err(CKR_KEY_INDIGESTIBLE)

@@ -244,7 +244,8 @@ pub enum Mode {
     Hmac,
     /// The digest of the input's first `len` bytes (the parameters'), the
     /// generic secret key's bytes, then the rest of the input (encrypt
-    /// only): PKCS#11's `C_DigestKey`.
+    /// only): PKCS#11's `C_DigestKey`. Refused (`WRONG_MODE`) for a key
+    /// longer than 64 bytes, which HMAC would replace by its digest.
     KeyDigest,
 }
 
