@@ -1090,3 +1090,67 @@ fn data_objects_are_created_found_changed_and_destroyed() {
         }
     }
 }
+
+/// The refusals that are security (docs/pkcs11.md lists them), each with
+/// its code; SoftHSM2 shows the same two `C_SetAttributeValue` answers and
+/// takes what this module refuses (DES3, RSA-1024: the contrast).
+#[test]
+fn security_refusals_keep_their_codes() {
+    for t in tokens() {
+        let h = t.open();
+        let mine = t.name == "memveil";
+        // A sensitive, non-extractable key stays so.
+        let k = secret(t, h, &[9; 32]).unwrap();
+        let mut unset = [attr(CKA_SENSITIVE, &FALSE)];
+        assert_eq!(
+            call!(t, C_SetAttributeValue, h, k, unset.as_mut_ptr(), 1),
+            CKR_ATTRIBUTE_READ_ONLY,
+            "{}",
+            t.name
+        );
+        let mut ext = [attr(CKA_EXTRACTABLE, &TRUE)];
+        let rv = call!(t, C_SetAttributeValue, h, k, ext.as_mut_ptr(), 1);
+        assert_eq!(rv, CKR_ATTRIBUTE_READ_ONLY, "{}", t.name);
+        assert_eq!(t.get(h, k, CKA_VALUE), Err(CKR_ATTRIBUTE_SENSITIVE));
+        // DES3 and RSA-1024.
+        let mut des = mech(CKM_DES3_KEY_GEN);
+        let mut tpl = [attr(CKA_TOKEN, &FALSE)];
+        let mut o = 0;
+        let rv = call!(t, C_GenerateKey, h, &mut des, tpl.as_mut_ptr(), 1, &mut o);
+        assert_eq!(
+            rv == CKR_MECHANISM_INVALID,
+            mine,
+            "{}: DES3 {rv:#x}",
+            t.name
+        );
+        let bits: CK_ULONG = 1024;
+        let e = [1u8, 0, 1];
+        let mut pubt = [
+            attr(CKA_TOKEN, &FALSE),
+            attr(CKA_MODULUS_BITS, &bits),
+            attr_bytes(CKA_PUBLIC_EXPONENT, &e),
+        ];
+        let mut privt = [attr(CKA_TOKEN, &FALSE)];
+        let mut gen = mech(CKM_RSA_PKCS_KEY_PAIR_GEN);
+        let (mut p, mut s) = (0, 0);
+        let rv = call!(
+            t,
+            C_GenerateKeyPair,
+            h,
+            &mut gen,
+            pubt.as_mut_ptr(),
+            3,
+            privt.as_mut_ptr(),
+            1,
+            &mut p,
+            &mut s
+        );
+        assert_eq!(
+            rv == CKR_ATTRIBUTE_VALUE_INVALID,
+            mine,
+            "{}: RSA-1024 {rv:#x}",
+            t.name
+        );
+        t.close(h);
+    }
+}
