@@ -25,15 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cryptoki_sys::*;
-use memveil_testkit::{skip, Need};
 use openssl::hash::MessageDigest;
 use openssl::pkey::PKey;
 use openssl::sign::{RsaPssSaltlen, Signer, Verifier};
-
-const SOFTHSM: [&str; 2] = [
-    "/usr/lib/softhsm/libsofthsm2.so",
-    "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so",
-];
 
 /// One token: a function list with a logged-in read/write session.
 struct Token {
@@ -97,37 +91,9 @@ fn memveil() -> &'static Token {
 fn softhsm() -> Option<&'static Token> {
     static T: OnceLock<Option<(Token, PathBuf)>> = OnceLock::new();
     T.get_or_init(|| {
-        let Some(lib) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
-            skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
-            return None;
-        };
         let dir = std::env::temp_dir().join(format!("memveil-p11-conf-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("tokens")).unwrap();
-        let conf = dir.join("softhsm2.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
-                dir.join("tokens").display()
-            ),
-        )
-        .unwrap();
-        let o = std::process::Command::new("softhsm2-util")
-            .args(["--init-token", "--free", "--label", "conf"])
-            .args(["--pin", "1234", "--so-pin", "12345678"])
-            .env("SOFTHSM2_CONF", &conf)
-            .output();
-        match o {
-            Ok(o) if o.status.success() => {}
-            other => {
-                skip(
-                    Need::Installed("softhsm2"),
-                    format!("softhsm2-util: {other:?}"),
-                );
-                return None;
-            }
-        }
+        let (lib, conf) = common::softhsm_token(&dir, "conf")?;
         // Read by SoftHSM2's C_Initialize, once, before any test thread
         // loads it.
         std::env::set_var("SOFTHSM2_CONF", &conf);

@@ -243,36 +243,47 @@ impl Parts for CryptOp {
     }
 }
 
-impl Parts for AsymEncrypt {
-    fn bound(&self, part: Part, _n: usize) -> usize {
-        if part == Part::Update {
-            0
-        } else {
-            self.k
-        }
+/// An RSA operation over one block: the parts are gathered, the block is
+/// processed at the last one.
+trait OneBlock: Clone {
+    /// The output's bound (the modulus' bytes).
+    fn block(&self) -> usize;
+    /// Gathers a part.
+    fn gather(&mut self, part: &[u8]) -> Result<(), Rv>;
+    /// Processes the gathered parts followed by `last`.
+    fn last(&self, m: &Module, last: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv>;
+}
+
+impl OneBlock for AsymEncrypt {
+    fn block(&self) -> usize {
+        self.k
     }
-    fn step(
-        &mut self,
-        _m: &Module,
-        part: Part,
-        data: &[u8],
-    ) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
-        match part {
-            Part::Update => {
-                self.update(data)?;
-                Ok(zeroize::Zeroizing::new(Vec::new()))
-            }
-            Part::Single | Part::Final => self.encrypt(data),
-        }
+    fn gather(&mut self, part: &[u8]) -> Result<(), Rv> {
+        self.update(part)
+    }
+    fn last(&self, _m: &Module, last: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
+        self.encrypt(last)
     }
 }
 
-impl Parts for AsymDecrypt {
+impl OneBlock for AsymDecrypt {
+    fn block(&self) -> usize {
+        self.k
+    }
+    fn gather(&mut self, part: &[u8]) -> Result<(), Rv> {
+        self.update(part)
+    }
+    fn last(&self, m: &Module, last: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
+        self.decrypt(m, last)
+    }
+}
+
+impl<T: OneBlock> Parts for T {
     fn bound(&self, part: Part, _n: usize) -> usize {
         if part == Part::Update {
             0
         } else {
-            self.k
+            self.block()
         }
     }
     fn step(
@@ -283,10 +294,10 @@ impl Parts for AsymDecrypt {
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
         match part {
             Part::Update => {
-                self.update(data)?;
+                self.gather(data)?;
                 Ok(zeroize::Zeroizing::new(Vec::new()))
             }
-            Part::Single | Part::Final => self.decrypt(m, data),
+            Part::Single | Part::Final => self.last(m, data),
         }
     }
 }
