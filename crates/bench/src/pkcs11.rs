@@ -216,6 +216,13 @@ fn encrypt_loop(m: &Module, gcm: bool, msg: usize, count: usize) -> Result<f64, 
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// The range of rounds' values, `lo–hi`.
+fn spread(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.3}–{hi:.3}")
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -397,11 +404,6 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         cbc_mv.push(c[0]);
         cbc_hsm.push(c[1]);
     }
-    let spread = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{lo:.3}–{hi:.3}")
-    };
     let (gr, ca) = (median(gcm_r.clone()), median(cbc_add.clone()));
     let (gm, gh, cm, ch) = (
         median(gcm_mv),

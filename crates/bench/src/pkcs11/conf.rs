@@ -7,7 +7,7 @@ use cryptoki_sys::*;
 use openssl::pkey::{PKey, Private};
 
 use super::sign::{at, rate_on_threads, SignOnce};
-use super::{check, fail, median, session};
+use super::{check, fail, median, session, spread};
 use crate::{BenchError, BenchOpts, Figure};
 
 /// One module's side: its function list, a slot, the RSA public key and
@@ -170,11 +170,6 @@ pub(super) fn figures(
             one[1][1]
         ));
     }
-    let spread = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{lo:.3}–{hi:.3}")
-    };
     let m = |v: &Vec<f64>| median(v.clone());
     let md = format!(
         "\n### HMAC and verification (issue 36)\n\nThe same 32-byte generic secret and RSA-2048 public key imported into memveil's module and SoftHSM2 (session objects); {threads} threads, each with its own session: `C_SignInit` + `C_Sign` with `CKM_SHA256_HMAC` over 1 KiB (memveil: one vault request each, the key in the vault), `C_VerifyInit` + `C_Verify` with `CKM_SHA256_RSA_PKCS` over 32 bytes (memveil: in the caller's process, from the public key object); {rounds} alternating rounds of {secs} s; medians, ratio ranges over rounds.\n\n| operation | memveil | SoftHSM2 | memveil/SoftHSM2 |\n|---|---|---|---|\n| HMAC-SHA256 1 KiB | {:.0}/s | {:.0}/s | {:.3} ({}) |\n| RSA-2048 verify | {:.0}/s | {:.0}/s | {:.3} ({}) |\n",
