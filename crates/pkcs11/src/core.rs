@@ -1149,7 +1149,10 @@ pub fn check_template<'a>(
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
     t.generic = key_type.map_or(generic, |k| k == CKK_GENERIC_SECRET);
-    if t.token && t.caps.contains(&false) {
+    // A generic secret never encrypts: only its CKA_SIGN and CKA_VERIFY
+    // follow the vault's ACL.
+    let usages = if t.generic { &t.caps[2..] } else { &t.caps[..] };
+    if t.token && usages.contains(&false) {
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
     if import {
@@ -1348,6 +1351,19 @@ mod tests {
         );
         let (t, _) = check_template(&ok, false, true).expect("generic");
         assert!(t.generic && t.key_len == 32);
+        // A token HMAC key that says it does not encrypt (it cannot).
+        let tr = CK_TRUE;
+        let no_enc = [
+            ok[0],
+            (CKA_TOKEN, std::slice::from_ref(&tr)),
+            (CKA_ENCRYPT, std::slice::from_ref(&f)),
+            (CKA_DECRYPT, std::slice::from_ref(&f)),
+        ];
+        assert!(check_template(&no_enc, false, true).is_ok());
+        assert_eq!(
+            check_template(&no_enc, false, false).err(),
+            Some(CKR_ATTRIBUTE_VALUE_INVALID)
+        );
         let l24 = (24 as CK_ULONG).to_ne_bytes();
         assert_eq!(
             check_template(&[(CKA_VALUE_LEN, &l24[..])], false, false).err(),
