@@ -562,6 +562,8 @@ fn hmac_gives_rfc4231_and_openssl_macs_and_refuses_a_changed_one() {
             "{}",
             t.name
         );
+        assert_eq!(t.get(h, k, CKA_SIGN).unwrap(), [CK_TRUE], "{}", t.name);
+        assert_eq!(t.get(h, k, CKA_VERIFY).unwrap(), [CK_TRUE], "{}", t.name);
         let mut mm = mech(CKM_SHA384_HMAC);
         let mac = t.sign(h, &mut mm, k, &[b"generated"]).unwrap();
         assert_eq!(mac.len(), 48);
