@@ -54,7 +54,7 @@ pub enum DecryptScheme<'a> {
     Raw,
 }
 
-fn backend_error(what: &str) -> AsymError {
+pub(crate) fn backend_error(what: &str) -> AsymError {
     let mut buf = [0u8; 256];
     // SAFETY: ERR_get_error reads this thread's error queue;
     // ERR_error_string_n writes at most `buf.len()` bytes, NUL-terminated.
@@ -74,10 +74,10 @@ fn backend_error(what: &str) -> AsymError {
 
 /// A BIGNUM owned here (freed, and so wiped, on drop: aws-lc's free wipes,
 /// and the secret heap wipes again).
-struct Bn(NonNull<sys::BIGNUM>);
+pub(crate) struct Bn(NonNull<sys::BIGNUM>);
 
 impl Bn {
-    fn from_be(b: &[u8]) -> Result<Bn, AsymError> {
+    pub(crate) fn from_be(b: &[u8]) -> Result<Bn, AsymError> {
         // SAFETY: `b` is readable for its length; a NULL `ret` asks for a
         // new BIGNUM.
         let p = unsafe { sys::BN_bin2bn(b.as_ptr(), b.len(), ptr::null_mut()) };
@@ -91,8 +91,14 @@ impl Bn {
             .map(Bn)
             .ok_or_else(|| backend_error("BN_new"))
     }
-    fn ptr(&self) -> *mut sys::BIGNUM {
+    pub(crate) fn ptr(&self) -> *mut sys::BIGNUM {
         self.0.as_ptr()
+    }
+    /// Gives the BIGNUM up (to a function that takes ownership).
+    pub(crate) fn into_raw(self) -> *mut sys::BIGNUM {
+        let p = self.0.as_ptr();
+        std::mem::forget(self);
+        p
     }
 }
 
@@ -185,7 +191,7 @@ impl Drop for PrivateKey {
     }
 }
 
-fn nid(c: Curve) -> c_int {
+pub(crate) fn nid(c: Curve) -> c_int {
     match c {
         Curve::P256 => sys::NID_X9_62_prime256v1,
         Curve::P384 => sys::NID_secp384r1,
@@ -436,21 +442,7 @@ impl Rsa {
             if ctx.is_null() {
                 return Err(backend_error("EVP_PKEY_CTX_new"));
             }
-            let mut ok = sys::EVP_PKEY_decrypt_init(ctx) == 1
-                && sys::EVP_PKEY_CTX_set_rsa_padding(ctx, sys::RSA_PKCS1_OAEP_PADDING) == 1
-                && sys::EVP_PKEY_CTX_set_rsa_oaep_md(ctx, hash.md()) == 1
-                && sys::EVP_PKEY_CTX_set_rsa_mgf1_md(ctx, mgf1.md()) == 1;
-            if ok && !label.is_empty() {
-                let l = sys::OPENSSL_malloc(label.len()).cast::<u8>();
-                ok = !l.is_null();
-                if ok {
-                    ptr::copy_nonoverlapping(label.as_ptr(), l, label.len());
-                    ok = sys::EVP_PKEY_CTX_set0_rsa_oaep_label(ctx, l, label.len()) == 1;
-                    if !ok {
-                        sys::OPENSSL_free(l.cast());
-                    }
-                }
-            }
+            let mut ok = sys::EVP_PKEY_decrypt_init(ctx) == 1 && oaep_setup(ctx, hash, mgf1, label);
             let mut n = out.len();
             ok = ok
                 && sys::EVP_PKEY_decrypt(
@@ -483,6 +475,40 @@ impl Rsa {
             got: out.len(),
             need: self.k,
         })
+    }
+}
+
+/// Sets OAEP padding, its hash, MGF1's hash and the label on `ctx`;
+/// whether all took.
+///
+/// # Safety
+/// `ctx` is a live context of an RSA key, initialised for encryption or
+/// decryption.
+pub(crate) unsafe fn oaep_setup(
+    ctx: *mut sys::EVP_PKEY_CTX,
+    hash: Hash,
+    mgf1: Hash,
+    label: &[u8],
+) -> bool {
+    // SAFETY: `ctx` is live (this function's contract); the hashes are
+    // static tables; the label is copied into an OPENSSL_malloc'd buffer
+    // the context takes over (set0), freed here if it does not.
+    unsafe {
+        let mut ok = sys::EVP_PKEY_CTX_set_rsa_padding(ctx, sys::RSA_PKCS1_OAEP_PADDING) == 1
+            && sys::EVP_PKEY_CTX_set_rsa_oaep_md(ctx, hash.md()) == 1
+            && sys::EVP_PKEY_CTX_set_rsa_mgf1_md(ctx, mgf1.md()) == 1;
+        if ok && !label.is_empty() {
+            let l = sys::OPENSSL_malloc(label.len()).cast::<u8>();
+            ok = !l.is_null();
+            if ok {
+                ptr::copy_nonoverlapping(label.as_ptr(), l, label.len());
+                ok = sys::EVP_PKEY_CTX_set0_rsa_oaep_label(ctx, l, label.len()) == 1;
+                if !ok {
+                    sys::OPENSSL_free(l.cast());
+                }
+            }
+        }
+        ok
     }
 }
 

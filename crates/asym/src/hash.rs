@@ -123,6 +123,50 @@ pub fn digest(h: Hash, data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// HMAC of `data` under `key` with `h` into `out` (at least `h.len()`
+/// bytes); returns the MAC's length, 0 when `out` is short. aws-lc keeps
+/// the keyed state on the calling thread's stack (the vault's are in
+/// secret memory).
+#[must_use]
+pub fn hmac(h: Hash, key: &[u8], data: &[u8], out: &mut [u8]) -> usize {
+    let n = h.len();
+    let Some(o) = out.get_mut(..n) else {
+        return 0;
+    };
+    let mut len: std::ffi::c_uint = 0;
+    // SAFETY: key and data readable for their lengths; `o` holds the
+    // digest's length; the method table is static.
+    let p = unsafe {
+        aws_lc_sys::HMAC(
+            h.md(),
+            key.as_ptr().cast(),
+            key.len(),
+            data.as_ptr(),
+            data.len(),
+            o.as_mut_ptr(),
+            &mut len,
+        )
+    };
+    if p.is_null() {
+        0
+    } else {
+        n
+    }
+}
+
+/// Whether `mac` is the HMAC of `data` under `key`: full length only,
+/// compared in constant time (`CRYPTO_memcmp`).
+#[must_use]
+pub fn hmac_verify(h: Hash, key: &[u8], data: &[u8], mac: &[u8]) -> bool {
+    let mut want = zeroize::Zeroizing::new([0u8; 64]);
+    let n = hmac(h, key, data, &mut want[..]);
+    if n == 0 || mac.len() != n {
+        return false;
+    }
+    // SAFETY: both readable for `n` bytes.
+    unsafe { aws_lc_sys::CRYPTO_memcmp(want.as_ptr().cast(), mac.as_ptr().cast(), n) == 0 }
+}
+
 /// A digest over several parts.
 pub struct Hasher {
     hash: Hash,
@@ -226,5 +270,19 @@ mod tests {
             assert_eq!(Hash::from_code(h.code()), Some(h));
         }
         assert_eq!(Hash::from_code(0), None);
+    }
+
+    #[test]
+    fn hmac_matches_rfc4231_case_1_and_refuses_a_changed_mac() {
+        let key = [0x0b; 20];
+        let want = "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7";
+        let mut out = [0u8; 64];
+        assert_eq!(hmac(Hash::Sha256, &key, b"Hi There", &mut out), 32);
+        assert_eq!(hex::encode(&out[..32]), want);
+        assert!(hmac_verify(Hash::Sha256, &key, b"Hi There", &out[..32]));
+        out[31] ^= 1;
+        assert!(!hmac_verify(Hash::Sha256, &key, b"Hi There", &out[..32]));
+        assert!(!hmac_verify(Hash::Sha256, &key, b"Hi There", &out[..31]));
+        assert_eq!(hmac(Hash::Sha512, &key, b"x", &mut [0u8; 63]), 0);
     }
 }

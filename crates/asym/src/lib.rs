@@ -16,7 +16,10 @@
 //!   not leaves aws-lc on the ordinary heap (what the proofs' positive
 //!   control relies on).
 //! - [`hash`]: SHA-1/SHA-2 digests and the DigestInfo prefixes of PKCS#1,
-//!   for clients that hash before they sign.
+//!   for clients that hash before they sign; HMAC with a constant-time
+//!   check, for the vault's generic secret keys.
+//! - [`PublicKey`]: verification, RSA encryption and recovery from a public
+//!   half ([`Public`]), for clients that hold only that.
 //!
 //! What aws-lc keeps on the stack of the thread that runs an operation is
 //! not all wiped by it (an ECDSA signature leaves its nonce and the private
@@ -36,10 +39,12 @@ pub mod components;
 pub mod hash;
 mod heap;
 pub mod implicit;
+pub mod public;
 
 pub use backend::{DecryptScheme, PrivateKey, SignScheme};
 pub use hash::Hash;
 pub use heap::{heap_stats, use_secret_heap, HeapStats};
+pub use public::{EncryptScheme, PublicKey, VerifyScheme};
 
 /// The key types the vault holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -79,6 +79,7 @@ macro_rules! call {
     }};
 }
 
+mod conf;
 mod sign;
 
 /// A read-write session of `f` on `slot`.
@@ -213,6 +214,13 @@ fn encrypt_loop(m: &Module, gcm: bool, msg: usize, count: usize) -> Result<f64, 
         )?;
     }
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// The range of rounds' values, `lo–hi`.
+fn spread(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.3}–{hi:.3}")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -396,11 +404,6 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         cbc_mv.push(c[0]);
         cbc_hsm.push(c[1]);
     }
-    let spread = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{lo:.3}–{hi:.3}")
-    };
     let (gr, ca) = (median(gcm_r.clone()), median(cbc_add.clone()));
     let (gm, gh, cm, ch) = (
         median(gcm_mv),
@@ -435,6 +438,12 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
     figs.append(&mut sfigs);
     let mut md = md;
     md.push_str(&smd);
+    // HMAC and verification (issue 36): the same keys in both.
+    let cmv = conf::import(mv.name, mv.f, mv.slot, mv.session, &rsa)?;
+    let chsm = conf::import(hsm.name, hsm.f, hsm.slot, hsm.session, &rsa)?;
+    let (mut cfigs, cmd) = conf::figures(opts, &cmv, &chsm, &rsa)?;
+    figs.append(&mut cfigs);
+    md.push_str(&cmd);
     for m in [&mv, &hsm] {
         call!(m.f, C_CloseSession, m.session)?;
         call!(m.f, C_Finalize, std::ptr::null_mut())?;

@@ -40,7 +40,7 @@ pub trait AsymBackend {
 }
 
 /// The hash of a `CKM_SHA*` mechanism code or a `CKG_MGF1_SHA*` code.
-fn hash_of_mech(m: CK_MECHANISM_TYPE) -> Option<Hash> {
+pub(crate) fn hash_of_mech(m: CK_MECHANISM_TYPE) -> Option<Hash> {
     Some(match m {
         CKM_SHA_1 => Hash::Sha1,
         CKM_SHA224 => Hash::Sha224,
@@ -51,7 +51,7 @@ fn hash_of_mech(m: CK_MECHANISM_TYPE) -> Option<Hash> {
     })
 }
 
-fn hash_of_mgf(g: CK_RSA_PKCS_MGF_TYPE) -> Option<Hash> {
+pub(crate) fn hash_of_mgf(g: CK_RSA_PKCS_MGF_TYPE) -> Option<Hash> {
     Some(match g {
         CKG_MGF1_SHA1 => Hash::Sha1,
         CKG_MGF1_SHA224 => Hash::Sha224,
@@ -60,6 +60,28 @@ fn hash_of_mgf(g: CK_RSA_PKCS_MGF_TYPE) -> Option<Hash> {
         CKG_MGF1_SHA512 => Hash::Sha512,
         _ => return None,
     })
+}
+
+/// `CK_RSA_PKCS_PSS_PARAMS` checked (its hash the mechanism's, when the
+/// mechanism names one): the hash, MGF1's hash and the salt length.
+///
+/// # Errors
+/// `CKR_MECHANISM_PARAM_INVALID`.
+pub(crate) fn pss_of(
+    mech_hash: Option<Hash>,
+    hash: CK_MECHANISM_TYPE,
+    mgf: CK_RSA_PKCS_MGF_TYPE,
+    salt: CK_ULONG,
+) -> Result<(Hash, Hash, u32), Rv> {
+    let h = hash_of_mech(hash).ok_or(CKR_MECHANISM_PARAM_INVALID)?;
+    if mech_hash.is_some_and(|x| x != h) {
+        return Err(CKR_MECHANISM_PARAM_INVALID);
+    }
+    Ok((
+        h,
+        hash_of_mgf(mgf).ok_or(CKR_MECHANISM_PARAM_INVALID)?,
+        u32::try_from(salt).map_err(|_| CKR_MECHANISM_PARAM_INVALID)?,
+    ))
 }
 
 /// The parameters of a signature mechanism, copied out.
@@ -86,7 +108,9 @@ pub fn is_sign_mech(m: CK_MECHANISM_TYPE) -> bool {
 
 /// (vault mode, hash the module applies first, DigestInfo prefix, the key
 /// type it needs, multi-part allowed).
-fn sign_shape(m: CK_MECHANISM_TYPE) -> Option<(Mode, Option<Hash>, bool, CK_KEY_TYPE, bool)> {
+pub(crate) fn sign_shape(
+    m: CK_MECHANISM_TYPE,
+) -> Option<(Mode, Option<Hash>, bool, CK_KEY_TYPE, bool)> {
     Some(match m {
         CKM_RSA_PKCS => (Mode::RsaPkcs1, None, false, CKK_RSA, false),
         CKM_RSA_X_509 => (Mode::RsaRaw, None, false, CKK_RSA, false),
@@ -163,14 +187,11 @@ impl AsymSign {
         let alg = kind.asym().ok_or(CKR_KEY_TYPE_INCONSISTENT)?;
         let p = match (mode, params) {
             (Mode::RsaPss, SignParams::Pss { hash: h, mgf, salt }) => {
-                let hh = hash_of_mech(h).ok_or(CKR_MECHANISM_PARAM_INVALID)?;
-                if hash.is_some_and(|x| x != hh) {
-                    return Err(CKR_MECHANISM_PARAM_INVALID);
-                }
+                let (hh, mgf1, salt) = pss_of(hash, h, mgf, salt)?;
                 AsymParams {
                     hash: hh.code(),
-                    mgf1: hash_of_mgf(mgf).ok_or(CKR_MECHANISM_PARAM_INVALID)?.code(),
-                    len: u32::try_from(salt).map_err(|_| CKR_MECHANISM_PARAM_INVALID)?,
+                    mgf1: mgf1.code(),
+                    len: salt,
                 }
             }
             (Mode::RsaPss, SignParams::None) => return Err(CKR_MECHANISM_PARAM_INVALID),
@@ -215,34 +236,53 @@ impl AsymSign {
     pub fn sign(&self, be: &dyn AsymBackend, last: &[u8]) -> Result<Zeroizing<Vec<u8>>, Rv> {
         let mut msg = Zeroizing::new(self.pending.to_vec());
         msg.extend_from_slice(last);
-        let input = match self.hash {
-            Some(h) => {
-                let mut v = if self.prefix {
-                    h.digest_info_prefix().to_vec()
-                } else {
-                    Vec::new()
-                };
-                v.extend(digest(h, &msg));
-                Zeroizing::new(v)
-            }
-            None if self.mode == Mode::RsaRaw => {
-                // CKM_RSA_X_509: shorter input is a number below the
-                // modulus, left-padded with zeros.
-                if msg.len() > self.modulus_len {
-                    return Err(CKR_DATA_LEN_RANGE);
-                }
-                let mut v = Zeroizing::new(vec![0u8; self.modulus_len - msg.len()]);
-                v.extend_from_slice(&msg);
-                v
-            }
-            None => msg,
-        };
-        if input.is_empty() && self.mode != Mode::EdDsa {
-            return Err(CKR_DATA_LEN_RANGE);
-        }
+        let input = sign_input(self.hash, self.prefix, self.mode, self.modulus_len, msg)?;
         be.run_asym(Op::Encrypt, self.key, self.mode, self.params, &input)
             .map_err(|f| map(f, CKR_DATA_LEN_RANGE, CKR_DATA_INVALID))
     }
+}
+
+/// What a signature mechanism signs (and its verification checks): the
+/// message's digest (in a `DigestInfo` for PKCS#1 v1.5) for the `SHA*`
+/// mechanisms, the message left-padded to the modulus for `CKM_RSA_X_509`,
+/// the message itself otherwise.
+///
+/// # Errors
+/// `CKR_DATA_LEN_RANGE` for an empty input (but Ed25519's) or a raw one
+/// longer than the modulus.
+pub(crate) fn sign_input(
+    hash: Option<Hash>,
+    prefix: bool,
+    mode: Mode,
+    modulus_len: usize,
+    msg: Zeroizing<Vec<u8>>,
+) -> Result<Zeroizing<Vec<u8>>, Rv> {
+    let input = match hash {
+        Some(h) => {
+            let mut v = if prefix {
+                h.digest_info_prefix().to_vec()
+            } else {
+                Vec::new()
+            };
+            v.extend(digest(h, &msg));
+            Zeroizing::new(v)
+        }
+        None if mode == Mode::RsaRaw => {
+            // CKM_RSA_X_509: shorter input is a number below the modulus,
+            // left-padded with zeros.
+            if msg.len() > modulus_len {
+                return Err(CKR_DATA_LEN_RANGE);
+            }
+            let mut v = Zeroizing::new(vec![0u8; modulus_len - msg.len()]);
+            v.extend_from_slice(&msg);
+            v
+        }
+        None => msg,
+    };
+    if input.is_empty() && mode != Mode::EdDsa {
+        return Err(CKR_DATA_LEN_RANGE);
+    }
+    Ok(input)
 }
 
 /// The parameters of a decryption mechanism, copied out.
@@ -360,7 +400,7 @@ impl AsymDecrypt {
 }
 
 /// The kind named by `CKA_EC_PARAMS` (an OID, or Ed25519's printable name).
-fn kind_of_params(p: &[u8]) -> Result<KeyKind, Rv> {
+pub(crate) fn kind_of_params(p: &[u8]) -> Result<KeyKind, Rv> {
     if p == ec_params(memveil_asym::Curve::P256) {
         Ok(KeyKind::P256)
     } else if p == ec_params(memveil_asym::Curve::P384) {
@@ -415,7 +455,14 @@ fn common_key_attr<'a>(
         | CKA_ALWAYS_AUTHENTICATE => {
             as_bool(v)?;
         }
-        CKA_SUBJECT | CKA_START_DATE | CKA_END_DATE | CKA_ALLOWED_MECHANISMS => {}
+        CKA_SUBJECT
+        | CKA_START_DATE
+        | CKA_END_DATE
+        | CKA_ALLOWED_MECHANISMS
+        | CKA_PUBLIC_KEY_INFO
+        | CKA_WRAP_TEMPLATE
+        | CKA_UNWRAP_TEMPLATE
+        | CKA_DERIVE_TEMPLATE => {}
         CKA_SIGN if private => t.sign = as_bool(v)?,
         CKA_DECRYPT if private => t.decrypt = as_bool(v)?,
         CKA_DERIVE => t.derive = as_bool(v)?,

@@ -17,9 +17,12 @@ use memveil_vault::Client;
 use zeroize::Zeroizing;
 
 use crate::asym::{AsymBackend, AsymDecrypt, AsymSign, Ecdh, Import, PairTemplate};
+use crate::digest::DigestOp;
+use crate::hmac::HmacOp;
 use crate::mech::{Backend, CryptOp, Failure, MacOp, Req, Rv};
 use crate::object::{cap, CERT_PREFIX, SESSION_PREFIX};
 pub use crate::object::{parse_name, token_name, Attr, Obj};
+use crate::public::{AsymEncrypt, AsymVerify};
 
 /// The one slot's id.
 pub const SLOT: CK_SLOT_ID = 0;
@@ -62,13 +65,35 @@ pub enum DecOp {
     Rsa(AsymDecrypt),
 }
 
+/// An encryption in progress.
+#[derive(Clone)]
+pub enum EncOp {
+    /// With an AES key (in the vault).
+    Aes(CryptOp),
+    /// With an RSA public key (here).
+    Rsa(AsymEncrypt),
+}
+
 /// A signature in progress.
 #[derive(Clone)]
 pub enum SignOp {
     /// `CKM_AES_CMAC`.
     Cmac(MacOp),
+    /// `CKM_SHA*_HMAC`.
+    Hmac(HmacOp),
     /// With an asymmetric key.
     Asym(AsymSign),
+}
+
+/// A verification in progress.
+#[derive(Clone)]
+pub enum VerifyOp {
+    /// `CKM_AES_CMAC` (in the vault).
+    Cmac(MacOp),
+    /// `CKM_SHA*_HMAC` (in the vault).
+    Hmac(HmacOp),
+    /// With a public key (here).
+    Asym(AsymVerify),
 }
 
 /// One session's state.
@@ -77,13 +102,17 @@ pub struct Sess {
     /// Opened with `CKF_RW_SESSION`.
     pub rw: bool,
     /// Encryption in progress.
-    pub enc: Option<CryptOp>,
+    pub enc: Option<EncOp>,
     /// Decryption in progress.
     pub dec: Option<DecOp>,
     /// Signature in progress.
     pub sign: Option<SignOp>,
-    /// CMAC verification in progress.
-    pub verify: Option<MacOp>,
+    /// Verification in progress.
+    pub verify: Option<VerifyOp>,
+    /// Verification with recovery in progress.
+    pub recover: Option<AsymVerify>,
+    /// Digest in progress.
+    pub digest: Option<DigestOp>,
     /// Handles a search has still to return.
     pub find: Option<Vec<CK_OBJECT_HANDLE>>,
 }
@@ -108,6 +137,12 @@ pub struct Module {
     max_lanes: usize,
     sessions: Mutex<HashMap<CK_SESSION_HANDLE, Arc<Mutex<Sess>>>>,
     objects: Mutex<HashMap<CK_OBJECT_HANDLE, Obj>>,
+    /// Public keys built for verification and encryption, by object.
+    pubkeys: Mutex<HashMap<CK_OBJECT_HANDLE, Arc<memveil_asym::PublicKey>>>,
+    /// Public key objects of token pairs destroyed in this process (vault
+    /// key ids): the private half stays, so a refresh must not bring them
+    /// back.
+    hidden: Mutex<std::collections::HashSet<u32>>,
     next: AtomicU64,
     logged_in: AtomicBool,
     rng: Mutex<Option<memveil_drng::Stream>>,
@@ -133,6 +168,8 @@ impl Module {
             max_lanes,
             sessions: Mutex::new(HashMap::new()),
             objects: Mutex::new(HashMap::new()),
+            pubkeys: Mutex::new(HashMap::new()),
+            hidden: Mutex::new(std::collections::HashSet::new()),
             next: AtomicU64::new(1),
             logged_in: AtomicBool::new(false),
             rng: Mutex::new(None),
@@ -288,8 +325,10 @@ impl Module {
         let mut gone = std::collections::BTreeSet::new();
         for (k, name) in mine {
             lock(&self.objects).remove(&k);
-            // A key pair is two objects over one vault key.
-            if gone.insert(name.clone()) {
+            lock(&self.pubkeys).remove(&k);
+            // A key pair is two objects over one vault key; an imported
+            // public key has none.
+            if !name.is_empty() && gone.insert(name.clone()) {
                 let _ = self.with_vault(|c| c.destroy_key(&name).map_err(|e| client_rv(&e)));
             }
         }
@@ -348,8 +387,10 @@ impl Module {
 
     /// What this uid may do with an object of `class` over vault key `k`:
     /// an AES key encrypts and signs (CMAC) with `e`, decrypts and verifies
-    /// with `d`; a private key signs with `e`, decrypts (RSA) and derives
-    /// (EC) with `d`; public keys and certificates do nothing here.
+    /// with `d`; a generic secret signs (HMAC) with `e` and verifies with
+    /// `d`; a private key signs with `e`, decrypts (RSA) and derives (EC)
+    /// with `d`; a public key verifies (and encrypts, RSA) in this process,
+    /// whatever the vault's ACL; certificates do nothing.
     fn caps_of(&self, k: &KeyInfo, class: CK_OBJECT_CLASS) -> [bool; 5] {
         let uid = self.uid();
         let bits = if k.owner == uid {
@@ -359,8 +400,11 @@ impl Module {
         };
         let e = bits & perm::ENCRYPT != 0;
         let d = bits & perm::DECRYPT != 0;
+        let ty = crate::object::key_type(k.kind);
         match class {
+            CKO_SECRET_KEY if k.kind == KeyKind::Secret => [false, false, e, d, false],
             CKO_SECRET_KEY => [e, d, e, d, false],
+            CKO_PUBLIC_KEY => [ty == CKK_RSA, false, false, true, false],
             CKO_PRIVATE_KEY => {
                 let rsa = crate::object::key_type(k.kind) == CKK_RSA;
                 let ec = crate::object::key_type(k.kind) == CKK_EC;
@@ -373,9 +417,10 @@ impl Module {
     /// The classes a vault kind shows as.
     fn classes(kind: KeyKind) -> &'static [CK_OBJECT_CLASS] {
         match kind {
-            KeyKind::Aes128 | KeyKind::Aes256 => &[CKO_SECRET_KEY],
+            KeyKind::Aes128 | KeyKind::Aes256 | KeyKind::Secret => &[CKO_SECRET_KEY],
             KeyKind::Xts128 | KeyKind::Xts256 => &[],
             KeyKind::Cert => &[CKO_CERTIFICATE],
+            KeyKind::Data => &[CKO_DATA],
             _ => &[CKO_PRIVATE_KEY, CKO_PUBLIC_KEY],
         }
     }
@@ -393,6 +438,9 @@ impl Module {
                 continue;
             }
             for &class in Self::classes(k.kind) {
+                if class == CKO_PUBLIC_KEY && lock(&self.hidden).contains(&k.id) {
+                    continue;
+                }
                 seen.push((k.id, class));
                 let known = {
                     let mut objs = lock(&self.objects);
@@ -411,7 +459,13 @@ impl Module {
                     continue;
                 }
                 let public = self.public_of(&k)?;
-                let (label, mut id) = parse_name(&k.name, k.kind);
+                let (mut label, mut id) = parse_name(&k.name, k.kind);
+                if let Some(PublicParts::Data(b)) = public.as_deref() {
+                    (label, id) = (
+                        crate::data::Data::decode(b).unwrap_or_default().label,
+                        Vec::new(),
+                    );
+                }
                 if id.is_empty() {
                     id = public
                         .as_deref()
@@ -456,6 +510,29 @@ impl Module {
             .get(&h)
             .cloned()
             .ok_or(CKR_OBJECT_HANDLE_INVALID)
+    }
+
+    /// The public key of object `h` (a public key object with `cap`), built
+    /// once and kept for the object's life.
+    ///
+    /// # Errors
+    /// As [`Module::key`]; `CKR_KEY_TYPE_INCONSISTENT` for an object
+    /// without a public half.
+    pub fn public_key(
+        &self,
+        h: CK_OBJECT_HANDLE,
+        cap: usize,
+    ) -> Result<(Obj, Arc<memveil_asym::PublicKey>), Rv> {
+        let o = self.key(h, cap)?;
+        if let Some(k) = lock(&self.pubkeys).get(&h) {
+            return Ok((o, k.clone()));
+        }
+        let Some(PublicParts::Key(p)) = o.public.as_deref() else {
+            return Err(CKR_KEY_TYPE_INCONSISTENT);
+        };
+        let k = Arc::new(memveil_asym::PublicKey::new(p).map_err(|_| CKR_KEY_HANDLE_INVALID)?);
+        lock(&self.pubkeys).insert(h, k.clone());
+        Ok((o, k))
     }
 
     /// A key for an operation: `CKR_KEY_HANDLE_INVALID` instead of the
@@ -532,6 +609,7 @@ impl Module {
     /// buffer to the socket). Token objects are sealed to disk when the
     /// vault has a keystore (`--state`), and live as long as the vault
     /// otherwise.
+    #[allow(clippy::too_many_arguments)]
     fn vault_key(
         &self,
         session: CK_SESSION_HANDLE,
@@ -540,6 +618,7 @@ impl Module {
         id: &[u8],
         kind: KeyKind,
         value: Option<&[u8]>,
+        len: usize,
     ) -> Result<KeyInfo, Rv> {
         let s = self.session(session)?;
         if token && !lock(&s).rw {
@@ -548,6 +627,7 @@ impl Module {
         let name = self.new_name(token, label, id, kind)?;
         self.with_vault(|c| {
             let make = |c: &mut Client, persistent: bool| match value {
+                None if kind == KeyKind::Secret => c.create_secret(&name, len, persistent),
                 None => c.create_key(&name, kind, persistent),
                 Some(v) => c.import_key(&name, kind, persistent, v),
             };
@@ -625,12 +705,13 @@ impl Module {
         t: &Template<'_>,
         value: Option<&[u8]>,
     ) -> Result<CK_OBJECT_HANDLE, Rv> {
-        let kind = match t.key_len {
-            16 => KeyKind::Aes128,
-            32 => KeyKind::Aes256,
+        let kind = match (t.generic, t.key_len) {
+            (true, _) => KeyKind::Secret,
+            (_, 16) => KeyKind::Aes128,
+            (_, 32) => KeyKind::Aes256,
             _ => return Err(CKR_ATTRIBUTE_VALUE_INVALID),
         };
-        let info = self.vault_key(session, t.token, t.label, t.id, kind, value)?;
+        let info = self.vault_key(session, t.token, t.label, t.id, kind, value, t.key_len)?;
         let want = [t.caps[0], t.caps[1], t.caps[2], t.caps[3], false];
         let h = self.add_objects(
             session,
@@ -655,8 +736,8 @@ impl Module {
         t: &PairTemplate<'_>,
     ) -> Result<(CK_OBJECT_HANDLE, CK_OBJECT_HANDLE), Rv> {
         let kind = t.kind.ok_or(CKR_TEMPLATE_INCOMPLETE)?;
-        let info = self.vault_key(session, t.token, t.label, t.id, kind, None)?;
-        let want = [false, t.decrypt, t.sign, false, t.derive];
+        let info = self.vault_key(session, t.token, t.label, t.id, kind, None, 0)?;
+        let want = [true, t.decrypt, t.sign, true, t.derive];
         match self.add_objects(session, &info, t.token, t.label, t.id, true, want)?[..] {
             [private, public] => Ok((public, private)),
             _ => Err(CKR_GENERAL_ERROR),
@@ -675,10 +756,152 @@ impl Module {
         i: &Import<'_>,
     ) -> Result<CK_OBJECT_HANDLE, Rv> {
         let t = &i.t;
-        let info = self.vault_key(session, t.token, t.label, t.id, i.kind, Some(&i.bytes))?;
-        let want = [false, t.decrypt, t.sign, false, t.derive];
+        let info = self.vault_key(session, t.token, t.label, t.id, i.kind, Some(&i.bytes), 0)?;
+        let want = [true, t.decrypt, t.sign, true, t.derive];
         let h = self.add_objects(session, &info, t.token, t.label, t.id, false, want)?;
         h.first().copied().ok_or(CKR_GENERAL_ERROR)
+    }
+
+    /// Adds an imported public key (`C_CreateObject`, `CKO_PUBLIC_KEY`): a
+    /// session object this module holds (public data, no vault key).
+    ///
+    /// # Errors
+    /// `CKR_SESSION_HANDLE_INVALID`.
+    pub fn add_public(
+        &self,
+        session: CK_SESSION_HANDLE,
+        p: crate::public::PublicImport,
+    ) -> Result<CK_OBJECT_HANDLE, Rv> {
+        self.session(session)?;
+        let public = PublicParts::Key(p.key);
+        let id = if p.id.is_empty() {
+            crate::object::default_id(&public)
+        } else {
+            p.id
+        };
+        let rsa = crate::object::key_type(p.kind) == CKK_RSA;
+        let o = Obj {
+            vault_id: 0,
+            name: String::new(),
+            kind: p.kind,
+            class: CKO_PUBLIC_KEY,
+            label: p.label,
+            id,
+            token: false,
+            session,
+            local: false,
+            caps: [rsa && p.encrypt, false, false, p.verify, false],
+            public: Some(Arc::new(public)),
+        };
+        let h = self.handle();
+        lock(&self.objects).insert(h, o);
+        Ok(h)
+    }
+
+    /// Keeps `blob` (a data object's attributes) as a token object: a vault
+    /// entry of kind `data` named `dat.<random>`.
+    fn store_data(&self, blob: &[u8]) -> Result<KeyInfo, Rv> {
+        let mut r = [0u8; 6];
+        self.random(&mut r)?;
+        let name = format!(
+            "{}{}",
+            crate::data::DATA_PREFIX,
+            r.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        self.with_vault(|c| {
+            match c.import_key(&name, KeyKind::Data, true, blob) {
+                Err(ClientError::Refused {
+                    code: ErrorCode::NotDurable,
+                    ..
+                }) => c.import_key(&name, KeyKind::Data, false, blob),
+                r => r,
+            }
+            .map_err(|e| client_rv(&e))
+        })
+    }
+
+    /// Creates a data object (`C_CreateObject`, `CKO_DATA`): a token object
+    /// in the vault, a session object here.
+    ///
+    /// # Errors
+    /// `CKR_SESSION_READ_ONLY` for a token object in a read-only session;
+    /// the vault's refusal.
+    pub fn create_data(
+        &self,
+        session: CK_SESSION_HANDLE,
+        token: bool,
+        d: &crate::data::Data,
+    ) -> Result<CK_OBJECT_HANDLE, Rv> {
+        let s = self.session(session)?;
+        if token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        let blob = d.encode()?;
+        let (vault_id, name) = if token {
+            let info = self.store_data(&blob)?;
+            (info.id, info.name)
+        } else {
+            (0, String::new())
+        };
+        let o = Obj {
+            vault_id,
+            name,
+            kind: KeyKind::Data,
+            class: CKO_DATA,
+            label: d.label.clone(),
+            id: Vec::new(),
+            token,
+            session: if token { 0 } else { session },
+            local: false,
+            caps: [false; 5],
+            public: Some(Arc::new(PublicParts::Data(blob))),
+        };
+        let h = self.handle();
+        lock(&self.objects).insert(h, o);
+        Ok(h)
+    }
+
+    /// `C_SetAttributeValue`: a data object's label changes (a token
+    /// object is written to the vault anew, then the old entry destroyed);
+    /// every other attribute and object is read-only.
+    ///
+    /// # Errors
+    /// `CKR_ATTRIBUTE_READ_ONLY`, `CKR_ATTRIBUTE_TYPE_INVALID`,
+    /// `CKR_SESSION_READ_ONLY`, the vault's refusal.
+    pub fn set_attributes(
+        &self,
+        session: CK_SESSION_HANDLE,
+        h: CK_OBJECT_HANDLE,
+        attrs: &[(CK_ATTRIBUTE_TYPE, &[u8])],
+    ) -> Result<(), Rv> {
+        let s = self.session(session)?;
+        let o = self.object(h)?;
+        let Some(mut d) = o.data() else {
+            return Err(CKR_ATTRIBUTE_READ_ONLY);
+        };
+        if o.token && !lock(&s).rw {
+            return Err(CKR_SESSION_READ_ONLY);
+        }
+        for (ty, v) in attrs {
+            if !d.apply(*ty, v, false)? {
+                return Err(CKR_ATTRIBUTE_TYPE_INVALID);
+            }
+        }
+        let blob = d.encode()?;
+        let (vault_id, name) = if o.token {
+            let info = self.store_data(&blob)?;
+            let _ = self.with_vault(|c| c.destroy_key(&o.name).map_err(|e| client_rv(&e)));
+            (info.id, info.name)
+        } else {
+            (0, String::new())
+        };
+        if let Some(x) = lock(&self.objects).get_mut(&h) {
+            x.vault_id = vault_id;
+            x.name = name;
+            x.label = d.label;
+            x.public = Some(Arc::new(PublicParts::Data(blob)));
+        }
+        Ok(())
     }
 
     /// ECDH with the EC key `base` into a new AES key (`C_DeriveKey`).
@@ -728,22 +951,42 @@ impl Module {
     }
 
     /// Destroys an object's vault key (a private key takes its public
-    /// object with it; a public key object alone cannot be destroyed).
+    /// object with it). A public key object is only removed: the private
+    /// half stays in the vault (for a token pair, other processes still
+    /// show its public object, which the vault derives from the private key).
     ///
     /// # Errors
-    /// `CKR_OBJECT_HANDLE_INVALID`, `CKR_SESSION_READ_ONLY`,
-    /// `CKR_ACTION_PROHIBITED`, the vault's refusal.
+    /// `CKR_OBJECT_HANDLE_INVALID`, `CKR_SESSION_READ_ONLY`, the vault's
+    /// refusal.
     pub fn destroy(&self, session: CK_SESSION_HANDLE, h: CK_OBJECT_HANDLE) -> Result<(), Rv> {
         let s = self.session(session)?;
         let o = self.object(h)?;
         if o.token && !lock(&s).rw {
             return Err(CKR_SESSION_READ_ONLY);
         }
-        if o.class == CKO_PUBLIC_KEY {
-            return Err(CKR_ACTION_PROHIBITED);
+        if o.class == CKO_PUBLIC_KEY || o.vault_id == 0 {
+            if o.token {
+                lock(&self.hidden).insert(o.vault_id);
+            }
+            lock(&self.objects).remove(&h);
+            lock(&self.pubkeys).remove(&h);
+            return Ok(());
         }
         self.with_vault(|c| c.destroy_key(&o.name).map_err(|e| client_rv(&e)))?;
-        lock(&self.objects).retain(|_, x| x.vault_id != o.vault_id);
+        let mut objs = lock(&self.objects);
+        let gone: Vec<CK_OBJECT_HANDLE> = objs
+            .iter()
+            .filter(|(_, x)| x.vault_id == o.vault_id)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut pk = lock(&self.pubkeys);
+        for k in gone {
+            objs.remove(&k);
+            pk.remove(&k);
+        }
+        drop(pk);
+        drop(objs);
+        lock(&self.hidden).remove(&o.vault_id);
         Ok(())
     }
 
@@ -793,6 +1036,9 @@ impl Drop for Module {
 /// What a creation template asked for, checked.
 #[derive(Debug, Default)]
 pub struct Template<'a> {
+    /// `CKK_GENERIC_SECRET` ([`KeyKind::Secret`]), else AES (the kind by
+    /// length).
+    pub generic: bool,
     /// `CKA_VALUE_LEN` or the length of `CKA_VALUE`.
     pub key_len: usize,
     /// `CKA_TOKEN`.
@@ -826,7 +1072,9 @@ pub(crate) fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
 /// reads back `CKA_SENSITIVE=true`. Refused with
 /// `CKR_ATTRIBUTE_VALUE_INVALID`: `CKA_EXTRACTABLE=true`, `CKA_WRAP`/`CKA_UNWRAP`/`CKA_DERIVE=true`,
 /// `CKA_MODIFIABLE`/`CKA_COPYABLE=true`, a class other than secret key, a
-/// key type other than AES, lengths other than 16 and 32 bytes; for a token
+/// key type other than AES or generic secret, AES lengths other than 16 and
+/// 32 bytes, generic secrets shorter than 14 bytes (112 bits, the least
+/// SP 800-131A allows for HMAC) or longer than 256; for a token
 /// object, `CKA_ENCRYPT`/`CKA_DECRYPT`/`CKA_SIGN`/`CKA_VERIFY=false` (the
 /// vault's ACL decides those for every process: `memveil vault grant`).
 ///
@@ -836,6 +1084,7 @@ pub(crate) fn as_ulong(v: &[u8]) -> Result<CK_ULONG, Rv> {
 pub fn check_template<'a>(
     attrs: &[(CK_ATTRIBUTE_TYPE, &'a [u8])],
     import: bool,
+    generic: bool,
 ) -> Result<(Template<'a>, Option<&'a [u8]>), Rv> {
     let mut t = Template {
         caps: [true; 4],
@@ -873,7 +1122,19 @@ pub fn check_template<'a>(
             CKA_DECRYPT => t.caps[1] = as_bool(v)?,
             CKA_SIGN => t.caps[2] = as_bool(v)?,
             CKA_VERIFY => t.caps[3] = as_bool(v)?,
-            CKA_START_DATE | CKA_END_DATE => {}
+            // Descriptive attributes the standard gives every secret key:
+            // taken, not enforced (the vault's ACL says who may do what).
+            CKA_START_DATE
+            | CKA_END_DATE
+            | CKA_ALLOWED_MECHANISMS
+            | CKA_CHECK_VALUE
+            | CKA_WRAP_TEMPLATE
+            | CKA_UNWRAP_TEMPLATE
+            | CKA_DERIVE_TEMPLATE
+            | CKA_SUBJECT => {}
+            CKA_ALWAYS_AUTHENTICATE => {
+                as_bool(v)?;
+            }
             CKA_VALUE
             | CKA_LOCAL
             | CKA_ALWAYS_SENSITIVE
@@ -882,10 +1143,16 @@ pub fn check_template<'a>(
             _ => return Err(CKR_ATTRIBUTE_TYPE_INVALID),
         }
     }
-    if class.is_some_and(|c| c != CKO_SECRET_KEY) || key_type.is_some_and(|k| k != CKK_AES) {
+    if class.is_some_and(|c| c != CKO_SECRET_KEY)
+        || key_type.is_some_and(|k| k != CKK_AES && k != CKK_GENERIC_SECRET)
+    {
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
-    if t.token && t.caps.contains(&false) {
+    t.generic = key_type.map_or(generic, |k| k == CKK_GENERIC_SECRET);
+    // A generic secret never encrypts: only its CKA_SIGN and CKA_VERIFY
+    // follow the vault's ACL.
+    let usages = if t.generic { &t.caps[2..] } else { &t.caps[..] };
+    if t.token && usages.contains(&false) {
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
     if import {
@@ -901,7 +1168,12 @@ pub fn check_template<'a>(
         let l = value_len.ok_or(CKR_TEMPLATE_INCOMPLETE)?;
         t.key_len = usize::try_from(l).map_err(|_| CKR_ATTRIBUTE_VALUE_INVALID)?;
     }
-    if t.key_len != 16 && t.key_len != 32 {
+    let ok = if t.generic {
+        KeyKind::Secret.import_len_ok(t.key_len)
+    } else {
+        t.key_len == 16 || t.key_len == 32
+    };
+    if !ok {
         return Err(CKR_ATTRIBUTE_VALUE_INVALID);
     }
     Ok((t, value))
@@ -1040,23 +1312,61 @@ mod tests {
         let f = CK_FALSE;
         let len = (32 as CK_ULONG).to_ne_bytes();
         let ok = [(CKA_VALUE_LEN, &len[..])];
-        assert!(check_template(&ok, false).is_ok());
+        assert!(check_template(&ok, false, false).is_ok());
         // Asked not to be sensitive: still made (and reported) sensitive.
-        assert!(check_template(&[ok[0], (CKA_SENSITIVE, std::slice::from_ref(&f))], false).is_ok());
+        assert!(check_template(
+            &[ok[0], (CKA_SENSITIVE, std::slice::from_ref(&f))],
+            false,
+            false
+        )
+        .is_ok());
         for bad in [
             (CKA_EXTRACTABLE, std::slice::from_ref(&t)),
             (CKA_WRAP, std::slice::from_ref(&t)),
         ] {
-            let r = check_template(&[ok[0], bad], false);
+            let r = check_template(&[ok[0], bad], false, false);
             assert_eq!(r.err(), Some(CKR_ATTRIBUTE_VALUE_INVALID), "{:#x}", bad.0);
         }
         assert_eq!(
-            check_template(&[], false).err(),
+            check_template(&[], false, false).err(),
             Some(CKR_TEMPLATE_INCOMPLETE)
+        );
+        // Issue 36: attributes the standard gives a secret key are taken
+        // (SoftHSM2 takes them; they were CKR_ATTRIBUTE_TYPE_INVALID).
+        let mechs = CKM_AES_CBC.to_ne_bytes();
+        let kcv = [1u8, 2, 3];
+        let std_attrs = [
+            ok[0],
+            (CKA_ALLOWED_MECHANISMS, &mechs[..]),
+            (CKA_CHECK_VALUE, &kcv[..]),
+            (CKA_WRAP_TEMPLATE, &[][..]),
+            (CKA_ALWAYS_AUTHENTICATE, std::slice::from_ref(&f)),
+        ];
+        assert!(check_template(&std_attrs, false, false).is_ok());
+        // A generic secret: 14 to 256 bytes.
+        let l13 = (13 as CK_ULONG).to_ne_bytes();
+        assert_eq!(
+            check_template(&[(CKA_VALUE_LEN, &l13[..])], false, true).err(),
+            Some(CKR_ATTRIBUTE_VALUE_INVALID)
+        );
+        let (t, _) = check_template(&ok, false, true).expect("generic");
+        assert!(t.generic && t.key_len == 32);
+        // A token HMAC key that says it does not encrypt (it cannot).
+        let tr = CK_TRUE;
+        let no_enc = [
+            ok[0],
+            (CKA_TOKEN, std::slice::from_ref(&tr)),
+            (CKA_ENCRYPT, std::slice::from_ref(&f)),
+            (CKA_DECRYPT, std::slice::from_ref(&f)),
+        ];
+        assert!(check_template(&no_enc, false, true).is_ok());
+        assert_eq!(
+            check_template(&no_enc, false, false).err(),
+            Some(CKR_ATTRIBUTE_VALUE_INVALID)
         );
         let l24 = (24 as CK_ULONG).to_ne_bytes();
         assert_eq!(
-            check_template(&[(CKA_VALUE_LEN, &l24[..])], false).err(),
+            check_template(&[(CKA_VALUE_LEN, &l24[..])], false, false).err(),
             Some(CKR_ATTRIBUTE_VALUE_INVALID)
         );
     }

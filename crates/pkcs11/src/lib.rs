@@ -17,12 +17,18 @@
 //!   id, session objects vault keys destroyed with their session.
 //! - Mechanisms: `CKM_AES_KEY_GEN`, `CKM_AES_ECB`, `CKM_AES_CBC`,
 //!   `CKM_AES_CBC_PAD`, `CKM_AES_CTR`, `CKM_AES_GCM`, `CKM_AES_CMAC`,
-//!   single- and multi-part; `C_GenerateRandom` from memveil's CTR_DRBG.
+//!   single- and multi-part; RSA, ECDSA, EdDSA and ECDH with key pairs in
+//!   the vault; HMAC (SHA-1/2) with generic secrets in the vault;
+//!   `C_GenerateRandom` from memveil's CTR_DRBG.
+//! - In the calling process, since no secret is involved: digests,
+//!   verification and RSA encryption with public key objects, data objects
+//!   of session scope ([`public`], [`digest`], [`data`]).
 //!
 //! What it refuses: to return `CKA_VALUE` (`CKR_ATTRIBUTE_SENSITIVE`), to
-//! create a key that is not sensitive or is extractable, wrapping,
-//! derivation, and any other mechanism (`CKR_MECHANISM_INVALID`) or
-//! function (`CKR_FUNCTION_NOT_SUPPORTED`).
+//! create a key that is not sensitive or is extractable, wrapping, weak
+//! algorithms and sizes (DES, RSA under 2048 bits, HMAC keys under 112
+//! bits, MD5), and any other mechanism (`CKR_MECHANISM_INVALID`) or
+//! function (`CKR_FUNCTION_NOT_SUPPORTED`); docs/pkcs11.md lists them.
 //!
 //! Layout: [`mech`] and [`core`] are safe Rust (`#![forbid(unsafe_code)]`);
 //! `ffi` holds the C entry points, whose only `unsafe` is reading and
@@ -32,6 +38,10 @@
 
 pub mod asym;
 pub mod core;
+pub mod data;
+pub mod digest;
 pub mod ffi;
+pub mod hmac;
 pub mod mech;
 pub mod object;
+pub mod public;

@@ -91,6 +91,7 @@ pub fn key_type(kind: KeyKind) -> CK_KEY_TYPE {
         KeyKind::Rsa2048 | KeyKind::Rsa3072 | KeyKind::Rsa4096 => CKK_RSA,
         KeyKind::P256 | KeyKind::P384 => CKK_EC,
         KeyKind::Ed25519 => CKK_EC_EDWARDS,
+        KeyKind::Secret => CKK_GENERIC_SECRET,
         _ => CKK_AES,
     }
 }
@@ -121,8 +122,9 @@ impl Obj {
             CKA_LABEL => Some(self.label.clone()),
             CKA_ID => Some(self.id.clone()),
             CKA_TOKEN => Some(ck_bool(self.token)),
-            CKA_PRIVATE | CKA_MODIFIABLE | CKA_COPYABLE => Some(ck_bool(false)),
-            CKA_DESTROYABLE => Some(ck_bool(self.class != CKO_PUBLIC_KEY)),
+            CKA_PRIVATE | CKA_COPYABLE => Some(ck_bool(false)),
+            CKA_MODIFIABLE => Some(ck_bool(self.class == CKO_DATA)),
+            CKA_DESTROYABLE => Some(ck_bool(true)),
             _ => None,
         };
         if let Some(v) = common {
@@ -131,6 +133,7 @@ impl Obj {
         match self.class {
             CKO_SECRET_KEY => self.secret_attr(t),
             CKO_CERTIFICATE => self.cert_attr(t),
+            CKO_DATA => self.data_attr(t),
             _ => self.pair_attr(t),
         }
     }
@@ -151,11 +154,19 @@ impl Obj {
     }
 
     fn secret_attr(&self, t: CK_ATTRIBUTE_TYPE) -> Attr {
-        if let Some(a) = self.key_common(t, CKM_AES_KEY_GEN) {
+        let gen = if self.kind == KeyKind::Secret {
+            CKM_GENERIC_SECRET_KEY_GEN
+        } else {
+            CKM_AES_KEY_GEN
+        };
+        if let Some(a) = self.key_common(t, gen) {
             return a;
         }
         let v = match t {
-            CKA_VALUE_LEN => ck_ulong(self.kind.key_len() as CK_ULONG),
+            CKA_VALUE_LEN => ck_ulong(match self.public.as_deref() {
+                Some(PublicParts::SecretLen(n)) => CK_ULONG::from(*n),
+                _ => self.kind.key_len() as CK_ULONG,
+            }),
             CKA_EXTRACTABLE
             | CKA_WRAP
             | CKA_UNWRAP
@@ -217,16 +228,37 @@ impl Obj {
             (CKA_ALWAYS_AUTHENTICATE, _) if private => ck_bool(false),
             (CKA_SIGN, _) if private => ck_bool(self.caps[cap::SIGN]),
             (CKA_DECRYPT, _) if private => ck_bool(self.caps[cap::DECRYPT]),
-            // The public half: operations with it are the caller's own
-            // (OpenSSL verifies with the key it reads); none run here.
-            (CKA_ENCRYPT | CKA_VERIFY | CKA_VERIFY_RECOVER | CKA_WRAP | CKA_TRUSTED, _)
-                if !private =>
-            {
-                ck_bool(false)
+            // The public half verifies (and encrypts, RSA) in this process.
+            (CKA_ENCRYPT, _) if !private => ck_bool(self.caps[cap::ENCRYPT]),
+            (CKA_VERIFY, _) if !private => ck_bool(self.caps[cap::VERIFY]),
+            (CKA_VERIFY_RECOVER, p) if !private => {
+                ck_bool(self.caps[cap::VERIFY] && matches!(p, Public::Rsa { .. }))
             }
+            (CKA_WRAP | CKA_TRUSTED, _) if !private => ck_bool(false),
             _ => return Attr::Invalid,
         };
         Attr::Value(v)
+    }
+
+    fn data_attr(&self, t: CK_ATTRIBUTE_TYPE) -> Attr {
+        let Some(d) = self.data() else {
+            return Attr::Invalid;
+        };
+        Attr::Value(match t {
+            CKA_APPLICATION => d.application,
+            CKA_OBJECT_ID => d.object_id,
+            CKA_VALUE => d.value,
+            _ => return Attr::Invalid,
+        })
+    }
+
+    /// A data object's attributes.
+    #[must_use]
+    pub fn data(&self) -> Option<crate::data::Data> {
+        match self.public.as_deref() {
+            Some(PublicParts::Data(b)) => crate::data::Data::decode(b),
+            _ => None,
+        }
     }
 
     fn cert_attr(&self, t: CK_ATTRIBUTE_TYPE) -> Attr {
@@ -266,7 +298,7 @@ pub fn default_id(p: &PublicParts) -> Vec<u8> {
         PublicParts::Key(Public::Rsa { n, .. }) => digest(Hash::Sha1, n),
         PublicParts::Key(Public::Ec { point, .. }) => digest(Hash::Sha1, point),
         PublicParts::Key(Public::Ed25519(pk)) => digest(Hash::Sha1, pk),
-        PublicParts::Cert(_) => Vec::new(),
+        PublicParts::Cert(_) | PublicParts::SecretLen(_) | PublicParts::Data(_) => Vec::new(),
     }
 }
 
@@ -385,6 +417,6 @@ mod tests {
             p.attr(CKA_MODULUS_BITS),
             Attr::Value((2048 as CK_ULONG).to_ne_bytes().to_vec())
         );
-        assert_eq!(p.attr(CKA_DESTROYABLE), Attr::Value(vec![CK_FALSE]));
+        assert_eq!(p.attr(CKA_DESTROYABLE), Attr::Value(vec![CK_TRUE]));
     }
 }

@@ -633,8 +633,9 @@ fn errors_have_the_codes_the_standard_names() {
             single(h, false, mech(M::CbcPad, [3; 16], b""), k, &raw[..15]),
             Err(CKR_ENCRYPTED_DATA_LEN_RANGE)
         );
-        // Functions the module does not offer.
-        assert_eq!(ffi::C_DigestInit(h, &mut bad), CKR_FUNCTION_NOT_SUPPORTED);
+        // A digest is not a key mechanism.
+        assert_eq!(ffi::C_DigestInit(h, &mut bad), CKR_OK);
+        assert_eq!(ffi::C_DigestInit(h, &mut bad), CKR_OPERATION_ACTIVE);
         assert_eq!(
             ffi::C_SetAttributeValue(h, k, std::ptr::null_mut(), 0),
             CKR_ATTRIBUTE_READ_ONLY
@@ -652,6 +653,11 @@ fn errors_have_the_codes_the_standard_names() {
         assert_eq!(
             ffi::C_SeedRandom(h, a.as_mut_ptr(), 32),
             CKR_RANDOM_SEED_NOT_SUPPORTED
+        );
+        // Issue 36: the arguments are checked before the feature.
+        assert_eq!(
+            ffi::C_SeedRandom(h, std::ptr::null_mut(), 1),
+            CKR_ARGUMENTS_BAD
         );
     }
     close(h);

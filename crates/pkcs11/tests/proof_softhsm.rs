@@ -16,10 +16,6 @@ use std::process::{Command, Stdio};
 use memveil_testkit::{skip, Need};
 
 const KEY: &str = "603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4";
-const SOFTHSM: [&str; 2] = [
-    "/usr/lib/softhsm/libsofthsm2.so",
-    "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so",
-];
 
 struct Found {
     schedules: usize,
@@ -138,10 +134,6 @@ struct Setup {
 
 impl Setup {
     fn new(tag: &str, workload: &str) -> Option<Setup> {
-        let Some(softhsm) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
-            skip(Need::Installed("softhsm2"), "libsofthsm2.so not found");
-            return None;
-        };
         for (tool, pkg) in [
             ("gcore", "gdb"),
             ("softhsm2-util", "softhsm2"),
@@ -163,17 +155,9 @@ impl Setup {
         }
         let dir = std::env::temp_dir().join(format!("memveil-p11-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("tokens")).expect("dir");
+        std::fs::create_dir_all(&dir).expect("dir");
         let exe = common::compile_c(workload, &dir)?;
-        let conf = dir.join("softhsm2.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
-                dir.join("tokens").display()
-            ),
-        )
-        .expect("conf");
+        let (softhsm, conf) = common::softhsm_token(&dir, "proof")?;
         let s = Setup {
             softhsm,
             module,
@@ -182,16 +166,6 @@ impl Setup {
             conf,
             exe,
         };
-        s.softhsm2_util(&[
-            "--init-token",
-            "--free",
-            "--label",
-            "proof",
-            "--pin",
-            "1234",
-            "--so-pin",
-            "12345678",
-        ]);
         Some(s)
     }
 

@@ -338,6 +338,35 @@ impl Client {
         })
     }
 
+    /// Generates a generic secret of `len` bytes inside the vault.
+    ///
+    /// # Errors
+    /// A length outside [`proto::MIN_SECRET`]..=[`proto::MAX_SECRET`], or
+    /// the vault's refusal (name taken, quota, no keystore for a persistent key).
+    pub fn create_secret(
+        &mut self,
+        name: &str,
+        len: usize,
+        persistent: bool,
+    ) -> Result<KeyInfo, ClientError> {
+        check_name(name)?;
+        let n = u16::try_from(len)
+            .ok()
+            .filter(|n| KeyKind::Secret.import_len_ok(usize::from(*n)))
+            .ok_or_else(|| {
+                ClientError::Usage(format!(
+                    "a generic secret is {} to {} bytes, not {len}",
+                    proto::MIN_SECRET,
+                    proto::MAX_SECRET
+                ))
+            })?;
+        self.key_reply(&Request::CreateSecret {
+            name: name.into(),
+            len: n,
+            persistent,
+        })
+    }
+
     /// Imports a key. One way: nothing ever returns it.
     ///
     /// # Errors
@@ -359,10 +388,12 @@ impl Client {
                 )
             } else {
                 format!(
-                    "{} bytes cannot be a {kind} import (private components up to {} bytes, a certificate up to {})",
+                    "{} bytes cannot be a {kind} import (private components up to {} bytes, a certificate up to {}, a generic secret {} to {})",
                     key.len(),
                     memveil_asym::components::MAX_LEN,
-                    proto::MAX_CERT
+                    proto::MAX_CERT,
+                    proto::MIN_SECRET,
+                    proto::MAX_SECRET
                 )
             }));
         }

@@ -9,6 +9,7 @@ use memveil_cipher::{Aes, Xts};
 use crate::gcm::VaultGcm;
 use memveil_secmem::{SecmemError, SecretBox, SecretPool};
 
+use memveil_asym::hash::{hmac, hmac_verify, Hasher};
 use memveil_asym::{Algorithm, AsymError, DecryptScheme, Hash, PrivateKey, SignScheme};
 
 use crate::proto::{perm, KeyInfo, KeyKind, Mode, PublicParts};
@@ -17,13 +18,15 @@ use crate::ring::{status, Entry, Op};
 /// Expanded key objects, each built straight into secret memory. An AES
 /// key is one [`VaultGcm`], whose AES schedule also serves ECB, CBC and CTR.
 /// An asymmetric key's object sits in the pool and its aws-lc parts in the
-/// secret heap (`memveil_asym::use_secret_heap`, at start). A certificate is
-/// public bytes.
+/// secret heap (`memveil_asym::use_secret_heap`, at start). A generic
+/// secret is its bytes in the pool. A certificate is public bytes.
 pub(crate) enum Material {
     Aes(SecretBox<Option<VaultGcm>>),
     Xts(SecretBox<Option<Xts>>),
     Asym(SecretBox<Option<PrivateKey>>),
+    Secret(SecretBox<[u8]>),
     Cert(Vec<u8>),
+    Data(Vec<u8>),
 }
 
 /// What the secret heap holds for one asymmetric key, about (aws-lc's
@@ -69,8 +72,10 @@ pub(crate) enum MaterialError {
     Random(std::io::Error),
     #[error("{0}")]
     Asym(#[from] AsymError),
-    #[error("a certificate is imported, not generated")]
+    #[error("a certificate or data object is imported, not generated")]
     Generate,
+    #[error("a generic secret of {0} bytes: {min} to {max} expected", min = crate::proto::MIN_SECRET, max = crate::proto::MAX_SECRET)]
+    SecretLength(usize),
 }
 
 impl Version {
@@ -87,7 +92,7 @@ impl Version {
                 PrivateKey::from_components(alg, key)
             });
         }
-        if kind == KeyKind::Cert {
+        if matches!(kind, KeyKind::Cert | KeyKind::Data) {
             let raw = if keep_raw {
                 let mut r = pool.alloc_bytes(key.len())?;
                 r.copy_from_slice(key);
@@ -95,8 +100,25 @@ impl Version {
             } else {
                 None
             };
+            let material = if kind == KeyKind::Cert {
+                Material::Cert(key.to_vec())
+            } else {
+                Material::Data(key.to_vec())
+            };
+            return Ok(Version { material, raw });
+        }
+        if kind == KeyKind::Secret {
+            if !kind.import_len_ok(key.len()) {
+                return Err(MaterialError::SecretLength(key.len()));
+            }
+            let copy = |pool: &SecretPool| -> Result<SecretBox<[u8]>, SecmemError> {
+                let mut r = pool.alloc_bytes(key.len())?;
+                r.copy_from_slice(key);
+                Ok(r)
+            };
+            let raw = if keep_raw { Some(copy(pool)?) } else { None };
             return Ok(Version {
-                material: Material::Cert(key.to_vec()),
+                material: Material::Secret(copy(pool)?),
                 raw,
             });
         }
@@ -194,7 +216,7 @@ impl Version {
         if let Some(alg) = kind.asym() {
             return Version::asym(pool, alg, keep_raw, || PrivateKey::generate(alg));
         }
-        if kind == KeyKind::Cert {
+        if matches!(kind, KeyKind::Cert | KeyKind::Data) {
             return Err(MaterialError::Generate);
         }
         let mut buf = pool.alloc_bytes(kind.key_len())?;
@@ -205,6 +227,21 @@ impl Version {
                 other => return other,
             }
         }
+    }
+
+    /// A fresh random generic secret of `len` bytes, generated inside
+    /// secret memory.
+    pub(crate) fn random_secret(
+        pool: &SecretPool,
+        len: usize,
+        keep_raw: bool,
+    ) -> Result<Version, MaterialError> {
+        if !KeyKind::Secret.import_len_ok(len) {
+            return Err(MaterialError::SecretLength(len));
+        }
+        let mut buf = pool.alloc_bytes(len)?;
+        memveil_sys::getrandom(&mut buf).map_err(MaterialError::Random)?;
+        Version::from_bytes(pool, KeyKind::Secret, &buf, keep_raw)
     }
 
     pub(crate) fn raw(&self) -> Option<&[u8]> {
@@ -222,7 +259,8 @@ impl Version {
             KeyKind::Xts128 | KeyKind::Xts256 => {
                 (fp(std::mem::size_of::<Option<Xts>>()), kind.key_len())
             }
-            KeyKind::Cert => (0, crate::proto::MAX_CERT),
+            KeyKind::Cert | KeyKind::Data => (0, crate::proto::MAX_CERT),
+            KeyKind::Secret => (fp(crate::proto::MAX_SECRET), crate::proto::MAX_SECRET),
             k => {
                 let a = k.asym().unwrap_or(Algorithm::Rsa4096);
                 (
@@ -304,6 +342,9 @@ impl Version {
     /// Runs one checked asymmetric entry: `input` (a private copy) in,
     /// the result into `out`; returns its length.
     pub(crate) fn apply_asym(&self, e: &Entry, input: &[u8], out: &mut [u8]) -> Result<usize, u32> {
+        if let Material::Secret(key) = &self.material {
+            return secret_op(e, key, input, out);
+        }
         let Material::Asym(k) = &self.material else {
             return Err(status::WRONG_MODE);
         };
@@ -362,8 +403,59 @@ impl Version {
         match &self.material {
             Material::Asym(k) => k.as_ref().map(|k| PublicParts::Key(k.public())),
             Material::Cert(der) => Some(PublicParts::Cert(der.clone())),
+            Material::Data(d) => Some(PublicParts::Data(d.clone())),
+            Material::Secret(k) => Some(PublicParts::SecretLen(
+                u32::try_from(k.len()).unwrap_or(u32::MAX),
+            )),
             _ => None,
         }
+    }
+}
+
+/// The longest generic secret [`Mode::KeyDigest`] hashes: SHA-1's and
+/// SHA-256's block. HMAC replaces a longer key by its digest, so digesting
+/// one would hand out the HMAC key.
+pub(crate) const MAX_DIGESTIBLE: usize = 64;
+
+/// HMAC ([`Mode::Hmac`]) and a digest over the key ([`Mode::KeyDigest`])
+/// with a generic secret `key`. The keyed hash state is on this thread's
+/// stack (the workers' stacks are secret memory) and in aws-lc's heap (the
+/// secret heap); the MAC to check is compared in constant time.
+fn secret_op(e: &Entry, key: &[u8], input: &[u8], out: &mut [u8]) -> Result<usize, u32> {
+    let p = e.asym_params();
+    let h = Hash::from_code(p.hash).ok_or(status::BAD_PARAMS)?;
+    match (e.mode, e.op) {
+        (Mode::Hmac, Op::Encrypt) => match hmac(h, key, input, out) {
+            0 => Err(status::BAD_LENGTH),
+            n => Ok(n),
+        },
+        (Mode::Hmac, Op::Decrypt) => {
+            let at = input.len().checked_sub(h.len()).ok_or(status::BAD_LENGTH)?;
+            let (msg, mac) = input.split_at(at);
+            if hmac_verify(h, key, msg, mac) {
+                Ok(0)
+            } else {
+                Err(status::AUTH_FAILED)
+            }
+        }
+        (Mode::KeyDigest, Op::Encrypt) => {
+            // A key longer than a hash block is hashed by HMAC before use:
+            // its digest would be the HMAC key itself. Refused.
+            if key.len() > MAX_DIGESTIBLE {
+                return Err(status::WRONG_MODE);
+            }
+            let at = usize::try_from(p.len).map_err(|_| status::BAD_LENGTH)?;
+            let (before, after) = input.split_at_checked(at).ok_or(status::BAD_LENGTH)?;
+            let mut d = Hasher::new(h).ok_or(status::NO_MEMORY)?;
+            d.update(before);
+            d.update(key);
+            d.update(after);
+            match d.finish_into(out) {
+                0 => Err(status::BAD_LENGTH),
+                n => Ok(n),
+            }
+        }
+        _ => Err(status::WRONG_MODE),
     }
 }
 
@@ -472,5 +564,47 @@ impl KeyTable {
             return Err(status::WRONG_MODE);
         }
         k.version(e.version).cloned().ok_or(status::NO_KEY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::AsymParams;
+
+    fn entry(mode: Mode, op: Op) -> Entry {
+        let p = AsymParams {
+            hash: Hash::Sha256.code(),
+            mgf1: 0,
+            len: 0,
+        };
+        Entry::asym(op, mode, 1, 0, (0, 0), (0, 64), p)
+    }
+
+    #[test]
+    fn a_secret_longer_than_a_block_is_not_digested_and_macs_are_checked() {
+        let mut out = [0u8; 64];
+        let long = [7u8; 65];
+        let digest = entry(Mode::KeyDigest, Op::Encrypt);
+        // HMAC-SHA256 keys with SHA-256(long): its digest is refused.
+        assert_eq!(
+            secret_op(&digest, &long, b"", &mut out),
+            Err(status::WRONG_MODE)
+        );
+        assert_eq!(secret_op(&digest, &long[..64], b"", &mut out), Ok(32));
+        let n = secret_op(&entry(Mode::Hmac, Op::Encrypt), &long, b"m", &mut out).expect("mac");
+        let mut input = b"m".to_vec();
+        input.extend_from_slice(&out[..n]);
+        let check = entry(Mode::Hmac, Op::Decrypt);
+        assert_eq!(secret_op(&check, &long, &input, &mut out), Ok(0));
+        input[1] ^= 1;
+        assert_eq!(
+            secret_op(&check, &long, &input, &mut out),
+            Err(status::AUTH_FAILED)
+        );
+        assert_eq!(
+            secret_op(&check, &long, b"short", &mut out),
+            Err(status::BAD_LENGTH)
+        );
     }
 }

@@ -358,7 +358,9 @@ impl Entry {
             if !served {
                 return Err(status::WRONG_MODE);
             }
-            return if (1..=MAX_ASYM_INPUT).contains(&self.len)
+            // A MAC or a key's digest may be over no data at all.
+            let least = u64::from(!matches!(self.mode, Mode::Hmac | Mode::KeyDigest));
+            return if (least..=MAX_ASYM_INPUT).contains(&self.len)
                 && (1..=MAX_ASYM_OUTPUT).contains(&self.aad_len)
             {
                 Ok(())

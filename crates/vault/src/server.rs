@@ -681,6 +681,16 @@ fn pool_hint(msg: String) -> String {
     }
 }
 
+/// Where a new key's bytes come from.
+enum Make<'a> {
+    /// Random, the kind's length.
+    Random,
+    /// A random generic secret of this many bytes.
+    Secret(usize),
+    /// The caller's bytes (an import, or a derived key).
+    Bytes(&'a [u8]),
+}
+
 fn add_key(
     sh: &Shared,
     c: &Conn,
@@ -688,7 +698,7 @@ fn add_key(
     name: String,
     kind: KeyKind,
     persistent: bool,
-    key: Option<&[u8]>,
+    key: Make<'_>,
 ) -> Reply {
     if persistent && sh.keystore.is_none() {
         audit(&c.cred, op, &name, "not-durable");
@@ -713,8 +723,9 @@ fn add_key(
         return err(ErrorCode::Quota, msg);
     }
     let v = match key {
-        Some(k) => Version::from_bytes(&sh.pool, kind, k, persistent),
-        None => Version::random(&sh.pool, kind, persistent),
+        Make::Bytes(k) => Version::from_bytes(&sh.pool, kind, k, persistent),
+        Make::Random => Version::random(&sh.pool, kind, persistent),
+        Make::Secret(n) => Version::random_secret(&sh.pool, n, persistent),
     };
     let v = match v {
         Ok(v) => v,
@@ -796,13 +807,26 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             name,
             kind,
             persistent,
-        } => add_key(sh, c, "create", name, kind, persistent, None),
+        } => add_key(sh, c, "create", name, kind, persistent, Make::Random),
+        Request::CreateSecret {
+            name,
+            len,
+            persistent,
+        } => add_key(
+            sh,
+            c,
+            "create",
+            name,
+            KeyKind::Secret,
+            persistent,
+            Make::Secret(usize::from(len)),
+        ),
         Request::ImportKey {
             name,
             kind,
             persistent,
             key,
-        } => add_key(sh, c, "import", name, kind, persistent, Some(key)),
+        } => add_key(sh, c, "import", name, kind, persistent, Make::Bytes(key)),
         Request::ListKeys => {
             let t = sh.keys.read().unwrap_or_else(PoisonError::into_inner);
             Reply::Keys(
@@ -825,10 +849,15 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
         }
         Request::RotateKey { name } => admin(sh, c, "rotate", &name, |sh, k, owned| {
             if !k.kind.is_symmetric() {
+                let why = if k.kind == KeyKind::Secret {
+                    "its users hold MACs made with it"
+                } else {
+                    "its public key is known to others"
+                };
                 return Err(err(
                     ErrorCode::Invalid,
                     format!(
-                        "a {} key is not rotated (its public key is known to others): create a new key and switch to it",
+                        "a {} key is not rotated ({why}): create a new key and switch to it",
                         k.kind
                     ),
                 ));
@@ -860,7 +889,7 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             peer,
             shared,
         } => match crate::derive::derive(sh, uid, &base, kind, kdf, peer, shared) {
-            Ok(bytes) => add_key(sh, c, "derive", name, kind, persistent, Some(&bytes)),
+            Ok(bytes) => add_key(sh, c, "derive", name, kind, persistent, Make::Bytes(&bytes)),
             Err(reply) => {
                 audit(&c.cred, "derive", &name, &format!("refused base={base}"));
                 reply

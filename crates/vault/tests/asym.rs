@@ -30,7 +30,7 @@ fn enc(fields: &[&[u8]]) -> Vec<u8> {
 fn public(c: &mut memveil_vault::Client, name: &str) -> Public {
     match c.public_key(name).expect("public key") {
         PublicParts::Key(p) => p,
-        PublicParts::Cert(_) => panic!("a certificate"),
+        other => panic!("not a key: {other:?}"),
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use cryptoki_sys::*;
 use openssl::pkey::{PKey, Private};
 
-use super::{check, fail, median, session};
+use super::{check, fail, median, session, spread};
 use crate::{BenchError, BenchOpts, Figure};
 
 /// One module's side: its function list, a slot and the imported keys.
@@ -22,7 +22,7 @@ pub(super) struct Signer {
     ec: CK_OBJECT_HANDLE,
 }
 
-fn at(ty: CK_ATTRIBUTE_TYPE, v: &[u8]) -> CK_ATTRIBUTE {
+pub(super) fn at(ty: CK_ATTRIBUTE_TYPE, v: &[u8]) -> CK_ATTRIBUTE {
     CK_ATTRIBUTE {
         type_: ty,
         pValue: v.as_ptr().cast_mut().cast(),
@@ -124,12 +124,12 @@ pub(super) fn import(
 
 /// One thread's signing loop: made on its thread (so it may hold what is
 /// not `Send`), then called once per signature.
-type SignOnce<'a> = Box<dyn FnMut() -> Result<(), BenchError> + 'a>;
+pub(super) type SignOnce<'a> = Box<dyn FnMut() -> Result<(), BenchError> + 'a>;
 
 /// Operations a second of `threads` threads for about `secs` seconds: each
 /// thread makes its loop with `make(thread)`, all start together, and each
 /// calls its loop until `secs` have passed.
-fn rate_on_threads<'a, F>(threads: usize, secs: f64, make: F) -> Result<f64, BenchError>
+pub(super) fn rate_on_threads<'a, F>(threads: usize, secs: f64, make: F) -> Result<f64, BenchError>
 where
     F: Fn(usize) -> Result<SignOnce<'a>, BenchError> + Sync,
 {
@@ -258,11 +258,6 @@ pub(super) fn figures(
             got[1][1]
         ));
     }
-    let spread = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{lo:.3}–{hi:.3}")
-    };
     let md = format!(
         "\n### Signatures (issue 27)\n\nThe same RSA-2048 and P-256 keys imported into memveil's module and SoftHSM2 (session objects) and, for RSA, held by OpenSSL in this process; {threads} threads, each with its own session, `C_SignInit` + `C_Sign` in a loop (`CKM_SHA256_RSA_PKCS` over 32 bytes; `CKM_ECDSA` over a 32-byte digest); {rounds} alternating rounds of {secs} s; medians, ratio ranges over rounds.\n\n| key | memveil | SoftHSM2 | OpenSSL in-process | memveil/SoftHSM2 | memveil/OpenSSL |\n|---|---|---|---|---|---|\n| RSA-2048 | {:.0}/s | {:.0}/s | {:.0}/s | {:.3} ({}) | {:.3} ({}) |\n| P-256 | {:.0}/s | {:.0}/s | — | {:.3} ({}) | — |\n",
         median(v_rsa.clone()),

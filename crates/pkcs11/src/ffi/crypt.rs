@@ -5,8 +5,9 @@ use memveil_vault::ring::Op;
 
 use super::*;
 use crate::asym::{AsymDecrypt, DecryptParams};
-use crate::core::DecOp;
+use crate::core::{DecOp, EncOp};
 use crate::object::cap;
+use crate::public::AsymEncrypt;
 
 /// `CK_GCM_PARAMS` as PKCS#11 2.40 first published it, without `ulIvBits`
 /// (some callers still pass it).
@@ -141,6 +142,15 @@ unsafe fn crypt_init(
         } else {
             None
         };
+        let new_enc = if op == Op::Encrypt && crate::asym::is_decrypt_mech(which) {
+            // SAFETY: passed on from the caller's contract.
+            let (mt, p) = unsafe { rsa_params(mech) }?;
+            // Encryption with a public key runs here.
+            let (k, pk) = m.public_key(key, cap::ENCRYPT)?;
+            Some(EncOp::Rsa(AsymEncrypt::new(mt, p, pk, k.kind)?))
+        } else {
+            None
+        };
         let mut g = lock(&s);
         if op == Op::Decrypt {
             if g.dec.is_some() {
@@ -150,8 +160,14 @@ unsafe fn crypt_init(
                 g.dec = Some(d);
                 return Ok(());
             }
-        } else if g.enc.is_some() {
-            return Err(CKR_OPERATION_ACTIVE);
+        } else {
+            if g.enc.is_some() {
+                return Err(CKR_OPERATION_ACTIVE);
+            }
+            if let Some(e) = new_enc {
+                g.enc = Some(e);
+                return Ok(());
+            }
         }
         drop(g);
         // SAFETY: passed on from the caller's contract.
@@ -178,7 +194,7 @@ unsafe fn crypt_init(
             return Err(CKR_OPERATION_ACTIVE);
         }
         if op == Op::Encrypt {
-            g.enc = Some(c);
+            g.enc = Some(EncOp::Aes(c));
         } else {
             g.dec = Some(DecOp::Aes(c));
         }
@@ -227,12 +243,47 @@ impl Parts for CryptOp {
     }
 }
 
-impl Parts for AsymDecrypt {
+/// An RSA operation over one block: the parts are gathered, the block is
+/// processed at the last one.
+trait OneBlock: Clone {
+    /// The output's bound (the modulus' bytes).
+    fn block(&self) -> usize;
+    /// Gathers a part.
+    fn gather(&mut self, part: &[u8]) -> Result<(), Rv>;
+    /// Processes the gathered parts followed by `last`.
+    fn last(&self, m: &Module, last: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv>;
+}
+
+impl OneBlock for AsymEncrypt {
+    fn block(&self) -> usize {
+        self.k
+    }
+    fn gather(&mut self, part: &[u8]) -> Result<(), Rv> {
+        self.update(part)
+    }
+    fn last(&self, _m: &Module, last: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
+        self.encrypt(last)
+    }
+}
+
+impl OneBlock for AsymDecrypt {
+    fn block(&self) -> usize {
+        self.k
+    }
+    fn gather(&mut self, part: &[u8]) -> Result<(), Rv> {
+        self.update(part)
+    }
+    fn last(&self, m: &Module, last: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
+        self.decrypt(m, last)
+    }
+}
+
+impl<T: OneBlock> Parts for T {
     fn bound(&self, part: Part, _n: usize) -> usize {
         if part == Part::Update {
             0
         } else {
-            self.k
+            self.block()
         }
     }
     fn step(
@@ -243,10 +294,10 @@ impl Parts for AsymDecrypt {
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, Rv> {
         match part {
             Part::Update => {
-                self.update(data)?;
+                self.gather(data)?;
                 Ok(zeroize::Zeroizing::new(Vec::new()))
             }
-            Part::Single | Part::Final => self.decrypt(m, data),
+            Part::Single | Part::Final => self.last(m, data),
         }
     }
 }
@@ -321,9 +372,18 @@ unsafe fn crypt(
         let (m, s) = session(h)?;
         let mut g = lock(&s);
         if op == Op::Encrypt {
-            let cur = g.enc.as_ref().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
-            // SAFETY: passed on from the caller's contract.
-            let (r, next) = unsafe { run_part(&m, cur, part, input, in_len, outp, out_len) };
+            let (r, next) = match g.enc.as_ref().ok_or(CKR_OPERATION_NOT_INITIALIZED)? {
+                EncOp::Aes(cur) => {
+                    // SAFETY: passed on from the caller's contract.
+                    let (r, n) = unsafe { run_part(&m, cur, part, input, in_len, outp, out_len) };
+                    (r, n.map(|o| o.map(EncOp::Aes)))
+                }
+                EncOp::Rsa(cur) => {
+                    // SAFETY: passed on from the caller's contract.
+                    let (r, n) = unsafe { run_part(&m, cur, part, input, in_len, outp, out_len) };
+                    (r, n.map(|o| o.map(EncOp::Rsa)))
+                }
+            };
             if let Some(n) = next {
                 g.enc = n;
             }

@@ -6,7 +6,8 @@ use cryptoki_sys::*;
 
 use super::*;
 
-/// `C_GenerateKey` (`CKM_AES_KEY_GEN`): the key is generated inside the vault.
+/// `C_GenerateKey` (`CKM_AES_KEY_GEN`, `CKM_GENERIC_SECRET_KEY_GEN`): the
+/// key is generated inside the vault.
 ///
 /// # Safety
 /// `mech`, `t` (n attributes) and `ph` as PKCS#11 states.
@@ -22,14 +23,24 @@ pub unsafe extern "C" fn C_GenerateKey(
         let (m, _) = session(h)?;
         // SAFETY: the caller's CK_MECHANISM.
         let mm = unsafe { read(mech.cast_const()) }?;
-        if mm.mechanism != CKM_AES_KEY_GEN {
-            return Err(CKR_MECHANISM_INVALID);
-        }
+        let generic = match mm.mechanism {
+            CKM_AES_KEY_GEN => false,
+            CKM_GENERIC_SECRET_KEY_GEN => true,
+            _ => return Err(CKR_MECHANISM_INVALID),
+        };
         if mm.ulParameterLen != 0 {
             return Err(CKR_MECHANISM_PARAM_INVALID);
         }
-        // SAFETY: passed on from the caller's contract.
-        unsafe { create(&m, h, t, n, ph, false) }
+        // SAFETY: the caller's template of `n` attributes (contract).
+        let attrs = unsafe { template(t, n) }?;
+        // SAFETY: checked by `out`.
+        let p = unsafe { out(ph) }?;
+        let (tpl, _) = check_template(&attrs, false, generic)?;
+        if tpl.generic != generic {
+            return Err(CKR_TEMPLATE_INCONSISTENT);
+        }
+        *p = m.create(h, &tpl, None)?;
+        Ok(())
     })
 }
 
@@ -116,24 +127,27 @@ pub unsafe extern "C" fn C_DeriveKey(
         let attrs = unsafe { template(t, n) }?;
         // SAFETY: checked by `out`.
         let out_h = unsafe { out(ph) }?;
-        let (tpl, _) = check_template(&attrs, false)?;
+        let (tpl, _) = check_template(&attrs, false, false)?;
+        if tpl.generic {
+            return Err(CKR_TEMPLATE_INCONSISTENT);
+        }
         *out_h = m.derive(h, base, &ecdh, &tpl)?;
         Ok(())
     })
 }
 
-/// `C_SeedRandom`: the DRBG takes no caller seed.
+/// `C_SeedRandom`: the DRBG takes no caller seed. The arguments are
+/// checked first (a NULL seed with a length is `CKR_ARGUMENTS_BAD`), as for
+/// every entry point.
 ///
 /// # Safety
-/// None: no pointer is read.
+/// `s` holds `l` bytes (only checked, never read).
 #[no_mangle]
-pub unsafe extern "C" fn C_SeedRandom(
-    h: CK_SESSION_HANDLE,
-    _s: *mut CK_BYTE,
-    _l: CK_ULONG,
-) -> CK_RV {
+pub unsafe extern "C" fn C_SeedRandom(h: CK_SESSION_HANDLE, s: *mut CK_BYTE, l: CK_ULONG) -> CK_RV {
     guard(|| {
         session(h)?;
+        // SAFETY: the caller's seed (contract); checked, not used.
+        unsafe { bytes(s.cast_const(), l) }?;
         Err(CKR_RANDOM_SEED_NOT_SUPPORTED)
     })
 }
@@ -223,15 +237,8 @@ macro_rules! unsupported {
 }
 
 unsupported! {
-    C_DigestInit(m: *mut CK_MECHANISM);
-    C_Digest(d: *mut CK_BYTE, dl: CK_ULONG, o: *mut CK_BYTE, ol: *mut CK_ULONG);
-    C_DigestUpdate(d: *mut CK_BYTE, dl: CK_ULONG);
-    C_DigestKey(k: CK_OBJECT_HANDLE);
-    C_DigestFinal(o: *mut CK_BYTE, ol: *mut CK_ULONG);
     C_SignRecoverInit(m: *mut CK_MECHANISM, k: CK_OBJECT_HANDLE);
     C_SignRecover(d: *mut CK_BYTE, dl: CK_ULONG, o: *mut CK_BYTE, ol: *mut CK_ULONG);
-    C_VerifyRecoverInit(m: *mut CK_MECHANISM, k: CK_OBJECT_HANDLE);
-    C_VerifyRecover(d: *mut CK_BYTE, dl: CK_ULONG, o: *mut CK_BYTE, ol: *mut CK_ULONG);
     C_DigestEncryptUpdate(d: *mut CK_BYTE, dl: CK_ULONG, o: *mut CK_BYTE, ol: *mut CK_ULONG);
     C_DecryptDigestUpdate(d: *mut CK_BYTE, dl: CK_ULONG, o: *mut CK_BYTE, ol: *mut CK_ULONG);
     C_SignEncryptUpdate(d: *mut CK_BYTE, dl: CK_ULONG, o: *mut CK_BYTE, ol: *mut CK_ULONG);

@@ -1,11 +1,44 @@
-//! Signatures and their verification (`C_Sign*`, `C_Verify*`).
+//! Signatures and their verification (`C_Sign*`, `C_Verify*`,
+//! `C_VerifyRecover*`).
 
 use cryptoki_sys::*;
 
 use super::*;
 use crate::asym::{AsymSign, SignParams};
-use crate::core::SignOp;
+use crate::core::{SignOp, VerifyOp};
+use crate::hmac::{hmac_hash, HmacOp};
 use crate::object::cap;
+use crate::public::AsymVerify;
+
+/// The parameters of an asymmetric signature mechanism, copied out.
+///
+/// # Safety
+/// `mm`'s parameter holds `ulParameterLen` bytes.
+unsafe fn sign_params(mm: &CK_MECHANISM) -> Result<SignParams, Rv> {
+    // SAFETY: the parameter's bytes (contract).
+    let p = unsafe { bytes(mm.pParameter.cast_const().cast::<u8>(), mm.ulParameterLen) }?;
+    Ok(if p.is_empty() {
+        SignParams::None
+    } else if p.len() == std::mem::size_of::<CK_RSA_PKCS_PSS_PARAMS>() {
+        // SAFETY: `p` holds a whole CK_RSA_PKCS_PSS_PARAMS (length checked).
+        let pss = unsafe { read(p.as_ptr().cast::<CK_RSA_PKCS_PSS_PARAMS>()) }?;
+        SignParams::Pss {
+            hash: pss.hashAlg,
+            mgf: pss.mgf,
+            salt: pss.sLen,
+        }
+    } else if mm.mechanism == CKM_EDDSA && p.len() == std::mem::size_of::<CK_EDDSA_PARAMS>() {
+        // SAFETY: `p` holds a whole CK_EDDSA_PARAMS (length checked).
+        let e = unsafe { read(p.as_ptr().cast::<CK_EDDSA_PARAMS>()) }?;
+        // Pure Ed25519 only: no prehash, no context.
+        if e.phFlag != 0 || e.ulContextDataLen != 0 {
+            return Err(CKR_MECHANISM_PARAM_INVALID);
+        }
+        SignParams::None
+    } else {
+        return Err(CKR_MECHANISM_PARAM_INVALID);
+    })
+}
 
 /// # Safety
 /// `mech` as PKCS#11 states.
@@ -21,39 +54,50 @@ unsafe fn mac_init(
         let mm = unsafe { read(mech) }?;
         let want = if sign { cap::SIGN } else { cap::VERIFY };
         if crate::asym::is_sign_mech(mm.mechanism) {
-            // SAFETY: the parameter's bytes (contract).
-            let p = unsafe { bytes(mm.pParameter.cast_const().cast::<u8>(), mm.ulParameterLen) }?;
-            let params = if p.is_empty() {
-                SignParams::None
-            } else if p.len() == std::mem::size_of::<CK_RSA_PKCS_PSS_PARAMS>() {
-                // SAFETY: `p` holds a whole CK_RSA_PKCS_PSS_PARAMS (length checked).
-                let pss = unsafe { read(p.as_ptr().cast::<CK_RSA_PKCS_PSS_PARAMS>()) }?;
-                SignParams::Pss {
-                    hash: pss.hashAlg,
-                    mgf: pss.mgf,
-                    salt: pss.sLen,
+            // SAFETY: the caller's parameter (contract).
+            let params = unsafe { sign_params(&mm) }?;
+            let mut g;
+            if sign {
+                let k = m.key(key, want)?;
+                let op = AsymSign::new(mm.mechanism, params, k.vault_id, k.kind)?;
+                g = lock(&s);
+                if g.sign.is_some() {
+                    return Err(CKR_OPERATION_ACTIVE);
                 }
-            } else if mm.mechanism == CKM_EDDSA && p.len() == std::mem::size_of::<CK_EDDSA_PARAMS>()
-            {
-                // SAFETY: `p` holds a whole CK_EDDSA_PARAMS (length checked).
-                let e = unsafe { read(p.as_ptr().cast::<CK_EDDSA_PARAMS>()) }?;
-                // Pure Ed25519 only: no prehash, no context.
-                if e.phFlag != 0 || e.ulContextDataLen != 0 {
-                    return Err(CKR_MECHANISM_PARAM_INVALID);
-                }
-                SignParams::None
+                g.sign = Some(SignOp::Asym(op));
             } else {
-                return Err(CKR_MECHANISM_PARAM_INVALID);
-            };
-            // Verification runs in the caller's own library with the public
-            // key it reads; the public key objects here say CKA_VERIFY false.
-            let k = m.key(key, want)?;
-            let op = AsymSign::new(mm.mechanism, params, k.vault_id, k.kind)?;
-            let mut g = lock(&s);
-            if g.sign.is_some() {
-                return Err(CKR_OPERATION_ACTIVE);
+                // Verification runs here, with the public key object's key.
+                let (k, pk) = m.public_key(key, want)?;
+                let op = AsymVerify::new(mm.mechanism, params, pk, k.kind)?;
+                g = lock(&s);
+                if g.verify.is_some() {
+                    return Err(CKR_OPERATION_ACTIVE);
+                }
+                g.verify = Some(VerifyOp::Asym(op));
             }
-            g.sign = Some(SignOp::Asym(op));
+            return Ok(());
+        }
+        if let Some(hash) = hmac_hash(mm.mechanism) {
+            if mm.ulParameterLen != 0 {
+                return Err(CKR_MECHANISM_PARAM_INVALID);
+            }
+            let k = m.key(key, want)?;
+            if k.kind != memveil_vault::proto::KeyKind::Secret {
+                return Err(CKR_KEY_TYPE_INCONSISTENT);
+            }
+            let op = HmacOp::new(k.vault_id, hash);
+            let mut g = lock(&s);
+            if sign {
+                if g.sign.is_some() {
+                    return Err(CKR_OPERATION_ACTIVE);
+                }
+                g.sign = Some(SignOp::Hmac(op));
+            } else {
+                if g.verify.is_some() {
+                    return Err(CKR_OPERATION_ACTIVE);
+                }
+                g.verify = Some(VerifyOp::Hmac(op));
+            }
             return Ok(());
         }
         if mm.mechanism != CKM_AES_CMAC {
@@ -63,7 +107,7 @@ unsafe fn mac_init(
             return Err(CKR_MECHANISM_PARAM_INVALID);
         }
         let k = m.key(key, want)?;
-        if k.class != CKO_SECRET_KEY {
+        if k.class != CKO_SECRET_KEY || k.kind == memveil_vault::proto::KeyKind::Secret {
             return Err(CKR_KEY_TYPE_INCONSISTENT);
         }
         let mut g = lock(&s);
@@ -76,7 +120,7 @@ unsafe fn mac_init(
             if g.verify.is_some() {
                 return Err(CKR_OPERATION_ACTIVE);
             }
-            g.verify = Some(MacOp::new(k.vault_id));
+            g.verify = Some(VerifyOp::Cmac(MacOp::new(k.vault_id)));
         }
         Ok(())
     })
@@ -92,16 +136,18 @@ unsafe fn mac_update(h: CK_SESSION_HANDLE, d: *const u8, dl: CK_ULONG, sign: boo
         let part = unsafe { bytes(d, dl) };
         if !sign {
             let op = g.verify.as_mut().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
-            return match part {
-                Ok(p) => {
-                    op.update(p);
+            let r = part.and_then(|p| match op {
+                VerifyOp::Cmac(c) => {
+                    c.update(p);
                     Ok(())
                 }
-                Err(e) => {
-                    g.verify = None;
-                    Err(e)
-                }
-            };
+                VerifyOp::Hmac(c) => c.update(p),
+                VerifyOp::Asym(a) => a.update(p),
+            });
+            if r.is_err() {
+                g.verify = None;
+            }
+            return r;
         }
         let op = g.sign.as_mut().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
         let r = part.and_then(|p| match op {
@@ -109,6 +155,7 @@ unsafe fn mac_update(h: CK_SESSION_HANDLE, d: *const u8, dl: CK_ULONG, sign: boo
                 c.update(p);
                 Ok(())
             }
+            SignOp::Hmac(c) => c.update(p),
             SignOp::Asym(a) => a.update(p),
         });
         if r.is_err() {
@@ -138,6 +185,7 @@ unsafe fn sign(
         if sig.is_null() {
             let n = match op {
                 SignOp::Cmac(_) => 16,
+                SignOp::Hmac(c) => c.mac_len(),
                 SignOp::Asym(a) => a.sig_len,
             };
             // SAFETY: checked non-NULL and aligned.
@@ -149,6 +197,7 @@ unsafe fn sign(
             SignOp::Cmac(c) => c
                 .sign(&*m, data)
                 .map(|t| zeroize::Zeroizing::new(t.to_vec())),
+            SignOp::Hmac(c) => c.sign(&*m, data),
             SignOp::Asym(a) => a.sign(&*m, data),
         });
         let tag = match r {
@@ -185,7 +234,11 @@ unsafe fn verify(
         if sig.is_empty() && sl == 0 {
             return Err(CKR_SIGNATURE_LEN_RANGE);
         }
-        op.verify(&*m, data, sig)
+        match op {
+            VerifyOp::Cmac(c) => c.verify(&*m, data, sig),
+            VerifyOp::Hmac(c) => c.verify(&*m, data, sig),
+            VerifyOp::Asym(a) => a.verify(data, sig),
+        }
     })
 }
 
@@ -303,4 +356,77 @@ pub unsafe extern "C" fn C_VerifyFinal(
 ) -> CK_RV {
     // SAFETY: passed on.
     unsafe { verify(h, std::ptr::null(), 0, sig, sl) }
+}
+
+/// `C_VerifyRecoverInit` (`CKM_RSA_PKCS`, `CKM_RSA_X_509`, with an RSA
+/// public key object).
+///
+/// # Safety
+/// `mech` as PKCS#11 states.
+#[no_mangle]
+pub unsafe extern "C" fn C_VerifyRecoverInit(
+    h: CK_SESSION_HANDLE,
+    mech: *mut CK_MECHANISM,
+    key: CK_OBJECT_HANDLE,
+) -> CK_RV {
+    guard(|| {
+        let (m, s) = session(h)?;
+        // SAFETY: the caller's CK_MECHANISM.
+        let mm = unsafe { read(mech.cast_const()) }?;
+        if !crate::public::is_recover_mech(mm.mechanism) {
+            return Err(CKR_MECHANISM_INVALID);
+        }
+        if mm.ulParameterLen != 0 {
+            return Err(CKR_MECHANISM_PARAM_INVALID);
+        }
+        let (k, pk) = m.public_key(key, cap::VERIFY)?;
+        let op = AsymVerify::new(mm.mechanism, SignParams::None, pk, k.kind)?;
+        let mut g = lock(&s);
+        if g.recover.is_some() {
+            return Err(CKR_OPERATION_ACTIVE);
+        }
+        g.recover = Some(op);
+        Ok(())
+    })
+}
+
+/// `C_VerifyRecover`: the data a signature carries.
+///
+/// # Safety
+/// `sig` holds `sl` bytes; `o` is NULL or holds `*ol` writable bytes; `ol` is a writable `CK_ULONG`.
+#[no_mangle]
+pub unsafe extern "C" fn C_VerifyRecover(
+    h: CK_SESSION_HANDLE,
+    sig: *mut CK_BYTE,
+    sl: CK_ULONG,
+    o: *mut CK_BYTE,
+    ol: *mut CK_ULONG,
+) -> CK_RV {
+    guard(|| {
+        let (_, s) = session(h)?;
+        let mut g = lock(&s);
+        let op = g.recover.as_ref().ok_or(CKR_OPERATION_NOT_INITIALIZED)?;
+        if ol.is_null() || !ol.is_aligned() {
+            g.recover = None;
+            return Err(CKR_ARGUMENTS_BAD);
+        }
+        if o.is_null() {
+            // SAFETY: checked non-NULL and aligned.
+            unsafe { *ol = op.recover_bound() as CK_ULONG };
+            return Ok(());
+        }
+        // SAFETY: the caller's signature (contract).
+        let r = unsafe { bytes(sig, sl) }.and_then(|sig| op.recover(sig));
+        let data = match r {
+            Ok(d) => d,
+            Err(e) => {
+                g.recover = None;
+                return Err(e);
+            }
+        };
+        // SAFETY: `o` holds `*ol` writable bytes (contract).
+        unsafe { give(o, ol, &data) }?;
+        g.recover = None;
+        Ok(())
+    })
 }

@@ -9,8 +9,8 @@
 //! helpers; the entry points sit by area, as the PKCS#11 specification
 //! groups them: [`general`] (initialise, finalise, info, function list),
 //! [`slots`] (slots, tokens, mechanisms, PINs), [`sessions`], [`objects`],
-//! [`crypt`] (encryption and decryption), [`mac`] (signatures and
-//! verification), [`keys`] (key generation, random numbers and the
+//! [`crypt`] (encryption and decryption), [`digest`], [`mac`] (signatures
+//! and verification), [`keys`] (key generation, random numbers and the
 //! functions not offered).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -22,6 +22,7 @@ pub(crate) use crate::core::{check_template, Attr, Module, Sess, SLOT};
 pub(crate) use crate::mech::{CryptOp, MacOp, Params, Rv};
 
 pub mod crypt;
+pub mod digest;
 pub mod general;
 pub mod keys;
 pub mod mac;
@@ -30,6 +31,7 @@ pub mod sessions;
 pub mod slots;
 
 pub use crypt::*;
+pub use digest::*;
 pub use general::*;
 pub use keys::*;
 pub use mac::*;
@@ -196,7 +198,7 @@ pub(crate) fn pad<const N: usize>(s: &str) -> [u8; N] {
     a
 }
 
-pub(crate) const MECHS: [CK_MECHANISM_TYPE; 32] = [
+pub(crate) const MECHS: [CK_MECHANISM_TYPE; 43] = [
     CKM_AES_KEY_GEN,
     CKM_AES_ECB,
     CKM_AES_CBC,
@@ -229,6 +231,17 @@ pub(crate) const MECHS: [CK_MECHANISM_TYPE; 32] = [
     CKM_ECDSA_SHA512,
     CKM_EDDSA,
     CKM_ECDH1_DERIVE,
+    CKM_SHA_1,
+    CKM_SHA224,
+    CKM_SHA256,
+    CKM_SHA384,
+    CKM_SHA512,
+    CKM_GENERIC_SECRET_KEY_GEN,
+    CKM_SHA_1_HMAC,
+    CKM_SHA224_HMAC,
+    CKM_SHA256_HMAC,
+    CKM_SHA384_HMAC,
+    CKM_SHA512_HMAC,
 ];
 
 pub(crate) fn version() -> CK_VERSION {

@@ -35,9 +35,21 @@ pub unsafe extern "C" fn C_CreateObject(
                 *p = m.import(h, &i)?;
                 Ok(())
             }
-            // Public keys come with their private key (C_GenerateKeyPair,
-            // or a private key's import).
-            Some(CKO_PUBLIC_KEY) => Err(CKR_ATTRIBUTE_VALUE_INVALID),
+            Some(CKO_DATA) => {
+                // SAFETY: checked by `out`.
+                let p = unsafe { out(ph) }?;
+                let (token, d) = crate::data::check_data(&attrs)?;
+                *p = m.create_data(h, token, &d)?;
+                Ok(())
+            }
+            // A public key alone: a session object held here.
+            Some(CKO_PUBLIC_KEY) => {
+                // SAFETY: checked by `out`.
+                let p = unsafe { out(ph) }?;
+                let i = crate::public::check_public_import(&attrs)?;
+                *p = m.add_public(h, i)?;
+                Ok(())
+            }
             // SAFETY: passed on from the caller's contract.
             _ => unsafe { create(&m, h, t, n, ph, true) },
         }
@@ -60,7 +72,7 @@ pub(crate) unsafe fn create(
     let attrs = unsafe { template(t, n) }?;
     // SAFETY: checked by `out`.
     let p = unsafe { out(ph) }?;
-    let (tpl, value) = check_template(&attrs, import)?;
+    let (tpl, value) = check_template(&attrs, import, false)?;
     *p = m.create(h, &tpl, value)?;
     Ok(())
 }
@@ -167,21 +179,24 @@ pub unsafe extern "C" fn C_GetAttributeValue(
     })
 }
 
-/// `C_SetAttributeValue`: keys are not modifiable.
+/// `C_SetAttributeValue`: a data object's attributes change; keys,
+/// certificates and the rest are not modifiable.
 ///
 /// # Safety
-/// None: no pointer is read.
+/// `t` holds `n` attributes.
 #[no_mangle]
 pub unsafe extern "C" fn C_SetAttributeValue(
     h: CK_SESSION_HANDLE,
     o: CK_OBJECT_HANDLE,
-    _t: *mut CK_ATTRIBUTE,
-    _n: CK_ULONG,
+    t: *mut CK_ATTRIBUTE,
+    n: CK_ULONG,
 ) -> CK_RV {
     guard(|| {
         let (m, _) = session(h)?;
+        // SAFETY: the caller's template of `n` attributes (contract).
+        let attrs = unsafe { template(t.cast_const(), n) }?;
         m.object(o)?;
-        Err(CKR_ATTRIBUTE_READ_ONLY)
+        m.set_attributes(h, o, &attrs)
     })
 }
 

@@ -139,19 +139,31 @@ pub unsafe extern "C" fn C_GetMechanismInfo(
         check_slot(slot)?;
         // Key sizes: bytes for AES, bits for RSA and EC (PKCS#11's units).
         let ec = CKF_EC_F_P | CKF_EC_NAMEDCURVE | CKF_EC_UNCOMPRESS;
+        let (min_secret, max_secret) = (
+            memveil_vault::proto::MIN_SECRET as CK_ULONG,
+            memveil_vault::proto::MAX_SECRET as CK_ULONG,
+        );
         let (flags, min, max) = match ty {
             CKM_AES_KEY_GEN => (CKF_GENERATE, 16, 32),
             CKM_AES_ECB | CKM_AES_CBC | CKM_AES_CBC_PAD | CKM_AES_CTR | CKM_AES_GCM => {
                 (CKF_ENCRYPT | CKF_DECRYPT, 16, 32)
             }
             CKM_AES_CMAC => (CKF_SIGN | CKF_VERIFY, 16, 32),
+            CKM_SHA_1 | CKM_SHA224 | CKM_SHA256 | CKM_SHA384 | CKM_SHA512 => (CKF_DIGEST, 0, 0),
+            CKM_GENERIC_SECRET_KEY_GEN => (CKF_GENERATE, min_secret, max_secret),
+            CKM_SHA_1_HMAC | CKM_SHA224_HMAC | CKM_SHA256_HMAC | CKM_SHA384_HMAC
+            | CKM_SHA512_HMAC => (CKF_SIGN | CKF_VERIFY, min_secret, max_secret),
             CKM_RSA_PKCS_KEY_PAIR_GEN => (CKF_GENERATE_KEY_PAIR, 2048, 4096),
-            CKM_RSA_PKCS | CKM_RSA_X_509 => (CKF_SIGN | CKF_DECRYPT, 2048, 4096),
-            CKM_RSA_PKCS_OAEP => (CKF_DECRYPT, 2048, 4096),
+            CKM_RSA_PKCS | CKM_RSA_X_509 => (
+                CKF_SIGN | CKF_VERIFY | CKF_VERIFY_RECOVER | CKF_DECRYPT | CKF_ENCRYPT,
+                2048,
+                4096,
+            ),
+            CKM_RSA_PKCS_OAEP => (CKF_DECRYPT | CKF_ENCRYPT, 2048, 4096),
             CKM_EC_KEY_PAIR_GEN => (CKF_GENERATE_KEY_PAIR | ec, 256, 384),
             CKM_ECDH1_DERIVE => (CKF_DERIVE | ec, 256, 384),
             CKM_EC_EDWARDS_KEY_PAIR_GEN => (CKF_GENERATE_KEY_PAIR, 255, 255),
-            CKM_EDDSA => (CKF_SIGN, 255, 255),
+            CKM_EDDSA => (CKF_SIGN | CKF_VERIFY, 255, 255),
             m if crate::asym::is_sign_mech(m) && MECHS.contains(&m) => {
                 if matches!(
                     m,
@@ -162,12 +174,20 @@ pub unsafe extern "C" fn C_GetMechanismInfo(
                         | CKM_ECDSA_SHA384
                         | CKM_ECDSA_SHA512
                 ) {
-                    (CKF_SIGN | ec, 256, 384)
+                    (CKF_SIGN | CKF_VERIFY | ec, 256, 384)
                 } else {
-                    (CKF_SIGN, 2048, 4096)
+                    (CKF_SIGN | CKF_VERIFY, 2048, 4096)
                 }
             }
             _ => return Err(CKR_MECHANISM_INVALID),
+        };
+        // CKF_HW: the vault, a process of its own that the caller cannot
+        // read, is the token's device and runs every operation with a
+        // secret or private key; digests run in the caller's process.
+        let flags = if flags == CKF_DIGEST {
+            flags
+        } else {
+            flags | CKF_HW
         };
         // SAFETY: checked by `out`.
         let i = unsafe { out(info) }?;

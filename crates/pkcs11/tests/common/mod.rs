@@ -198,3 +198,47 @@ pub fn compile_c(name: &str, dir: &Path) -> Option<PathBuf> {
     );
     Some(exe)
 }
+
+/// Where Debian puts SoftHSM2's module.
+pub const SOFTHSM: [&str; 2] = [
+    "/usr/lib/softhsm/libsofthsm2.so",
+    "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so",
+];
+
+/// SoftHSM2's module and the config file of a fresh token `label` (PIN
+/// 1234, SO PIN 12345678) whose files live under `dir`; `None` after a skip
+/// line when SoftHSM2 is not installed.
+pub fn softhsm_token(dir: &Path, label: &str) -> Option<(PathBuf, PathBuf)> {
+    let Some(lib) = SOFTHSM.iter().map(PathBuf::from).find(|p| p.exists()) else {
+        memveil_testkit::skip(
+            memveil_testkit::Need::Installed("softhsm2"),
+            "libsofthsm2.so not found",
+        );
+        return None;
+    };
+    std::fs::create_dir_all(dir.join("tokens")).expect("token dir");
+    let conf = dir.join("softhsm2.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+            dir.join("tokens").display()
+        ),
+    )
+    .expect("softhsm2.conf");
+    let o = std::process::Command::new("softhsm2-util")
+        .args(["--init-token", "--free", "--label", label])
+        .args(["--pin", "1234", "--so-pin", "12345678"])
+        .env("SOFTHSM2_CONF", &conf)
+        .output();
+    match o {
+        Ok(o) if o.status.success() => Some((lib, conf)),
+        other => {
+            memveil_testkit::skip(
+                memveil_testkit::Need::Installed("softhsm2"),
+                format!("softhsm2-util --init-token: {other:?}"),
+            );
+            None
+        }
+    }
+}

@@ -31,10 +31,18 @@ pub enum KeyKind {
     /// An X.509 certificate (DER): public data kept beside the keys, for the
     /// PKCS#11 token's certificate objects; no operation uses it.
     Cert,
+    /// A generic secret ([`MIN_SECRET`] to [`MAX_SECRET`] bytes): HMAC
+    /// (SHA-1, SHA-2) and digests of the key (PKCS#11's `C_DigestKey`);
+    /// never extractable, like every key.
+    Secret,
+    /// Public application data (the PKCS#11 token's `CKO_DATA` objects,
+    /// up to [`MAX_CERT`] bytes with their attributes): kept, listed and
+    /// given back like a certificate; no operation uses it.
+    Data,
 }
 
 /// Every kind, in wire order.
-pub const KINDS: [KeyKind; 11] = [
+pub const KINDS: [KeyKind; 13] = [
     KeyKind::Aes128,
     KeyKind::Aes256,
     KeyKind::Xts128,
@@ -46,7 +54,15 @@ pub const KINDS: [KeyKind; 11] = [
     KeyKind::P384,
     KeyKind::Ed25519,
     KeyKind::Cert,
+    KeyKind::Secret,
+    KeyKind::Data,
 ];
+
+/// Shortest generic secret: 112 bits, the least key strength SP 800-107
+/// and SP 800-131A allow for HMAC (a shorter key is refused, not padded).
+pub const MIN_SECRET: usize = 14;
+/// Longest generic secret (longer than any hash block: HMAC hashes it first).
+pub const MAX_SECRET: usize = 256;
 
 /// Longest certificate the vault keeps (what fits an import frame).
 pub const MAX_CERT: usize = 3584;
@@ -72,7 +88,8 @@ impl KeyKind {
     #[must_use]
     pub fn import_len_ok(self, n: usize) -> bool {
         match self {
-            KeyKind::Cert => (1..=MAX_CERT).contains(&n),
+            KeyKind::Cert | KeyKind::Data => (1..=MAX_CERT).contains(&n),
+            KeyKind::Secret => (MIN_SECRET..=MAX_SECRET).contains(&n),
             k if k.asym().is_some() => (1..=memveil_asym::components::MAX_LEN).contains(&n),
             k => n == k.key_len(),
         }
@@ -142,6 +159,7 @@ impl KeyKind {
                 )
                 | (KeyKind::P256 | KeyKind::P384, Mode::Ecdsa)
                 | (KeyKind::Ed25519, Mode::EdDsa)
+                | (KeyKind::Secret, Mode::Hmac | Mode::KeyDigest)
         )
     }
 
@@ -160,6 +178,8 @@ impl KeyKind {
             KeyKind::P384 => "p384",
             KeyKind::Ed25519 => "ed25519",
             KeyKind::Cert => "cert",
+            KeyKind::Secret => "secret",
+            KeyKind::Data => "data",
         }
     }
 }
@@ -217,10 +237,20 @@ pub enum Mode {
     Ecdsa,
     /// Ed25519 signature (encrypt only) over the whole message.
     EdDsa,
+    /// HMAC with a generic secret key, the hash in the entry's parameters:
+    /// encrypt writes the MAC of the input; decrypt checks the input's
+    /// last hash-length bytes (a full-length MAC) against the MAC of the
+    /// rest, in constant time (`ring::status::AUTH_FAILED` when it differs).
+    Hmac,
+    /// The digest of the input's first `len` bytes (the parameters'), the
+    /// generic secret key's bytes, then the rest of the input (encrypt
+    /// only): PKCS#11's `C_DigestKey`. Refused (`WRONG_MODE`) for a key
+    /// longer than 64 bytes, which HMAC would replace by its digest.
+    KeyDigest,
 }
 
 /// Every mode, in wire order.
-const MODES: [Mode; 12] = [
+const MODES: [Mode; 14] = [
     Mode::Ecb,
     Mode::Cbc,
     Mode::Ctr,
@@ -233,6 +263,8 @@ const MODES: [Mode; 12] = [
     Mode::RsaOaep,
     Mode::Ecdsa,
     Mode::EdDsa,
+    Mode::Hmac,
+    Mode::KeyDigest,
 ];
 
 impl Mode {
@@ -259,7 +291,7 @@ impl Mode {
     #[must_use]
     pub fn directions(self) -> (bool, bool) {
         match self {
-            Mode::RsaPss | Mode::Ecdsa | Mode::EdDsa => (true, false),
+            Mode::RsaPss | Mode::Ecdsa | Mode::EdDsa | Mode::KeyDigest => (true, false),
             Mode::RsaOaep => (false, true),
             _ => (true, true),
         }
@@ -280,6 +312,8 @@ impl Mode {
             Mode::RsaOaep => "rsa-oaep",
             Mode::Ecdsa => "ecdsa",
             Mode::EdDsa => "eddsa",
+            Mode::Hmac => "hmac",
+            Mode::KeyDigest => "key-digest",
         }
     }
 }
@@ -321,7 +355,11 @@ mod tests {
         assert_eq!(KeyKind::Aes128.code(), 1);
         assert_eq!(KeyKind::Xts256.code(), 4);
         assert_eq!(KeyKind::from_code(0), None);
-        assert_eq!(KeyKind::from_code(12), None);
+        assert_eq!(KeyKind::Secret.code(), 12);
+        assert_eq!(KeyKind::Data.code(), 13);
+        assert_eq!(KeyKind::from_code(14), None);
+        assert!(KeyKind::Secret.import_len_ok(14) && !KeyKind::Secret.import_len_ok(13));
+        assert!(!KeyKind::Secret.import_len_ok(257) && KeyKind::Secret.serves(Mode::Hmac));
         for m in MODES {
             assert_eq!(Mode::from_code(m.code()), Some(m));
             assert_eq!(m.name().parse::<Mode>(), Ok(m));

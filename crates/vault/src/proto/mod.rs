@@ -19,7 +19,7 @@ mod request;
 mod tests;
 mod wire;
 
-pub use kinds::{perm, KeyKind, Mode, KINDS, MAX_CERT};
+pub use kinds::{perm, KeyKind, Mode, KINDS, MAX_CERT, MAX_SECRET, MIN_SECRET};
 pub use reply::{
     decode_reply, decode_tenant_key_head, encode_reply, ErrorCode, KeyIdTable, KeyInfo,
     PublicParts, Reply, Status,

@@ -193,14 +193,18 @@ pub enum Reply {
     },
 }
 
-/// What `PublicKey` gives out: the public half of an asymmetric key, or a
-/// certificate's bytes. Never private parts.
+/// What `PublicKey` gives out: the public half of an asymmetric key, a
+/// certificate's bytes, or a generic secret's length. Never private parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublicParts {
     /// An RSA, EC or Ed25519 public key.
     Key(Public),
     /// A certificate (DER).
     Cert(Vec<u8>),
+    /// A generic secret's length in bytes (its only public fact).
+    SecretLen(u32),
+    /// Public application data (kind `data`).
+    Data(Vec<u8>),
 }
 
 mod public_code {
@@ -208,6 +212,8 @@ mod public_code {
     pub const EC: u8 = 2;
     pub const ED25519: u8 = 3;
     pub const CERT: u8 = 4;
+    pub const SECRET_LEN: u8 = 5;
+    pub const DATA: u8 = 6;
     pub const P256: u8 = 1;
     pub const P384: u8 = 2;
 }
@@ -229,6 +235,12 @@ fn put_public(w: &mut W, p: &PublicParts) {
         }
         PublicParts::Cert(der) => {
             w.u8(public_code::CERT).bytes(der);
+        }
+        PublicParts::SecretLen(n) => {
+            w.u8(public_code::SECRET_LEN).u32(*n);
+        }
+        PublicParts::Data(d) => {
+            w.u8(public_code::DATA).bytes(d);
         }
     }
 }
@@ -263,6 +275,8 @@ fn get_public(r: &mut R<'_>) -> Result<PublicParts, DecodeError> {
             PublicParts::Key(Public::Ed25519(pk))
         }
         public_code::CERT => PublicParts::Cert(r.bytes("certificate")?.to_vec()),
+        public_code::SECRET_LEN => PublicParts::SecretLen(r.u32("secret length")?),
+        public_code::DATA => PublicParts::Data(r.bytes("data")?.to_vec()),
         t => return Err(bad("public key type", t)),
     })
 }

@@ -28,6 +28,17 @@ pub enum Request<'a> {
         /// Sealed to disk and reloaded at restart.
         persistent: bool,
     },
+    /// Generate a random generic secret of `len` bytes
+    /// ([`KeyKind::Secret`], [`MIN_SECRET`](super::MIN_SECRET) to
+    /// [`MAX_SECRET`](super::MAX_SECRET)) inside the vault.
+    CreateSecret {
+        /// Name.
+        name: String,
+        /// Bytes of the secret.
+        len: u16,
+        /// Sealed to disk and reloaded at restart.
+        persistent: bool,
+    },
     /// Import a key (one way: no verb ever returns it).
     ImportKey {
         /// Name.
@@ -179,6 +190,11 @@ impl fmt::Debug for Request<'_> {
             Request::ListKeys => f.write_str("ListKeys"),
             Request::KeyInfo { name } => write!(f, "KeyInfo({name:?})"),
             Request::RotateKey { name } => write!(f, "RotateKey({name:?})"),
+            Request::CreateSecret {
+                name,
+                len,
+                persistent,
+            } => write!(f, "CreateSecret({name:?}, {len} bytes, persistent={persistent})"),
             Request::DestroyKey { name } => write!(f, "DestroyKey({name:?})"),
             Request::Grant { name, uid, perms } => write!(f, "Grant({name:?}, {uid}, {perms})"),
             Request::Revoke { name, uid } => write!(f, "Revoke({name:?}, {uid})"),
@@ -244,6 +260,16 @@ pub fn encode_request(req: &Request<'_>) -> Vec<u8> {
             w.u8(tag::CREATE)
                 .str(name)
                 .u8(kind.code())
+                .u8(u8::from(*persistent));
+        }
+        Request::CreateSecret {
+            name,
+            len,
+            persistent,
+        } => {
+            w.u8(tag::CREATE_SECRET)
+                .str(name)
+                .u16(*len)
                 .u8(u8::from(*persistent));
         }
         Request::ImportKey {
@@ -381,6 +407,21 @@ pub fn decode_request(body: &[u8]) -> Result<Request<'_>, DecodeError> {
                 kind,
                 persistent,
                 key,
+            }
+        }
+        tag::CREATE_SECRET => {
+            let name = r.name()?;
+            let len = r.u16("secret length")?;
+            if !KeyKind::Secret.import_len_ok(usize::from(len)) {
+                return Err(DecodeError::BadValue {
+                    field: "secret length",
+                    value: u64::from(len),
+                });
+            }
+            Request::CreateSecret {
+                name,
+                len,
+                persistent: r.bool("persistent")?,
             }
         }
         tag::LIST => Request::ListKeys,

@@ -51,6 +51,11 @@ fn sample_requests() -> Vec<Request<'static>> {
         Request::TenantKey { keyid: 9 },
         Request::KeyIdTenants,
         Request::PublicKey { name: "srv".into() },
+        Request::CreateSecret {
+            name: "hmac".into(),
+            len: 32,
+            persistent: true,
+        },
         Request::DeriveKey {
             name: "session".into(),
             kind: KeyKind::Aes256,

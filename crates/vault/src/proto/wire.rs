@@ -251,6 +251,7 @@ pub(crate) mod tag {
     pub const KEYID_TENANTS: u8 = 19;
     pub const PUBKEY: u8 = 20;
     pub const DERIVE: u8 = 21;
+    pub const CREATE_SECRET: u8 = 22;
 
     pub const R_WELCOME: u8 = 0x81;
     pub const R_STATUS: u8 = 0x82;
