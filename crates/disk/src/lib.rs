@@ -25,6 +25,7 @@ pub mod binding;
 mod fs;
 pub mod geometry;
 pub mod host;
+pub mod seccomp;
 mod sectors;
 mod serve;
 

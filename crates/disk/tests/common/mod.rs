@@ -68,6 +68,15 @@ fn disk_child(a: &[String]) -> i32 {
     o.lanes_per_thread = a.get(4).and_then(|l| l.parse().ok()).unwrap_or(1);
     o.grace = Duration::from_secs(5);
     let r = memveil_disk::serve(&o, stop, |r| {
+        // As `memveil disk serve`: these tests run the server under its filter.
+        use memveil_sys::seccomp;
+        let mode = seccomp::mode(false).expect("MEMVEIL_SECCOMP");
+        seccomp::lock_down(
+            "disk child",
+            &[seccomp::BASE, memveil_disk::seccomp::DISK_SERVE],
+            mode,
+        )
+        .expect("seccomp");
         for line in &r.recovered {
             eprintln!("recovered: {line}");
         }
