@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod proto;
+pub mod seccomp;
 pub mod server;
 
 pub use server::{Agent, Config};

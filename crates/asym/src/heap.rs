@@ -86,6 +86,14 @@ pub fn use_secret_heap(bytes: usize, policy: Policy) -> Result<HeapStats, AsymEr
     heap_stats().ok_or_else(|| AsymError::Heap("no heap".into()))
 }
 
+/// Seals the secret heap's region for the rest of the process's life
+/// (`mseal(2)`, see `SecretRegion::seal`); `None` before
+/// [`use_secret_heap`].
+#[must_use]
+pub fn seal_heap() -> Option<std::io::Result<()>> {
+    heap().map(SecretHeap::seal)
+}
+
 fn heap() -> Option<&'static SecretHeap> {
     HEAP.get().copied()
 }

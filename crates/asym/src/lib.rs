@@ -43,7 +43,7 @@ pub mod public;
 
 pub use backend::{DecryptScheme, PrivateKey, SignScheme};
 pub use hash::Hash;
-pub use heap::{heap_stats, use_secret_heap, HeapStats};
+pub use heap::{heap_stats, seal_heap, use_secret_heap, HeapStats};
 pub use public::{EncryptScheme, PublicKey, VerifyScheme};
 
 /// The key types the vault holds.

@@ -26,6 +26,7 @@ mod fs;
 pub mod geometry;
 pub mod host;
 mod order;
+pub mod seccomp;
 mod sectors;
 mod serve;
 

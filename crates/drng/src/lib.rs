@@ -31,6 +31,7 @@ pub mod egd;
 pub mod fips;
 pub mod health;
 pub mod kernel;
+pub mod seccomp;
 pub mod serve;
 pub mod source;
 

@@ -474,6 +474,15 @@ fn make_xts(
 }
 
 impl KeyTable {
+    /// Seals the table's secret memory (every KeyID's key) for the rest of
+    /// the process's life (`mseal(2)`, `SecretPool::seal`).
+    ///
+    /// # Errors
+    /// `mseal(2)`'s: `ENOSYS` before Linux 6.10.
+    pub fn seal(&self) -> std::io::Result<()> {
+        self.pool.seal()
+    }
+
     /// A table of `2^keyid_bits - 1` programmable KeyIDs (hardware: set at
     /// boot; 6 bits on Ice Lake servers) and a fresh random platform key
     /// from `entropy`, all in secret memory under `policy`.

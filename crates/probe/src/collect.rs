@@ -24,6 +24,10 @@ pub struct CollectOptions {
     pub load_msr: bool,
     /// 64-bit samples of each RNG instruction for the health tests.
     pub rng_samples: usize,
+    /// Run programs (`modprobe`, `dmesg`, `journalctl`) when reading is not
+    /// enough; false under `probe --serve`'s seccomp filter, which allows no
+    /// `execve` (the kernel log is then `/dev/kmsg` alone).
+    pub run_commands: bool,
 }
 
 impl Default for CollectOptions {
@@ -31,6 +35,7 @@ impl Default for CollectOptions {
         Self {
             load_msr: false,
             rng_samples: 4096,
+            run_commands: true,
         }
     }
 }
@@ -48,9 +53,9 @@ pub fn collect(opts: &CollectOptions) -> HostFacts {
         .ok()
         .map(|s| s.trim().to_owned());
     cpuid(&mut f);
-    msrs(&mut f, opts.load_msr);
+    msrs(&mut f, opts.load_msr && opts.run_commands);
     f.cpuinfo = cpuinfo();
-    f.kernel_log = kernel_log();
+    f.kernel_log = kernel_log(opts.run_commands);
     files(&mut f);
     swap(&mut f);
     f.rng = [SourceKind::Rdrand, SourceKind::Rdseed]
@@ -324,9 +329,14 @@ fn command_lines(cmd: &str, args: &[&str]) -> Result<Vec<String>, String> {
     }
 }
 
-fn kernel_log() -> KernelLog {
+fn kernel_log(run_commands: bool) -> KernelLog {
     let mut errors = Vec::new();
-    let journal = || command_lines("journalctl", &["-k", "-b", "-o", "cat", "--no-pager", "-q"]);
+    let journal = || {
+        if !run_commands {
+            return Err("journalctl: not run (no programs under --serve's seccomp filter)".into());
+        }
+        command_lines("journalctl", &["-k", "-b", "-o", "cat", "--no-pager", "-q"])
+    };
     match read_kmsg() {
         Ok((lines, false)) => {
             return KernelLog {
@@ -359,7 +369,12 @@ fn kernel_log() -> KernelLog {
         }
         Err(e) => errors.push(format!("/dev/kmsg: {e}")),
     }
-    match command_lines("dmesg", &[]) {
+    let dmesg = if run_commands {
+        command_lines("dmesg", &[])
+    } else {
+        Err("dmesg: not run (no programs under --serve's seccomp filter)".into())
+    };
+    match dmesg {
         Ok(l) => {
             return KernelLog {
                 source: "dmesg".to_owned(),

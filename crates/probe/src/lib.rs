@@ -39,6 +39,7 @@ pub mod fleet;
 pub mod http;
 pub mod render;
 pub mod report;
+pub mod seccomp;
 
 pub use collect::{collect, CollectOptions};
 pub use decode::decode;

@@ -21,6 +21,7 @@ fn live_probe_of_this_host() {
     let facts = collect(&CollectOptions {
         load_msr: false,
         rng_samples: 2048,
+        run_commands: true,
     });
     // The record replays to the same report.
     let again = HostFacts::from_json(&facts.to_json()).expect("own record must replay");

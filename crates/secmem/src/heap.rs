@@ -76,6 +76,15 @@ impl SecretHeap {
         self.region.level()
     }
 
+    /// Seals the heap's region for the rest of the process's life
+    /// ([`SecretRegion::seal`]).
+    ///
+    /// # Errors
+    /// `mseal(2)`'s: `ENOSYS` before Linux 6.10.
+    pub fn seal(&self) -> std::io::Result<()> {
+        self.region.seal()
+    }
+
     /// Bytes of the region.
     #[must_use]
     pub fn size(&self) -> usize {

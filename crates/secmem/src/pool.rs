@@ -72,6 +72,15 @@ impl SecretPool {
         })
     }
 
+    /// Seals the pool's region for the rest of the process's life
+    /// ([`SecretRegion::seal`]).
+    ///
+    /// # Errors
+    /// `mseal(2)`'s: `ENOSYS` before Linux 6.10.
+    pub fn seal(&self) -> std::io::Result<()> {
+        self.inner.region.seal()
+    }
+
     /// The protection level of every allocation from this pool.
     #[must_use]
     pub fn level(&self) -> Level {

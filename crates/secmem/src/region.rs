@@ -130,6 +130,17 @@ impl SecretRegion {
         Ok(())
     }
 
+    /// Seals the region's mapping (guard pages too) with `mseal(2)` for the
+    /// rest of the process's life: it can no longer be unmapped, remapped or
+    /// reprotected, and dropping the region wipes it but leaves the pages
+    /// mapped. Only for regions that live as long as the daemon.
+    ///
+    /// # Errors
+    /// `mseal(2)`'s: `ENOSYS` before Linux 6.10.
+    pub fn seal(&self) -> io::Result<()> {
+        self.map.seal()
+    }
+
     /// The protection level of this region.
     #[must_use]
     pub fn level(&self) -> Level {

@@ -1,6 +1,7 @@
 //! The one crate of memveil that holds general-purpose `unsafe`: system calls
 //! (`memfd_secret`, `mmap`, `mprotect`, `mlock`, `madvise`, `prctl`, `umount2`, the
-//! `fork` of a cgroup's guardian), CPUID, model-specific registers and the
+//! `fork` of a cgroup's guardian, `mseal`, the daemons' seccomp filters),
+//! CPUID, model-specific registers and the
 //! RDRAND/RDSEED instructions.
 //!
 //! Each unsafe operation is fenced in a small function or a safe type whose
@@ -19,6 +20,8 @@ pub mod mount;
 pub mod probe;
 pub mod process;
 pub mod rnd;
+pub mod seal;
+pub mod seccomp;
 pub mod stack_thread;
 pub mod stopflag;
 pub mod uffd;

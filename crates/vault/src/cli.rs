@@ -423,6 +423,12 @@ pub struct ServeArgs {
     /// root (repeatable).
     #[arg(long = "key-admin", value_name = "UID", verbatim_doc_comment)]
     pub key_admins: Vec<u32>,
+    /// Install no seccomp allowlist (debugging only; logged loudly)
+    ///
+    /// Install no seccomp allowlist: every system call stays allowed (for
+    /// debugging; a WARNING line says so at start). See SECURITY.md.
+    #[arg(long, verbatim_doc_comment)]
+    pub no_seccomp: bool,
 }
 
 /// Builds the daemon configuration from flags.
@@ -811,7 +817,10 @@ fn run_inner(args: Args) -> Result<u8, CliError> {
     if let Cmd::Serve(s) = &args.cmd {
         let cfg = config(socket, s)?;
         let server = Server::start(cfg)?;
+        // Ready (and sd_notify, which needs a socket) first; no client is
+        // accepted before `run`, so none is served unfiltered.
         server.announce();
+        server.lock_down(s.no_seccomp)?;
         server.run()?;
         return Ok(0);
     }

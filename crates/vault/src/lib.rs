@@ -38,6 +38,7 @@ pub mod keystore;
 pub mod limits;
 pub mod proto;
 pub mod ring;
+pub mod seccomp;
 pub mod server;
 mod tenants;
 

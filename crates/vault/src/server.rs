@@ -294,6 +294,17 @@ impl Server {
         Ok(Server { shared, listener })
     }
 
+    /// Seals the code and the life-long secret memory (`mseal`) and
+    /// installs the seccomp allowlist on every thread (`crate::seccomp`);
+    /// with `no_seccomp`, says loudly that it installs none. Call it after
+    /// [`Server::start`] and [`Server::announce`], before [`Server::run`].
+    ///
+    /// # Errors
+    /// [`VaultError::Config`] when the filter cannot be installed.
+    pub fn lock_down(&self, no_seccomp: bool) -> Result<(), VaultError> {
+        crate::seccomp::lock_down(&self.shared.pool, &self.shared.keyids, no_seccomp)
+    }
+
     /// The protection level in use.
     #[must_use]
     pub fn level(&self) -> Level {

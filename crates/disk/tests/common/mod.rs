@@ -73,6 +73,15 @@ fn disk_child(a: &[String]) -> i32 {
     o.grace = Duration::from_secs(5);
     o.test_drop_write = std::env::var(DROP_WRITE).ok().and_then(|n| n.parse().ok());
     let r = memveil_disk::serve(&o, stop, |r| {
+        // As `memveil disk serve`: these tests run the server under its filter.
+        use memveil_sys::seccomp;
+        let mode = seccomp::mode(false).expect("MEMVEIL_SECCOMP");
+        seccomp::lock_down(
+            "disk child",
+            &[seccomp::BASE, memveil_disk::seccomp::DISK_SERVE],
+            mode,
+        )
+        .expect("seccomp");
         for line in &r.recovered {
             eprintln!("recovered: {line}");
         }

@@ -55,6 +55,9 @@ pub struct Args {
     /// added with ssh-add when memfd_secret is unavailable.
     #[arg(long, value_name = "LEVEL", verbatim_doc_comment)]
     allow_level: Option<String>,
+    /// Install no seccomp allowlist (debugging only; logged loudly)
+    #[arg(long)]
+    no_seccomp: bool,
 }
 
 /// Runs `memveil agent`.
@@ -78,6 +81,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         policy,
     };
     let agent = memveil_agent::Agent::bind(cfg).context("starting the agent")?;
+    super::lock_down("memveil-agent", memveil_agent::seccomp::AGENT, a.no_seccomp)?;
     println!(
         "SSH_AUTH_SOCK={}; export SSH_AUTH_SOCK;",
         agent.socket().display()

@@ -162,6 +162,9 @@ struct ServeArgs {
     /// before detaching lazily.
     #[arg(long, value_name = "SECS", default_value_t = 10, verbatim_doc_comment)]
     grace_secs: u64,
+    /// Install no seccomp allowlist (debugging only; logged loudly)
+    #[arg(long)]
+    no_seccomp: bool,
 }
 
 fn parse_key_size(s: &str) -> Result<u32, String> {
@@ -255,7 +258,19 @@ fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     o.lanes_per_thread = a.lanes_per_thread;
     o.attach_loop = !a.no_loop;
     o.grace = Duration::from_secs(a.grace_secs);
+    let mut locked = Ok(());
     let s = memveil_disk::serve(&o, stop, |r| {
+        // FUSE workers and the loop device are up: the filter covers them
+        // (every thread), before the ready line.
+        locked = super::lock_down(
+            "memveil disk",
+            memveil_disk::seccomp::DISK_SERVE,
+            a.no_seccomp,
+        );
+        if locked.is_err() {
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            return;
+        }
         for line in &r.recovered {
             eprintln!("memveil disk: recovered: {line}");
         }
@@ -282,6 +297,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<u8> {
             std::process::id()
         );
     })?;
+    locked?;
     for p in &s.teardown.problems {
         eprintln!("memveil disk: shutdown: {p}");
     }

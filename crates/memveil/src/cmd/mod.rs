@@ -14,3 +14,20 @@ pub mod run_cgroup;
 pub mod run_keyid;
 pub mod run_report;
 pub mod vault;
+
+/// A daemon's seccomp lock-down once it is started: `list` (besides
+/// `memveil_sys::seccomp::BASE`) on every thread, or with `no_seccomp` a
+/// loud warning and no filter. Logged as `<who>: seccomp: ...` on stderr.
+///
+/// # Errors
+/// The filter cannot be installed (the message names `--no-seccomp`).
+pub(crate) fn lock_down(
+    who: &str,
+    list: &[memveil_sys::seccomp::Syscall],
+    no_seccomp: bool,
+) -> anyhow::Result<()> {
+    use memveil_sys::seccomp;
+    let mode = seccomp::mode(no_seccomp)?;
+    seccomp::lock_down(who, &[seccomp::BASE, list], mode)?;
+    Ok(())
+}

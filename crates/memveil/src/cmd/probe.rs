@@ -111,6 +111,14 @@ pub struct Args {
     /// module.
     #[arg(long, verbatim_doc_comment)]
     load_msr: bool,
+    /// With --serve: install no seccomp allowlist (debugging; logged loudly)
+    ///
+    /// With --serve: install no seccomp allowlist (debugging only; a WARNING
+    /// says so). With the filter, the refresh runs no programs (modprobe,
+    /// dmesg, journalctl) and keeps the first collection's kernel log when
+    /// /dev/kmsg alone cannot give it.
+    #[arg(long, requires = "serve", verbatim_doc_comment)]
+    no_seccomp: bool,
     /// Also write the raw facts gathered to FILE as JSON
     ///
     /// Also write the raw facts gathered (CPUID, MSRs, cpuinfo, kernel log,
@@ -150,13 +158,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(addr) = args.serve {
         let collected = serve::Collected::now(report, started);
         // Replayed facts do not change: nothing to collect again.
-        let refresh = args.replay.is_none().then(|| {
-            (
-                std::time::Duration::from_secs(args.refresh),
-                collect_options(&args),
-            )
+        let refresh = args.replay.is_none().then(|| serve::Refresh {
+            period: std::time::Duration::from_secs(args.refresh),
+            opts: CollectOptions {
+                run_commands: args.no_seccomp,
+                ..collect_options(&args)
+            },
+            kernel_log: facts.kernel_log.clone(),
         });
-        return serve::serve(addr, collected, refresh, exported);
+        return serve::serve(addr, collected, refresh, exported, args.no_seccomp);
     }
     let out = if args.json {
         render::json(&report) + "\n"
@@ -177,6 +187,7 @@ fn collect_options(args: &Args) -> CollectOptions {
     CollectOptions {
         load_msr: args.load_msr,
         rng_samples: usize::try_from(args.rng_samples).unwrap_or(4096),
+        run_commands: true,
     }
 }
 

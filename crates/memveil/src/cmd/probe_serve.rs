@@ -165,13 +165,26 @@ pub(super) fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
     })
 }
 
+/// How `--serve` collects the facts again.
+pub(super) struct Refresh {
+    /// Every `--refresh` seconds.
+    pub(super) period: Duration,
+    /// As the first collection, but without programs under seccomp.
+    pub(super) opts: CollectOptions,
+    /// The first collection's kernel log: kept when a refresh that may run
+    /// no program cannot read a whole one from /dev/kmsg.
+    pub(super) kernel_log: memveil_probe::facts::KernelLog,
+}
+
 /// Serves the metrics at `addr` until killed; with `refresh`, collects the
-/// facts again at that period on a thread of its own.
+/// facts again at that period on a thread of its own. The seccomp filter
+/// goes on once the socket is bound and the refresh thread runs.
 pub(super) fn serve(
     addr: SocketAddr,
     first: Collected,
-    refresh: Option<(Duration, CollectOptions)>,
+    refresh: Option<Refresh>,
     sources: Sources,
+    no_seccomp: bool,
 ) -> anyhow::Result<u8> {
     let facts = Arc::new(Mutex::new(Arc::new(first)));
     let sources = Arc::new(sources);
@@ -184,17 +197,26 @@ pub(super) fn serve(
     };
     let server = http::Server::bind(addr, metrics)?;
     let bound = server.local_addr().context("the address bound")?;
-    if let Some((period, opts)) = refresh {
+    if let Some(r) = refresh {
         std::thread::Builder::new()
             .name("probe-refresh".to_owned())
             .spawn(move || loop {
-                std::thread::sleep(period);
+                std::thread::sleep(r.period);
                 let started = Instant::now();
-                let c = Collected::now(decode(&collect(&opts)), started);
+                let mut f = collect(&r.opts);
+                if !r.opts.run_commands && (f.kernel_log.lines.is_none() || f.kernel_log.wrapped) {
+                    f.kernel_log = r.kernel_log.clone();
+                }
+                let c = Collected::now(decode(&f), started);
                 *facts.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(c);
             })
             .context("starting the refresh thread")?;
     }
+    super::super::lock_down(
+        "memveil probe",
+        memveil_probe::seccomp::PROBE_SERVE,
+        no_seccomp,
+    )?;
     println!("memveil probe: serving http://{bound}/metrics");
     let _ = std::io::stdout().flush();
     server.serve(&AtomicBool::new(false));

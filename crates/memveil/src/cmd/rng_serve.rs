@@ -121,6 +121,9 @@ pub(super) struct ServeArgs {
     /// (default: serve until killed).
     #[arg(long, value_name = "SECS", verbatim_doc_comment)]
     duration: Option<f64>,
+    /// Install no seccomp allowlist (debugging only; logged loudly)
+    #[arg(long)]
+    no_seccomp: bool,
 }
 
 fn parse_listener_rate(s: &str) -> Result<(String, u64), String> {
@@ -204,6 +207,11 @@ pub(super) fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     };
     let stop = memveil_drng::serve::stop_on_signals();
     let mut srv = Server::start(cfg)?;
+    super::super::lock_down(
+        "memveil rng serve",
+        memveil_drng::seccomp::RNG_SERVE,
+        a.no_seccomp,
+    )?;
     match a.duration {
         Some(d) => {
             let end = std::time::Instant::now() + Duration::from_secs_f64(d);
