@@ -53,11 +53,17 @@ See docs/vault.md, \"Host key table\".";
 /// Flags of `memveil key`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET)
+    /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET)
     ///
-    /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET or
+    /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET, else
     /// /run/memveil/vault.sock).
-    #[arg(long, global = true, verbatim_doc_comment)]
+    #[arg(
+        long = "vault",
+        alias = "socket",
+        value_name = "SOCKET",
+        global = true,
+        verbatim_doc_comment
+    )]
     pub socket: Option<PathBuf>,
     /// What to do
     #[command(subcommand)]
