@@ -19,7 +19,7 @@ die() { echo "package.sh: $*" >&2; exit 1; }
 case "${1:-}" in
     --no-build) ;;
     "") cargo build --release --locked -p memveil -p memveil-vault -p memveil-shield-preload -p memveil-pkcs11 >&2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
 esac
 
