@@ -74,7 +74,7 @@ pub(crate) fn start_daemon_with(
     let socket = dir.join("vault.sock");
     let t0 = Instant::now();
     let mut child = Command::new(&exe)
-        .args(["vault", "serve", "--socket"])
+        .args(["vault", "serve", "--vault"])
         .arg(&socket)
         .args(extra)
         .stdin(Stdio::null())
