@@ -56,10 +56,11 @@ Examples:
 
 See docs/vault.md.";
 
-/// `memveil vault`.
-#[derive(clap::Args, Debug)]
-#[command(after_long_help = AFTER_LONG_HELP)]
-pub struct Args {
+/// `--vault SOCKET`, the vault's socket, for the commands whose verbs all
+/// talk to the vault (`memveil vault`, `memveil key`): one definition, so
+/// one name (`--socket` is a hidden alias for a release).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct VaultSocket {
     /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET)
     ///
     /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET, else
@@ -72,6 +73,23 @@ pub struct Args {
         verbatim_doc_comment
     )]
     pub socket: Option<PathBuf>,
+}
+
+impl VaultSocket {
+    /// The socket given, else [`default_socket`].
+    #[must_use]
+    pub fn path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(default_socket)
+    }
+}
+
+/// `memveil vault`.
+#[derive(clap::Args, Debug)]
+#[command(after_long_help = AFTER_LONG_HELP)]
+pub struct Args {
+    /// The vault's socket
+    #[command(flatten)]
+    pub vault: VaultSocket,
     /// What to do
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -834,7 +852,7 @@ pub fn run(args: Args) -> Result<u8, CliError> {
 }
 
 fn run_inner(args: Args) -> Result<u8, CliError> {
-    let socket = args.socket.clone().unwrap_or_else(default_socket);
+    let socket = args.vault.path();
     if let Cmd::Serve(s) = &args.cmd {
         let cfg = config(socket, s)?;
         let server = Server::start(cfg)?;
@@ -981,7 +999,7 @@ mod tests {
             ["x", "list", "--socket", "/v"],
         ] {
             let t = T::try_parse_from(argv).expect("parsed");
-            assert_eq!(t.a.socket, Some(PathBuf::from("/v")), "{argv:?}");
+            assert_eq!(t.a.vault.socket, Some(PathBuf::from("/v")), "{argv:?}");
         }
         let help = T::command().render_help().to_string();
         assert!(

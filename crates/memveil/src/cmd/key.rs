@@ -53,18 +53,9 @@ See docs/vault.md, \"Host key table\".";
 /// Flags of `memveil key`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET)
-    ///
-    /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET, else
-    /// /run/memveil/vault.sock).
-    #[arg(
-        long = "vault",
-        alias = "socket",
-        value_name = "SOCKET",
-        global = true,
-        verbatim_doc_comment
-    )]
-    pub socket: Option<PathBuf>,
+    /// The vault's socket
+    #[command(flatten)]
+    pub vault: memveil_vault::cli::VaultSocket,
     /// What to do
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -188,10 +179,7 @@ pub enum Cmd {
 /// # Errors
 /// The vault cannot be reached, a file cannot be read, or a flag is wrong.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let socket = args
-        .socket
-        .clone()
-        .unwrap_or_else(memveil_vault::cli::default_socket);
+    let socket = args.vault.path();
     let mut c = Client::connect(&socket).map_err(|e| anyhow::anyhow!("{e}"))?;
     match args.cmd {
         Cmd::Status { json, all } => {
