@@ -20,7 +20,10 @@ deb=$(scripts/package.sh --no-build)
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/memveil-pkgtest.XXXXXX")
 vault_pid=
 cleanup() {
-    [ -n "$vault_pid" ] && kill "$vault_pid" 2>/dev/null && wait "$vault_pid" 2>/dev/null
+    if [ -n "$vault_pid" ]; then
+        kill "$vault_pid" 2>/dev/null || true
+        wait "$vault_pid" 2>/dev/null || true
+    fi
     rm -rf "$scratch"
 }
 trap cleanup EXIT
