@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every system package memveil needs (Debian 12), checks the Rust
-# toolchain, and builds the release binary. Idempotent; run as root (or via sudo).
-#   scripts/install.sh            packages + release build
+# toolchain, builds the release binaries and installs them as the Debian package
+# scripts/package.sh makes (memveil in /usr/bin). Idempotent; run as root (or via sudo).
+#   scripts/install.sh            packages + release build + the memveil package
 #   scripts/install.sh --deps     packages only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,10 +38,20 @@ fi
 
 if [ "${1:-}" != "--deps" ]; then
     cargo build --release --locked --workspace
-    echo "install.sh: built target/release/memveil" >&2
+    # The Debian package of this build (scripts/package.sh): memveil on the PATH,
+    # the preload library, the PKCS#11 module registered with p11-kit, man pages,
+    # completions and the systemd units.
+    deb=$(scripts/package.sh --no-build)
     if [ "$(id -u)" -eq 0 ]; then
-        # The PKCS#11 module, where scripts/install.d/pkcs11.sh told p11-kit to look.
-        rm -f /usr/local/lib/memveil/libmemveil_pkcs11.so
-        install -D -m 0755 target/release/libmemveil_pkcs11.so /usr/local/lib/memveil/libmemveil_pkcs11.so
+        dpkg -i "$deb" >/dev/null
+        if [ -d /run/systemd/system ]; then
+            systemctl daemon-reload
+            echo "install.sh: start the vault with: systemctl enable --now memveil-vault" >&2
+        else
+            echo "install.sh: no systemd here; start the vault with: memveil vault serve &" >&2
+        fi
+        echo "install.sh: installed $deb: $(command -v memveil)" >&2
+    else
+        echo "install.sh: built $deb; install it as root: sudo dpkg -i $deb" >&2
     fi
 fi

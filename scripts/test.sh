@@ -95,6 +95,14 @@ step "cargo build (the preload library the end-to-end tests run programs under)"
 cargo build --locked --workspace --release
 step "BENCHMARKS.md's figure table against docs/figures/*.json"
 scripts/figures.sh --check
+step "the figure sheet: a target says what it is of; a missed µs target with a passing ratio is missed"
+cargo test --locked --release -q -p memveil-bench --lib sheet
+step "docs agree with the CLI (commands, flags, links, anchors, sections); every -h and --help in 100 columns"
+cargo test --locked --release -q -p memveil --bin memveil -- doc_check every_subcommand
+step "memveil probe's report in 100 columns"
+cargo test --locked --release -q -p memveil-probe --test fixtures
+step "the Debian package: systemd-analyze verify, installed into a fresh root, smoke path"
+scripts/test-package.sh
 step "cargo test"
 DAEMONS_BEFORE=$(pgrep -f -- "$DAEMONS" || true)
 MEMVEIL_TEST_RUN="$$-$(date +%s%N)"

@@ -420,9 +420,8 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         Figure::vs("pkcs11.gcm_64k_vs_softhsm", gm, gh, "GB/s", "AES-256-GCM, 64 KiB messages, C_EncryptInit+C_Encrypt, memveil module vs SoftHSM2 in the same run")
             .with_ratio(gr)
             .target(">= 0.9"),
-        Figure::vs("pkcs11.cbc_256_added_us", cm, ch, "us", "mean latency of C_EncryptInit+C_Encrypt, 256 B AES-256-CBC; the figure is memveil minus SoftHSM2")
-            .with_ratio(ca)
-            .target("<= 2 us added"),
+        Figure::added("pkcs11.cbc_256_added_us", ca, ch, "µs", "mean latency of C_EncryptInit+C_Encrypt, 256 B AES-256-CBC added by memveil's module to SoftHSM2's (baseline)")
+            .target("value <= 2 µs"),
     ];
     // Signatures (issue 27): the same RSA-2048 and P-256 keys in both.
     let e = |e: openssl::error::ErrorStack| fail(e.to_string());

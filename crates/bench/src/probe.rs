@@ -71,7 +71,7 @@ pub fn run(opts: &BenchOpts) -> Result<Section, BenchError> {
         fail("run it through `memveil bench`: the exporter is the memveil binary")
     })?;
     let mut child = Command::new(exe)
-        .args(["probe", "--serve", "127.0.0.1:0", "--vault-socket"])
+        .args(["probe", "--serve", "127.0.0.1:0", "--vault"])
         .arg(&vault.socket)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -63,10 +63,25 @@ impl Figure {
         self
     }
 
-    /// Records the target the issue names.
+    /// A figure whose value is what it adds to a baseline (`value` =
+    /// measured − baseline): it has no ratio.
+    #[must_use]
+    pub fn added(id: &str, added: f64, baseline: f64, unit: &str, note: &str) -> Self {
+        Self {
+            baseline: Some(baseline),
+            ..Self::plain(id, added, unit, note)
+        }
+    }
+
+    /// Records the target the issue names, written as what it is of
+    /// (`>= 0.85` of a `_vs_` figure becomes `ratio >= 0.85`, `<= 6` of a
+    /// µs figure `value <= 6 µs`; see [`crate::sheet::Target`]).
     #[must_use]
     pub fn target(mut self, t: &str) -> Self {
-        self.target = Some(t.to_owned());
+        self.target = Some(
+            crate::sheet::Target::parse(&self.figure, t, self.ratio.is_some())
+                .map_or_else(|| t.to_owned(), |x| x.show(&self.unit)),
+        );
         self
     }
 }

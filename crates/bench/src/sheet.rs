@@ -68,28 +68,162 @@ fn utc_now() -> String {
     )
 }
 
-/// Whether a figure meets `target` (`>= 0.85`, `<= 2`, `== 0`): a target
-/// with a unit (`<= 2 us added`) is of the `value`, one without of the
-/// `ratio` (the value when there is none); `None` for a figure that is only
-/// reported.
+/// What a target is of: the figure's ratio to its baseline, or its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Of {
+    /// `value / baseline` (a `_vs_` figure).
+    Ratio,
+    /// The figure's own value, in its unit.
+    Value,
+}
+
+/// A figure's target, read from its text (`>= 0.85`, `ratio >= 0.85`,
+/// `value <= 6 µs`, `<= 2 us added`, `>= 1.0 (no VAES)`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// What the bound applies to.
+    pub of: Of,
+    /// `>=`, `<=`, `==`, `<` or `>`.
+    pub op: &'static str,
+    /// The bound.
+    pub bound: f64,
+    /// A remark after the bound in parentheses (`(no VAES)`), kept.
+    pub remark: String,
+}
+
+/// Whether figure `id` is an "added" figure (its value is a difference to
+/// the baseline, so a ratio means nothing).
 #[must_use]
-pub fn met(target: &str, value: f64, ratio: Option<f64>) -> Option<bool> {
-    let t = target.trim();
-    let (op, rest) = [">=", "<=", "=="]
-        .iter()
-        .find_map(|op| t.strip_prefix(op).map(|r| (*op, r)))?;
-    let mut words = rest.split_whitespace();
-    let v: f64 = words.next()?.parse().ok()?;
-    let x = if words.next().is_some() {
-        value
+pub fn is_added(id: &str) -> bool {
+    id.contains("_added")
+}
+
+impl Target {
+    /// Reads `text` for figure `id`. An explicit `value` or `ratio` word
+    /// wins; a unit after the bound (`<= 2 us added`) makes it of the
+    /// value, and so does an "added" figure or one named for its unit
+    /// (`shield.random_fault_us`, `probe.scrape_ms`); otherwise it is of
+    /// the ratio when the figure has one (`engine.scaling_2t`), else of the
+    /// value. `None` for "reported" or no target.
+    #[must_use]
+    pub fn parse(id: &str, text: &str, has_ratio: bool) -> Option<Self> {
+        let mut t = text.trim();
+        let mut of = None;
+        for (word, o) in [("value", Of::Value), ("ratio", Of::Ratio)] {
+            if let Some(r) = t.strip_prefix(word) {
+                t = r.trim_start();
+                of = Some(o);
+            }
+        }
+        let op = [">=", "<=", "==", "<", ">"]
+            .into_iter()
+            .find(|op| t.starts_with(op))?;
+        let rest = t[op.len()..].trim_start();
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+            .unwrap_or(rest.len());
+        let bound: f64 = rest[..num_end].parse().ok()?;
+        let tail = rest[num_end..].trim();
+        let (unit, remark) = match tail.find('(') {
+            Some(i) => (tail[..i].trim(), tail[i..].trim()),
+            None => (tail, ""),
+        };
+        let named_for_unit = ["_ns", "_us", "_ms", "_s"].iter().any(|u| id.ends_with(u));
+        let of = match of {
+            Some(o) => o,
+            None if !unit.is_empty() || is_added(id) || named_for_unit || !has_ratio => Of::Value,
+            None => Of::Ratio,
+        };
+        Some(Self {
+            of,
+            op,
+            bound,
+            remark: remark.to_owned(),
+        })
+    }
+
+    /// The quantity the target is of, for a figure with this value and ratio
+    /// (a ratio target of a figure without a ratio is of its value: the
+    /// figure is itself a ratio, as `rng.share_min_ratio`).
+    #[must_use]
+    pub fn subject(&self, value: f64, ratio: Option<f64>) -> f64 {
+        match (self.of, ratio) {
+            (Of::Ratio, Some(r)) => r,
+            _ => value,
+        }
+    }
+
+    /// Whether a figure with this value and ratio meets the target.
+    #[must_use]
+    pub fn met(&self, value: f64, ratio: Option<f64>) -> bool {
+        let x = self.subject(value, ratio);
+        match self.op {
+            ">=" => x >= self.bound,
+            "<=" => x <= self.bound,
+            "<" => x < self.bound,
+            ">" => x > self.bound,
+            _ => (x - self.bound).abs() < 1e-9,
+        }
+    }
+
+    /// The target as the sheet shows it: `ratio >= 0.85`, `value <= 6 µs`.
+    #[must_use]
+    pub fn show(&self, unit: &str) -> String {
+        let mut s = match self.of {
+            Of::Ratio => format!("ratio {} {}", self.op, self.bound),
+            Of::Value => format!("value {} {}", self.op, self.bound),
+        };
+        if self.of == Of::Value && !is_unitless(unit) {
+            s.push(' ');
+            s.push_str(&show_unit(unit));
+        }
+        if !self.remark.is_empty() {
+            s.push(' ');
+            s.push_str(&self.remark);
+        }
+        s
+    }
+
+    /// One line saying why a figure met or missed the target
+    /// (`value 23.92 µs is above 6 µs`).
+    #[must_use]
+    pub fn reason(&self, value: f64, unit: &str, ratio: Option<f64>) -> String {
+        let x = self.subject(value, ratio);
+        let (what, u) = match (self.of, ratio) {
+            (Of::Ratio, Some(_)) => ("ratio", String::new()),
+            _ if is_unitless(unit) => ("value", String::new()),
+            _ => ("value", format!(" {}", show_unit(unit))),
+        };
+        let rel = if (x - self.bound).abs() < 1e-9 {
+            "equal to"
+        } else if x > self.bound {
+            "above"
+        } else {
+            "below"
+        };
+        format!("{what} {}{u} is {rel} {}{u}", num(x), self.bound)
+    }
+}
+
+/// Units that are themselves ratios (no unit is printed after their bound).
+fn is_unitless(unit: &str) -> bool {
+    matches!(unit, "" | "ratio" | "fraction" | "x")
+}
+
+/// `us` as `µs`, so one figure sheet spells one unit one way.
+fn show_unit(unit: &str) -> String {
+    if unit == "us" {
+        "µs".to_owned()
     } else {
-        ratio.unwrap_or(value)
-    };
-    Some(match op {
-        ">=" => x >= v,
-        "<=" => x <= v,
-        _ => (x - v).abs() < 1e-9,
-    })
+        unit.to_owned()
+    }
+}
+
+/// Whether a figure meets `target` (see [`Target::parse`] for what the
+/// target is of); `None` for a figure that is only reported.
+#[must_use]
+pub fn met(id: &str, target: &str, value: f64, ratio: Option<f64>) -> Option<bool> {
+    Target::parse(id, target, ratio.is_some()).map(|t| t.met(value, ratio))
 }
 
 /// One figure as read back from a JSON file.
@@ -131,39 +265,82 @@ pub fn markdown(files: &[(String, String)]) -> Result<String, String> {
             rows.insert(f.figure.clone(), (f, k));
         }
     }
+    Ok(render(&rows, &runs))
+}
+
+/// The sheet: the summary, the targets (missed, then met, each with why),
+/// the figures only reported grouped by part, and the runs.
+fn render(rows: &BTreeMap<String, (Read, usize)>, runs: &[(String, RunInfo)]) -> String {
+    // (id, figure, run, target, met)
+    let mut targets = Vec::new();
+    let mut reported: BTreeMap<&str, Vec<(&String, &Read, usize)>> = BTreeMap::new();
+    for (id, (f, k)) in rows {
+        match f
+            .target
+            .as_deref()
+            .and_then(|t| Target::parse(id, t, f.ratio_shown(id).is_some()))
+        {
+            Some(t) => {
+                let ok = t.met(f.value, f.ratio_shown(id));
+                targets.push((id, f, *k, t, ok));
+            }
+            None => reported
+                .entry(id.split('.').next().unwrap_or(id))
+                .or_default()
+                .push((id, f, *k)),
+        }
+    }
+    let n_met = targets.iter().filter(|t| t.4).count();
+    let n_missed = targets.len() - n_met;
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "| figure | value | ratio | target | met | run |\n|---|---|---|---|---|---|"
+        "**{} figures: {} with a target, {n_met} met, {n_missed} missed; {} only reported.** \
+         A target says what it is of: the `ratio` to the baseline measured in the same run, or \
+         the figure's `value` in its unit. An \"added\" figure (vault or module minus baseline) has \
+         no ratio.\n",
+        rows.len(),
+        targets.len(),
+        rows.len() - targets.len()
     );
-    let (mut n_met, mut n_missed) = (0, 0);
-    for (id, (f, k)) in &rows {
-        let verdict = match f.target.as_deref().and_then(|t| met(t, f.value, f.ratio)) {
-            Some(true) => {
-                n_met += 1;
-                "met"
-            }
-            Some(false) => {
-                n_missed += 1;
-                "**missed**"
-            }
-            None => "",
-        };
+    let _ = writeln!(
+        md,
+        "### Targets\n\n| figure | value | ratio | target | verdict | why | run |\n\
+         |---|---|---|---|---|---|---|"
+    );
+    targets.sort_by_key(|t| t.4);
+    for (id, f, k, t, ok) in &targets {
+        let ratio = f.ratio_shown(id);
         let _ = writeln!(
             md,
-            "| `{id}` | {} {} | {} | {} | {verdict} | {} |",
+            "| `{id}` | {} {} | {} | {} | {} | {} | {} |",
             num(f.value),
-            f.unit,
-            f.ratio.map_or_else(String::new, num),
-            f.target.as_deref().unwrap_or("reported"),
+            show_unit(&f.unit),
+            ratio.map_or_else(String::new, num),
+            t.show(&f.unit),
+            if *ok { "met" } else { "**missed**" },
+            t.reason(f.value, &f.unit, ratio),
             k + 1
         );
     }
-    let _ = writeln!(
-        md,
-        "\n{} figures, {n_met} targets met, {n_missed} missed. Runs:\n",
-        rows.len()
-    );
+    let _ = writeln!(md, "\n### Reported only, by part");
+    for (part, figs) in &reported {
+        let _ = writeln!(
+            md,
+            "\n#### {part}\n\n| figure | value | ratio | run |\n|---|---|---|---|"
+        );
+        for (id, f, k) in figs {
+            let _ = writeln!(
+                md,
+                "| `{id}` | {} {} | {} | {} |",
+                num(f.value),
+                show_unit(&f.unit),
+                f.ratio_shown(id).map_or_else(String::new, num),
+                k + 1
+            );
+        }
+    }
+    let _ = writeln!(md, "\n### Runs\n");
     for (k, (name, r)) in runs.iter().enumerate() {
         let _ = writeln!(
             md,
@@ -187,7 +364,14 @@ pub fn markdown(files: &[(String, String)]) -> Result<String, String> {
             }
         );
     }
-    Ok(md)
+    md
+}
+
+impl Read {
+    /// The ratio the sheet shows: none for an "added" figure.
+    fn ratio_shown(&self, id: &str) -> Option<f64> {
+        self.ratio.filter(|_| !is_added(id))
+    }
 }
 
 /// A figure's number with as many digits as it deserves.
@@ -208,33 +392,80 @@ mod tests {
 
     #[test]
     fn targets_are_read_and_checked() {
-        assert_eq!(met(">= 0.85", 0.9, None), Some(true));
-        assert_eq!(met(">= 0.85", 0.8, None), Some(false));
-        assert_eq!(met(">= 0.85", 5.0, Some(0.8)), Some(false));
-        assert_eq!(met("<= 2", 2.0, None), Some(true));
-        assert_eq!(met("== 0", 0.0, None), Some(true));
-        assert_eq!(met("reported", 1.0, None), None);
-        assert_eq!(met(">= x", 1.0, None), None);
-        assert_eq!(met("<= 2 us added", 2.86, Some(-8.4)), Some(false));
+        let m = |id, t, v, r| met(id, t, v, r);
+        assert_eq!(m("x.a_vs_b", ">= 0.85", 0.9, None), Some(true));
+        assert_eq!(m("x.a_vs_b", ">= 0.85", 0.8, None), Some(false));
+        assert_eq!(m("x.a_vs_b", ">= 0.85", 5.0, Some(0.8)), Some(false));
+        assert_eq!(m("x.ratio", "<= 2", 2.0, None), Some(true));
+        assert_eq!(m("x.zero", "== 0", 0.0, None), Some(true));
+        assert_eq!(m("x.a", "reported", 1.0, None), None);
+        assert_eq!(m("x.a", ">= x", 1.0, None), None);
+        assert_eq!(
+            m("x.cbc_added_us", "<= 2 us added", 2.86, Some(-8.4)),
+            Some(false)
+        );
+        assert_eq!(m("x.lat_vs_b", "< 1.25", 15.9, Some(1.08)), Some(true));
+        assert_eq!(m("e.scaling_2t", ">= 1.7", 13.7, Some(1.71)), Some(true));
+        assert_eq!(
+            m("x.lat_added_us", "value <= 1 µs", 0.39, Some(2.5)),
+            Some(true)
+        );
+        assert_eq!(
+            m("x.lat_added_us", "value <= 1 µs", 1.5, Some(0.5)),
+            Some(false)
+        );
+        let t = Target::parse("e.x_vs_y", ">= 1.0 (no VAES)", true).expect("target");
+        assert_eq!(t.show("GB/s"), "ratio >= 1 (no VAES)");
+        let t = Target::parse("s.fault_us", "<= 6", true).expect("target");
+        assert_eq!(t.show("µs"), "value <= 6 µs");
+        assert_eq!(
+            t.reason(23.92, "µs", Some(2.0)),
+            "value 23.92 µs is above 6 µs"
+        );
+    }
+
+    /// Issue 35: a µs figure above its `<= 6` target was "met" because the
+    /// target was read against its ratio; an added figure showed a ratio.
+    #[test]
+    fn a_figure_that_misses_a_microsecond_target_with_a_passing_ratio_is_missed() {
+        let f = r#"[{"figure":"shield.random_fault_us","value":23.92,"unit":"µs","baseline":40.0,"ratio":0.598,"target":"<= 6","note":""},
+                    {"figure":"pkcs11.cbc_256_added_us","value":2.45,"unit":"us","baseline":16.7,"ratio":-14.09,"target":"<= 2 us added","note":""}]"#;
+        let md = markdown(&[("shield.json".into(), f.into())]).expect("sheet");
+        assert!(
+            md.contains("| `shield.random_fault_us` | 23.92 µs | 0.598 | value <= 6 µs | **missed** | value 23.92 µs is above 6 µs | 1 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| `pkcs11.cbc_256_added_us` | 2.45 µs |  | value <= 2 µs | **missed** |"),
+            "an added figure shows no ratio: {md}"
+        );
+        assert!(!md.contains("-14.09"), "{md}");
+        assert!(md.contains("2 with a target, 0 met, 2 missed"), "{md}");
     }
 
     #[test]
-    fn a_later_run_wins_and_the_sheet_names_its_runs() {
+    fn a_later_run_wins_and_the_sheet_opens_with_the_summary_and_targets() {
         let a = r#"{"run":{"machine":"M","date":"2026-11-26 10:00","commit":"abc","size":"Small"},
             "figures":[{"figure":"x.a_vs_plain","value":2.0,"unit":"s","baseline":1.0,"ratio":0.5,"target":">= 0.85","note":""},
-                       {"figure":"x.b","value":3.25,"unit":"us","baseline":null,"ratio":null,"note":""}]}"#;
+                       {"figure":"x.b","value":3.25,"unit":"us","baseline":null,"ratio":null,"note":""},
+                       {"figure":"y.c","value":1.5,"unit":"s","baseline":null,"ratio":null,"target":"reported","note":""}]}"#;
         let b = r#"[{"figure":"x.a_vs_plain","value":1.0,"unit":"s","baseline":1.0,"ratio":0.9,"target":">= 0.85","note":""}]"#;
         let md =
             markdown(&[("a.json".into(), a.into()), ("b.json".into(), b.into())]).expect("sheet");
         assert!(
-            md.contains("| `x.a_vs_plain` | 1 s | 0.900 | >= 0.85 | met | 2 |"),
+            md.starts_with("**3 figures: 1 with a target, 1 met, 0 missed; 2 only reported.**"),
             "{md}"
         );
         assert!(
-            md.contains("| `x.b` | 3.25 us |  | reported |  | 1 |"),
+            md.contains("| `x.a_vs_plain` | 1 s | 0.900 | ratio >= 0.85 | met | ratio 0.900 is above 0.85 | 2 |"),
             "{md}"
         );
-        assert!(md.contains("2 figures, 1 targets met, 0 missed"), "{md}");
+        let (x, y) = (md.find("#### x").expect("x"), md.find("#### y").expect("y"));
+        assert!(
+            md.find("### Targets").expect("targets") < x && x < y,
+            "{md}"
+        );
+        assert!(md.contains("| `x.b` | 3.25 µs |  | 1 |"), "{md}");
         assert!(
             md.contains("1. `a.json`: 2026-11-26 10:00 (Small size), at abc, on M"),
             "{md}"

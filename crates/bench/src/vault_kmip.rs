@@ -138,7 +138,7 @@ fn measure(opts: &BenchOpts, exe: &Path, dir: &Path) -> Result<(Vec<Figure>, Str
         let t = Instant::now();
         let o = Command::new(exe)
             .args([
-                "key", "program", "--keyid", "5", "--mode", "software", "--socket", &sock,
+                "key", "program", "--keyid", "5", "--mode", "software", "--vault", &sock,
             ])
             .args(extra)
             .stdin(Stdio::null())

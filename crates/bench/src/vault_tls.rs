@@ -68,7 +68,7 @@ impl VaultTls {
         let as_root = memveil_sys::probe::euid() == 0;
         let socket = dir.join("vault.sock");
         let mut vault = Command::new(memveil)
-            .args(["vault", "serve", "--socket"])
+            .args(["vault", "serve", "--vault"])
             .arg(&socket)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -2,6 +2,8 @@
 //! crate and prints; errors become exit codes here and nowhere else.
 
 mod cmd;
+#[cfg(test)]
+mod doc_check;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -55,6 +57,9 @@ enum Command {
     Run(cmd::run::Args),
     /// Run the benchmark suite and write a report.
     Bench(cmd::bench::Args),
+    /// Write the man pages and shell completions (scripts/package.sh).
+    #[command(hide = true)]
+    PackageFiles(cmd::package_files::Args),
 }
 
 fn main() -> ExitCode {
@@ -72,24 +77,139 @@ fn main() -> ExitCode {
         Command::Keyfind(a) => cmd::keyfind::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::PackageFiles(a) => {
+            cmd::package_files::run(&a, <Cli as clap::CommandFactory>::command())
+        }
     };
     match r {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("memveil: error: {e:#}");
+            eprintln!("memveil: error: {}", chain_once(&e));
             ExitCode::from(1)
         }
     }
 }
 
+/// The error and its causes joined by `: `, each cause once: an error whose
+/// message already quotes its source (thiserror's `{source}`) would
+/// otherwise print it twice, as `{e:#}` does.
+fn chain_once(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if msg.contains(&c) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&c);
+    }
+    msg
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Cli;
-    use clap::CommandFactory as _;
+    use super::{chain_once, Cli};
+    use clap::{CommandFactory as _, Parser as _};
+
+    /// An error that quotes its source in its message (as thiserror's
+    /// `#[error("{what}: {source}")]` does).
+    #[derive(Debug)]
+    struct Quoting(std::io::Error);
+    impl std::fmt::Display for Quoting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "/proc/999999/maps: {}", self.0)
+        }
+    }
+    impl std::error::Error for Quoting {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// Issue 35: "…maps: No such file or directory (os error 2): No such file
+    /// or directory (os error 2)".
+    #[test]
+    fn an_error_cause_prints_once() {
+        let io = std::io::Error::from_raw_os_error(libc::ENOENT);
+        let e = anyhow::Error::new(Quoting(io)).context("no process 999999");
+        let m = chain_once(&e);
+        assert_eq!(m.matches("(os error 2)").count(), 1, "{m}");
+        assert!(
+            m.starts_with("no process 999999: /proc/999999/maps: "),
+            "{m}"
+        );
+    }
+
+    /// Issue 35: one name for the vault's socket, `--vault`, in `key` and
+    /// `probe` too (the old spellings are hidden aliases).
+    #[test]
+    fn key_and_probe_take_vault_and_their_old_spellings() {
+        for argv in [
+            &["memveil", "key", "status", "--vault", "/v"][..],
+            &["memveil", "key", "--socket", "/v", "status"][..],
+            &[
+                "memveil",
+                "probe",
+                "--serve",
+                "127.0.0.1:0",
+                "--vault",
+                "/v",
+            ][..],
+            &[
+                "memveil",
+                "probe",
+                "--serve",
+                "127.0.0.1:0",
+                "--vault-socket",
+                "/v",
+            ][..],
+        ] {
+            assert!(Cli::try_parse_from(argv).is_ok(), "{argv:?}");
+        }
+    }
+
+    /// Issue 35: `memveil run --windw 10 -- /bin/true` took `--windw` for the
+    /// program; an option before the program is memveil's and checked, one
+    /// after it is the program's.
+    #[test]
+    fn run_refuses_an_unknown_option_before_the_program_and_passes_the_programs_own() {
+        let e = Cli::try_parse_from(["memveil", "run", "--windw", "10", "--", "/bin/true"])
+            .err()
+            .expect("refused");
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        let text = e.to_string();
+        assert!(text.contains("--window"), "{text}");
+        // A negative number is still a value, for the option to judge.
+        let e = Cli::try_parse_from(["memveil", "run", "--max-overhead", "-5", "--", "true"])
+            .err()
+            .expect("refused");
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+        for argv in [
+            &["memveil", "run", "--", "prog", "--x", "-y"][..],
+            &["memveil", "run", "prog", "--x", "-y"][..],
+            &["memveil", "run", "--window", "4", "prog", "--", "--x", "-y"][..],
+        ] {
+            let cli = Cli::try_parse_from(argv).expect("parsed");
+            let super::Command::Run(a) = cli.command else {
+                panic!("not run")
+            };
+            let args = a.program_and_args();
+            assert_eq!(args[0], "prog", "{argv:?}");
+            assert!(
+                args.iter().any(|x| x == "--x") && args.iter().any(|x| x == "-y"),
+                "{argv:?}: {args:?}"
+            );
+        }
+    }
 
     /// Every subcommand under `cmd`, depth first, with its path.
     fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
-        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        for sub in cmd
+            .get_subcommands()
+            .filter(|s| s.get_name() != "help" && !s.is_hide_set())
+        {
             let p = format!("{path} {}", sub.get_name());
             out.push((p.clone(), sub.clone()));
             walk(sub, &p, out);
@@ -114,6 +234,12 @@ mod tests {
                     .lines()
                     .filter(|l| l.chars().count() > 100 || l.starts_with("          "))
                     .map(|l| format!("`{path} -h`: not one line per option in 100 columns: {l}")),
+            );
+            // Issue 35: --help fits 100 columns too (examples wrapped with \).
+            wrong.extend(
+                long.lines()
+                    .filter(|l| l.chars().count() > 100)
+                    .map(|l| format!("`{path} --help`: over 100 columns: {l}")),
             );
             if !long.contains("\nExamples:\n  ") {
                 wrong.push(format!("`{path} --help` ends without examples"));

@@ -193,3 +193,23 @@ fn pid_under_memveil_run_is_read_around_the_evicted_pages() {
         ours.len()
     );
 }
+
+/// Issue 35: `keyfind --pid` of a process that is not there told root to run
+/// as root and printed its cause twice; with no source it exited 1 where its
+/// help promises 2 (usage error).
+#[test]
+fn a_missing_process_is_named_once_and_no_source_is_a_usage_error() {
+    // A PID above pid_max's default range that no process holds.
+    let pid = (4_000_000..4_194_303u32)
+        .rev()
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid");
+    let (code, _, err) = run(&["--pid", &pid.to_string()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("no process {pid}")), "{err}");
+    assert!(!err.contains("run as root"), "{err}");
+    assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
+    let (code, _, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--pid"), "{err}");
+}

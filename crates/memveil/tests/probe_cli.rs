@@ -150,3 +150,19 @@ fn record_then_replay_gives_the_same_report() {
     assert_eq!(live.stdout, replay.stdout);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 35: a port in use printed its cause twice ("Address already in use
+/// (os error 98) (hint): Address already in use (os error 98)").
+#[test]
+fn a_port_in_use_is_named_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let o = memveil()
+        .args(["probe", "--serve", &addr, "--no-vault"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("(os error 98)").count(), 1, "{err}");
+    assert!(err.contains("ss -ltnp"), "{err}");
+}

@@ -11,14 +11,14 @@ use crate::report::{Report, Section, Status};
 #[must_use]
 pub fn human(r: &Report) -> String {
     let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "memveil probe: {}",
+    wrap(
+        &mut o,
+        "memveil probe: ",
         if r.description.is_empty() {
             "this host"
         } else {
             &r.description
-        }
+        },
     );
     if let Some(k) = &r.kernel_release {
         let _ = writeln!(o, "kernel {k}");
@@ -29,23 +29,31 @@ pub fn human(r: &Report) -> String {
             let _ = writeln!(o, "\n{}", it.section.title());
             last = Some(it.section);
         }
-        match &it.value {
-            crate::report::Value::Unknown { unknown } => {
-                let _ = writeln!(o, "  {:<58} unknown: {unknown}", it.label);
-            }
-            v => {
-                let _ = writeln!(o, "  {:<58} {v}", it.label);
-                if !it.how.is_empty() {
-                    let _ = writeln!(o, "  {:<58}   from {}", "", it.how);
-                }
-            }
+        let value = match &it.value {
+            crate::report::Value::Unknown { unknown } => format!("unknown: {unknown}"),
+            v => v.to_string(),
+        };
+        // The label, then its value in the column after it (on the next
+        // line when the label is too long for the column).
+        if it.label.chars().count() <= LABEL {
+            wrap(&mut o, &format!("  {:<LABEL$} ", it.label), &value);
+        } else {
+            let _ = writeln!(o, "  {}", it.label);
+            wrap(&mut o, &" ".repeat(LABEL + 3), &value);
+        }
+        if !matches!(it.value, crate::report::Value::Unknown { .. }) && !it.how.is_empty() {
+            wrap(&mut o, "      from ", &it.how);
         }
     }
     let _ = writeln!(o, "\nChecks");
     for c in &r.checks {
-        let _ = writeln!(o, "  [{}] {:<18} {}", c.status.tag(), c.id, c.summary);
+        wrap(
+            &mut o,
+            &format!("  [{}] {:<18} ", c.status.tag(), c.id),
+            &c.summary,
+        );
         if !c.action.is_empty() && c.status != Status::Pass {
-            let _ = writeln!(o, "         {:<18} do: {}", "", c.action);
+            wrap(&mut o, &format!("         {:<18} do: ", ""), &c.action);
         }
     }
     let count = |s: Status| r.checks.iter().filter(|c| c.status == s).count();
@@ -57,6 +65,54 @@ pub fn human(r: &Report) -> String {
         count(Status::Fail)
     );
     o
+}
+
+/// Width of the label column of the report for people.
+const LABEL: usize = 44;
+
+/// Widest line of the report for people.
+pub const WIDTH: usize = 100;
+
+/// Appends `text` after `first` (whose width is the indent of the lines it
+/// continues on), word-wrapped to [`WIDTH`] columns; a word longer than a
+/// line is cut.
+fn wrap(o: &mut String, first: &str, text: &str) {
+    let indent = first.chars().count();
+    let room = WIDTH.saturating_sub(indent).max(20);
+    let mut line = String::new();
+    let mut lines = Vec::new();
+    for word in text.split_whitespace() {
+        let mut word: Vec<char> = word.chars().collect();
+        loop {
+            let used = line.chars().count();
+            let need = word.len() + usize::from(used > 0);
+            if used + need <= room {
+                if used > 0 {
+                    line.push(' ');
+                }
+                line.extend(word.iter());
+                break;
+            }
+            if used > 0 {
+                lines.push(std::mem::take(&mut line));
+                continue;
+            }
+            // A word longer than a whole line: cut it.
+            let rest = word.split_off(room);
+            lines.push(word.iter().collect());
+            word = rest;
+        }
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    for (i, l) in lines.iter().enumerate() {
+        if i == 0 {
+            let _ = writeln!(o, "{first}{l}");
+        } else {
+            let _ = writeln!(o, "{:indent$}{l}", "");
+        }
+    }
 }
 
 /// The report as pretty JSON (`{"description", "kernel_release", "items",

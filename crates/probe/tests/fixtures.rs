@@ -514,6 +514,16 @@ fn outputs_are_well_formed_for_every_fixture() {
         );
         let h = render::human(&r);
         assert!(h.contains("Checks") && h.contains("[PASS]"), "{name}");
+        // Issue 35: the report reached 288 columns.
+        let wide: Vec<&str> = h
+            .lines()
+            .filter(|l| l.chars().count() > render::WIDTH)
+            .collect();
+        assert!(
+            wide.is_empty(),
+            "{name}: lines over 100 columns:\n{}",
+            wide.join("\n")
+        );
     }
 }
 

@@ -163,7 +163,7 @@ pub struct VaultProcess {
 }
 
 impl VaultProcess {
-    /// Starts `bin vault serve --socket DIR/vault.sock EXTRA...` in a fresh
+    /// Starts `bin vault serve --vault DIR/vault.sock EXTRA...` in a fresh
     /// scratch directory named after `tag`, and waits for its ready line.
     ///
     /// # Panics
@@ -177,7 +177,7 @@ impl VaultProcess {
         let socket = dir.join("vault.sock").display().to_string();
         let err = dir.join("vault.err");
         let mut child = Command::new(bin)
-            .args(["vault", "serve", "--socket", &socket])
+            .args(["vault", "serve", "--vault", &socket])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -206,7 +206,7 @@ impl VaultProcess {
         std::fs::read_to_string(self.dir.join("vault.err")).unwrap_or_default()
     }
 
-    /// Runs `memveil key ARGS --socket` on this vault (stdin closed).
+    /// Runs `memveil key ARGS --vault` on this vault (stdin closed).
     ///
     /// # Panics
     /// When the binary cannot be started.
@@ -215,7 +215,7 @@ impl VaultProcess {
         std::process::Command::new(&self.bin)
             .arg("key")
             .args(args)
-            .args(["--socket", &self.socket])
+            .args(["--vault", &self.socket])
             .stdin(std::process::Stdio::null())
             .output()
             .expect("run memveil key")

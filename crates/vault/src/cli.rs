@@ -16,7 +16,7 @@ use crate::server::{Config, Quotas, Server};
 /// Errors of the command line, already worded for people.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The vault socket when `--socket` is not given: `$MEMVEIL_VAULT_SOCKET`, else
+/// The vault socket when `--vault` is not given: `$MEMVEIL_VAULT_SOCKET`, else
 /// `/run/memveil/vault.sock`.
 #[must_use]
 pub fn default_socket() -> PathBuf {
@@ -24,10 +24,31 @@ pub fn default_socket() -> PathBuf {
         .map_or_else(|| PathBuf::from("/run/memveil/vault.sock"), PathBuf::from)
 }
 
+/// `create --kind`: a kind the vault makes (a certificate is imported, not
+/// made, so `cert` is neither accepted nor offered).
+///
+/// # Errors
+/// An unknown kind or `cert`, with the kinds `create` takes.
+pub fn creatable_kind(s: &str) -> Result<KeyKind, String> {
+    let kinds: Vec<&str> = crate::proto::KINDS
+        .iter()
+        .filter(|k| **k != KeyKind::Cert)
+        .map(|k| k.name())
+        .collect();
+    match s.parse::<KeyKind>() {
+        Ok(KeyKind::Cert) => Err(
+            "a certificate is imported, not created (memveil vault import NAME --key-file CERT)"
+                .into(),
+        ),
+        Ok(k) => Ok(k),
+        Err(_) => Err(format!("unknown key kind {s:?}: {}", kinds.join(", "))),
+    }
+}
+
 /// `memveil vault --help`, after the verbs.
 const AFTER_LONG_HELP: &str = "\
 Examples:
-  memveil vault serve --socket /run/memveil/vault.sock &     # the daemon
+  memveil vault serve &                                      # at /run/memveil/vault.sock
   memveil vault create app --kind aes256                     # a key made in the vault
   memveil vault encrypt --key app -i secret.txt -o secret.mvve
   memveil vault decrypt --key app -i secret.mvve
@@ -35,15 +56,40 @@ Examples:
 
 See docs/vault.md.";
 
+/// `--vault SOCKET`, the vault's socket, for the commands whose verbs all
+/// talk to the vault (`memveil vault`, `memveil key`): one definition, so
+/// one name (`--socket` is a hidden alias for a release).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct VaultSocket {
+    /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET)
+    ///
+    /// The vault's socket (default: $MEMVEIL_VAULT_SOCKET, else
+    /// /run/memveil/vault.sock; the vault makes /run/memveil, mode 0755).
+    #[arg(
+        long = "vault",
+        alias = "socket",
+        value_name = "SOCKET",
+        global = true,
+        verbatim_doc_comment
+    )]
+    pub socket: Option<PathBuf>,
+}
+
+impl VaultSocket {
+    /// The socket given, else [`default_socket`].
+    #[must_use]
+    pub fn path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(default_socket)
+    }
+}
+
 /// `memveil vault`.
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
-    /// Control socket (default: $MEMVEIL_VAULT_SOCKET)
-    ///
-    /// Control socket (default: $MEMVEIL_VAULT_SOCKET or /run/memveil/vault.sock).
-    #[arg(long, global = true, verbatim_doc_comment)]
-    pub socket: Option<PathBuf>,
+    /// The vault's socket
+    #[command(flatten)]
+    pub vault: VaultSocket,
     /// What to do
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -78,8 +124,7 @@ pub enum Cmd {
         /// aes128, aes256, xts128, xts256 (symmetric); rsa2048, rsa3072,
         /// rsa4096, p256, p384, ed25519 (a key pair: the private half stays in
         /// the vault, `memveil vault pubkey` prints the public half).
-        #[arg(long, default_value = "aes256", verbatim_doc_comment)]
-        #[arg(long, default_value = "aes256")]
+        #[arg(long, default_value = "aes256", value_parser = creatable_kind, verbatim_doc_comment)]
         kind: KeyKind,
         /// Seal the key to disk so it survives restarts
         #[arg(long)]
@@ -205,9 +250,9 @@ pub enum Cmd {
 /// `memveil vault serve --help`, after the options.
 const SERVE_EXAMPLES: &str = "\
 Examples:
-  memveil vault serve --socket /run/memveil/vault.sock
+  memveil vault serve --vault /run/memveil/vault.sock
   memveil vault serve --state /var/lib/memveil-vault --passphrase-file /etc/memveil/pass
-  memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42 \
+  memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42 \\
       --kmip kms.example.net:5696 --kmip-cert host.crt --kmip-key host.key --kmip-ca ca.crt
   memveil vault serve --state /var/lib/memveil-vault --kmip-kek 42   # /etc/memveil/kmip.toml
   memveil vault serve --keyid-bits 6 --key-admin 1000     # uid 1000 may program KeyIDs
@@ -813,7 +858,7 @@ pub fn run(args: Args) -> Result<u8, CliError> {
 }
 
 fn run_inner(args: Args) -> Result<u8, CliError> {
-    let socket = args.socket.clone().unwrap_or_else(default_socket);
+    let socket = args.vault.path();
     if let Cmd::Serve(s) = &args.cmd {
         let cfg = config(socket, s)?;
         let server = Server::start(cfg)?;
@@ -930,4 +975,45 @@ fn run_inner(args: Args) -> Result<u8, CliError> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 35: `vault create --kind bogus` listed `cert`, which create then
+    /// refused.
+    #[test]
+    fn create_kind_neither_offers_nor_takes_cert() {
+        let e = creatable_kind("bogus").expect_err("refused");
+        assert!(e.contains("aes256") && e.contains("ed25519"), "{e}");
+        assert!(!e.contains("cert"), "{e}");
+        let e = creatable_kind("cert").expect_err("refused");
+        assert!(e.contains("vault import"), "{e}");
+        assert_eq!(creatable_kind("p256"), Ok(KeyKind::P256));
+    }
+
+    /// Issue 35: the vault's socket is `--vault` everywhere; `--socket`
+    /// stays as a hidden alias.
+    #[test]
+    fn the_vault_socket_is_vault_and_socket_is_a_hidden_alias() {
+        use clap::{CommandFactory as _, Parser as _};
+        #[derive(clap::Parser)]
+        struct T {
+            #[command(flatten)]
+            a: Args,
+        }
+        for argv in [
+            ["x", "--vault", "/v", "list"],
+            ["x", "list", "--socket", "/v"],
+        ] {
+            let t = T::try_parse_from(argv).expect("parsed");
+            assert_eq!(t.a.vault.socket, Some(PathBuf::from("/v")), "{argv:?}");
+        }
+        let help = T::command().render_help().to_string();
+        assert!(
+            help.contains("--vault <SOCKET>") && !help.contains("--socket "),
+            "{help}"
+        );
+    }
 }

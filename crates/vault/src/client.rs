@@ -39,7 +39,7 @@ use crate::ring::{self, status, Entry, Op, ENTRY_BYTES, LANE_BYTES};
 #[non_exhaustive]
 pub enum ClientError {
     /// The socket could not be reached.
-    #[error("cannot connect to the vault at {path}: {source} (is `memveil vault serve --socket {path}` running, and may this user open the socket?)")]
+    #[error("cannot connect to the vault at {path}: {source} (is `memveil vault serve --vault {path}` running, and may this user open the socket?)")]
     Connect {
         /// Socket path.
         path: PathBuf,

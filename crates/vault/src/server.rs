@@ -431,17 +431,48 @@ fn sd_notify(path: &std::ffi::OsStr, msg: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The vault's runtime directory, holding the default socket
+/// (`/run/memveil/vault.sock`); the vault makes it, mode 0755, when missing
+/// (after a boot `/run` is empty; systemd's `RuntimeDirectory=memveil` makes
+/// it for the unit).
+pub const RUNTIME_DIR: &str = "/run/memveil";
+
+/// Makes `runtime_dir` (mode 0755: clients must reach the socket, whose own
+/// mode says who may connect) when `socket` lives in it and it is missing.
+/// Other directories are the caller's to make.
+///
+/// # Errors
+/// The directory cannot be made or given its mode.
+pub fn make_runtime_dir(socket: &Path, runtime_dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    if socket.parent() != Some(runtime_dir) || runtime_dir.exists() {
+        return Ok(());
+    }
+    match std::fs::DirBuilder::new().mode(0o755).create(runtime_dir) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+        r => r?,
+    }
+    // The umask may have taken bits off.
+    std::fs::set_permissions(runtime_dir, std::fs::Permissions::from_mode(0o755))
+}
+
 fn bind(path: &Path, mode: u32) -> Result<UnixListener, VaultError> {
     let err = |source, hint| VaultError::Socket {
         path: path.to_owned(),
         source,
         hint,
     };
+    make_runtime_dir(path, Path::new(RUNTIME_DIR)).map_err(|e| {
+        err(
+            e,
+            ": cannot make the vault's runtime directory /run/memveil",
+        )
+    })?;
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             return Err(err(
                 io::Error::from(io::ErrorKind::AddrInUse),
-                ": another vault is listening there; stop it or choose another --socket",
+                ": another vault is listening there; stop it or choose another --vault",
             ));
         }
         std::fs::remove_file(path).map_err(|e| err(e, ": cannot remove the stale socket file"))?;
@@ -449,7 +480,7 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, VaultError> {
     let l = UnixListener::bind(path).map_err(|e| {
         err(
             e,
-            ": check that the directory exists and is writable (or choose another --socket)",
+            ": check that the directory exists and is writable (or choose another --vault)",
         )
     })?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
@@ -1612,4 +1643,27 @@ fn area(areas: &[Option<Arc<SharedMap>>], shm: u32) -> Result<&SharedMap, u32> {
         .and_then(|i| areas.get(i))
         .and_then(Option::as_deref)
         .ok_or(status::OUT_OF_BOUNDS)
+}
+
+#[cfg(test)]
+mod runtime_dir_tests {
+    use super::*;
+
+    /// Issue 35: `memveil vault serve` at its default socket failed after a
+    /// boot because `/run/memveil` did not exist.
+    #[test]
+    fn the_runtime_dir_is_made_0755_for_a_socket_in_it_and_no_other() {
+        let base = std::env::temp_dir().join(format!("memveil-rundir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir(&base).expect("temp dir");
+        let run = base.join("memveil");
+        make_runtime_dir(&base.join("elsewhere/vault.sock"), &run).expect("no-op");
+        assert!(!run.exists() && !base.join("elsewhere").exists());
+        make_runtime_dir(&run.join("vault.sock"), &run).expect("made");
+        let mode = std::fs::metadata(&run).expect("made").permissions().mode() & 0o7777;
+        // Twice is fine (a restart).
+        make_runtime_dir(&run.join("vault.sock"), &run).expect("again");
+        std::fs::remove_dir_all(&base).expect("cleanup");
+        assert_eq!(mode, 0o755);
+    }
 }

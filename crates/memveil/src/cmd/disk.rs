@@ -63,7 +63,8 @@ const CREATE_EXAMPLES: &str = "\
 Examples:
   memveil disk create disk.img --size 1G --key disk0 --persistent
   memveil disk create disk.img --size 1G --key disk1 --key-size 512 --sector-size 4096
-  memveil vault create disk2 --kind xts128 && memveil disk create disk.img --key disk2 --existing-key
+  memveil vault create disk2 --kind xts128 && \\
+      memveil disk create disk.img --key disk2 --existing-key
   memveil disk create old.img --key old --import-key-file old.key   # adopt a cryptsetup image
   memveil disk create base.img --size 1G --plain                    # the benchmark's baseline";
 

@@ -53,12 +53,9 @@ See docs/vault.md, \"Host key table\".";
 /// Flags of `memveil key`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET)
-    ///
-    /// Vault control socket (default: $MEMVEIL_VAULT_SOCKET or
-    /// /run/memveil/vault.sock).
-    #[arg(long, global = true, verbatim_doc_comment)]
-    pub socket: Option<PathBuf>,
+    /// The vault's socket
+    #[command(flatten)]
+    pub vault: memveil_vault::cli::VaultSocket,
     /// What to do
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -182,10 +179,7 @@ pub enum Cmd {
 /// # Errors
 /// The vault cannot be reached, a file cannot be read, or a flag is wrong.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let socket = args
-        .socket
-        .clone()
-        .unwrap_or_else(memveil_vault::cli::default_socket);
+    let socket = args.vault.path();
     let mut c = Client::connect(&socket).map_err(|e| anyhow::anyhow!("{e}"))?;
     match args.cmd {
         Cmd::Status { json, all } => {

@@ -30,6 +30,7 @@ See docs/keyfind.md.";
 /// source could not be read.
 #[derive(clap::Args)]
 #[command(after_long_help = AFTER_LONG_HELP)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["pid", "core", "file"])))]
 pub struct Args {
     /// Scan every readable mapping of this live process
     ///
@@ -127,6 +128,27 @@ fn add_key_secrets(s: &mut memveil_keyfind::Secrets, path: &std::path::Path) -> 
     Ok(())
 }
 
+/// What to do when `/proc/PID/…` of `pid` cannot be read, by cause: a PID
+/// that is not there, or a refusal (whose fix depends on who asked).
+fn process_hint(pid: u32, e: &memveil_keyfind::KeyfindError) -> String {
+    let kind = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind);
+    match kind {
+        Some(std::io::ErrorKind::NotFound) => {
+            format!("no process {pid} (it has exited, or the PID is wrong)")
+        }
+        Some(std::io::ErrorKind::PermissionDenied) if memveil_sys::probe::euid() == 0 => format!(
+            "reading process {pid}: refused even to root (kernel.yama.ptrace_scope=3, or a \
+             security module such as AppArmor or SELinux forbids it)"
+        ),
+        Some(std::io::ErrorKind::PermissionDenied) => format!(
+            "reading process {pid}: run as root or as its owner (a non-dumpable process needs root)"
+        ),
+        _ => format!("reading process {pid}"),
+    }
+}
+
 /// Runs `memveil keyfind`.
 ///
 /// # Errors
@@ -138,13 +160,19 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         add_key_secrets(&mut secrets, f)?;
     }
     let (what, img): (String, Image) = if let Some(pid) = a.pid {
-        (format!("process {pid}"), read_process(pid).context("reading the process (run as root or as its owner; a non-dumpable process needs root)")?)
+        let img = read_process(pid).map_err(|e| {
+            let hint = process_hint(pid, &e);
+            anyhow::Error::new(e).context(hint)
+        })?;
+        (format!("process {pid}"), img)
     } else if let Some(c) = &a.core {
         (c.display().to_string(), read_core(c)?)
     } else if let Some(f) = &a.file {
         (f.display().to_string(), read_raw(f)?)
     } else {
-        anyhow::bail!("name a source: --pid N, --core FILE or FILE");
+        // clap's `source` group requires one; a usage error all the same.
+        eprintln!("memveil keyfind: name a source: --pid N, --core FILE or FILE");
+        return Ok(2);
     };
     let found = scan_image(&img, a.max_errors);
     let secret_hits = secrets.find(&img);

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod disk;
 pub mod key;
 pub mod keyfind;
+pub mod package_files;
 pub mod probe;
 pub mod rng;
 pub mod run;

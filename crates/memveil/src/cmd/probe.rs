@@ -82,14 +82,15 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..))]
     refresh: u64,
-    /// Vault control socket whose counters to export
+    /// The vault's socket, whose counters to export
     ///
-    /// Vault control socket whose counters to export (default:
+    /// The vault's socket, whose counters to export (default:
     /// $MEMVEIL_VAULT_SOCKET or /run/memveil/vault.sock). A vault that does
     /// not answer is exported as memveil_vault_up 0.
     #[arg(
-        long,
-        value_name = "PATH",
+        long = "vault",
+        alias = "vault-socket",
+        value_name = "SOCKET",
         conflicts_with = "no_vault",
         verbatim_doc_comment
     )]

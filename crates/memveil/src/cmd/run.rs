@@ -73,7 +73,7 @@ pub struct Args {
     /// use may stay mostly plaintext (the summary reports the time-weighted
     /// plaintext fraction). With --window or --max-plaintext the bound
     /// applies too, and wins: it is never exceeded to meet the budget.
-    #[arg(long, value_name = "PERCENT", value_parser = parse_overhead,
+    #[arg(long, value_name = "PERCENT", value_parser = parse_overhead, allow_negative_numbers = true,
           help_heading = "Protection", verbatim_doc_comment)]
     max_overhead: Option<u8>,
     /// Fixed plaintext bound: PAGES pages per process
@@ -180,8 +180,16 @@ pub struct Args {
     #[arg(long, value_name = "POLICY", value_parser = shared_policy, default_value = "refuse",
           help_heading = "Protection", verbatim_doc_comment)]
     shared_memory: String,
-    /// The preload library (default: next to this executable)
-    #[arg(long, value_name = "FILE", help_heading = "Advanced")]
+    /// The preload library (default: beside memveil, else the package's)
+    ///
+    /// The preload library (default: next to this executable, else where the
+    /// memveil package puts it, /usr/lib/x86_64-linux-gnu/memveil/).
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "Advanced",
+        verbatim_doc_comment
+    )]
     preload: Option<PathBuf>,
     /// Size of the protected region the heap lives in, GiB
     ///
@@ -234,11 +242,16 @@ pub struct Args {
     )]
     user: Option<String>,
     /// The program and its arguments
+    ///
+    /// The program and its arguments. memveil run's own options come before
+    /// the program (an unknown one is refused, with the close one named);
+    /// everything from the program on is the program's (`--` before it is
+    /// optional).
     #[arg(
         required = true,
         trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "PROGRAM"
+        value_name = "PROGRAM",
+        verbatim_doc_comment
     )]
     command: Vec<OsString>,
 }
@@ -252,6 +265,12 @@ fn parse_overhead(s: &str) -> Result<u8, String> {
 }
 
 impl Args {
+    /// The program and its arguments, as given.
+    #[cfg(test)]
+    pub(crate) fn program_and_args(&self) -> &[OsString] {
+        &self.command
+    }
+
     /// The guarantee asked for.
     fn guarantee(&self) -> Guarantee {
         Guarantee {
@@ -279,28 +298,46 @@ enum Allocator {
     Memveil,
 }
 
+/// Where `memveil run` looks for the preload library, in order: next to
+/// the executable (target/release), the Debian package's place relative to
+/// it (`/usr/bin/memveil` → `/usr/lib/x86_64-linux-gnu/memveil/`, so a
+/// package unpacked under another root works too), `../lib/memveil`, the
+/// parent directory, then the absolute Debian paths.
+fn preload_candidates(exe_dir: &Path) -> Vec<PathBuf> {
+    let multiarch = format!("{}-linux-gnu", std::env::consts::ARCH);
+    vec![
+        exe_dir.join(PRELOAD),
+        exe_dir
+            .join("../lib")
+            .join(&multiarch)
+            .join("memveil")
+            .join(PRELOAD),
+        exe_dir.join("../lib/memveil").join(PRELOAD),
+        exe_dir.join("..").join(PRELOAD),
+        Path::new("/usr/lib")
+            .join(&multiarch)
+            .join("memveil")
+            .join(PRELOAD),
+        Path::new("/usr/lib/memveil").join(PRELOAD),
+    ]
+}
+
 fn find_preload(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         anyhow::ensure!(p.is_file(), "preload library {} not found", p.display());
         return Ok(p.to_path_buf());
     }
     let exe = std::env::current_exe().context("locating the memveil executable")?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    let candidates = [
-        dir.join(PRELOAD),
-        dir.join("../lib/memveil").join(PRELOAD),
-        dir.join("..").join(PRELOAD),
-    ];
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .with_context(|| {
-            format!(
-                "{PRELOAD} not found next to {}: build it with `cargo build --release -p \
-             memveil-shield-preload` (scripts/install.sh does), or pass --preload PATH",
-                exe.display()
-            )
-        })
+    let candidates = preload_candidates(exe.parent().unwrap_or(Path::new(".")));
+    if let Some(p) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let searched: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "{PRELOAD} not found; searched {}: install the memveil package (scripts/install.sh), \
+         build it with `cargo build --release -p memveil-shield-preload`, or pass --preload PATH",
+        searched.join(", ")
+    )
 }
 
 fn resolve(program: &Path) -> Option<PathBuf> {
