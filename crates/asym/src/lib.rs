@@ -39,7 +39,7 @@ pub mod implicit;
 
 pub use backend::{DecryptScheme, PrivateKey, SignScheme};
 pub use hash::Hash;
-pub use heap::{heap_stats, use_secret_heap, HeapStats};
+pub use heap::{heap_reserve, heap_stats, use_secret_heap, HeapStats};
 
 /// The key types the vault holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
