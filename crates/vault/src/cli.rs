@@ -375,7 +375,7 @@ pub struct ServeArgs {
     /// a quarter of --pool-kib).
     #[arg(long, value_name = "KIB", verbatim_doc_comment)]
     pub uid_pool_kib: Option<usize>,
-    /// KiB of the asymmetric keys' heap one uid may take (default: a quarter)
+    /// Secret heap one uid's asymmetric keys may take, KiB
     ///
     /// KiB of the secret heap for asymmetric keys (--asym-heap-kib) one uid's
     /// keys may take, each counted at its type's estimate (default: a quarter of
