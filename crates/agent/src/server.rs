@@ -301,9 +301,18 @@ impl Conn {
             if s.read_exact(&mut t).is_err() {
                 return;
             }
-            let reply = if matches!(t[0], msg::LOCK | msg::UNLOCK) {
-                // A passphrase: received straight into secret memory too.
-                if n > MAX_LOCK {
+            // A passphrase or a private key: received straight into secret
+            // memory (at most `max` bytes, with `comp_len` for the key's
+            // components); anything else into a Vec.
+            let secret = match t[0] {
+                msg::LOCK | msg::UNLOCK => Some((MAX_LOCK, 0)),
+                msg::ADD_IDENTITY | msg::ADD_ID_CONSTRAINED => {
+                    Some((MAX_ADD, memveil_asym::components::MAX_LEN))
+                }
+                _ => None,
+            };
+            let reply = if let Some((max, comp_len)) = secret {
+                if n > max {
                     return;
                 }
                 let Ok(mut body) = self.sh.pool.alloc_bytes(n) else {
@@ -313,21 +322,7 @@ impl Conn {
                 if s.read_exact(&mut body[1..]).is_err() {
                     return;
                 }
-                self.handle(&body, &mut [])
-            } else if matches!(t[0], msg::ADD_IDENTITY | msg::ADD_ID_CONSTRAINED) {
-                // A private key: received straight into secret memory.
-                if n > MAX_ADD {
-                    return;
-                }
-                let Ok(mut body) = self.sh.pool.alloc_bytes(n) else {
-                    return;
-                };
-                body[0] = t[0];
-                if s.read_exact(&mut body[1..]).is_err() {
-                    return;
-                }
-                let Ok(mut comp) = self.sh.pool.alloc_bytes(memveil_asym::components::MAX_LEN)
-                else {
+                let Ok(mut comp) = self.sh.pool.alloc_bytes(comp_len) else {
                     return;
                 };
                 self.handle(&body, &mut comp)
