@@ -193,7 +193,8 @@ pub enum AsymError {
     /// aws-lc failed (out of memory in the secret heap, among others).
     #[error("aws-lc: {0}")]
     Backend(String),
-    /// The secret heap could not be set up.
+    /// The secret heap could not be set up, or is too full for the
+    /// calling thread's random generator (the request is refused).
     #[error("secret heap for aws-lc: {0}")]
     Heap(String),
 }
