@@ -162,6 +162,10 @@ pub fn use_secret_heap(bytes: usize, policy: Policy) -> Result<HeapStats, AsymEr
                 "aws-lc refused CRYPTO_set_mem_functions (set once per process already?)".into(),
             ));
         }
+        // aws-lc's process-wide generator state (its entropy source, about
+        // 130 KiB) is made at the first random bytes: here, while the heap
+        // is empty, rather than at a first request that may find it full.
+        ready()?;
     }
     heap_stats().ok_or_else(|| AsymError::Heap("no heap".into()))
 }
