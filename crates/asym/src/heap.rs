@@ -51,7 +51,8 @@ thread_local! {
     static IN_RESERVE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Bytes at the end of a heap of `size` only [`ready`] may take: a
+/// Bytes at the end of a heap of `size` that only a thread making its
+/// aws-lc generator state may take (before any key operation): a
 /// sixteenth of it, at least 64 KiB (room for the DRBG states of some
 /// threads at once), at most half.
 #[must_use]
