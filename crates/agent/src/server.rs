@@ -185,7 +185,7 @@ impl Agent {
             }
             let Some(slot) = Slot::take(&self.shared) else {
                 log(format_args!(
-                    "refused a connection: {} are open, the limit",
+                    "refused a connection: {} are open, the limit (--max-connections)",
                     self.shared.cfg.max_connections
                 ));
                 continue;
