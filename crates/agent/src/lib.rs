@@ -11,13 +11,20 @@
 //!
 //! - [`proto`]: the sans-IO message codec (fuzzed: `agent_proto`).
 //! - [`server`]: the socket, its access rule (the agent's own uid and
-//!   root, as ssh-agent), the vault connection of each client.
+//!   root, as ssh-agent), the vault connection of each client, a limit on
+//!   connections served at once.
+//! - [`lock`]: `ssh-add -x`/`-X`: the passphrase read into secret memory,
+//!   stored as Argon2id (the keystore's KDF), a growing delay after each
+//!   wrong guess (fuzzed: `agent_lock`).
 //!
 //! What it refuses: key constraints (lifetime, confirmation, destination:
 //! the key would outlive them in the vault), smartcard and extension
-//! requests, clients of other uids. The crate has no `unsafe`.
+//! requests, clients of other uids; keys other uids granted to this one
+//! (unless `--offer-granted`); a socket path holding anything but a stale
+//! socket. The crate has no `unsafe`.
 #![forbid(unsafe_code)]
 
+pub mod lock;
 pub mod proto;
 pub mod seccomp;
 pub mod server;

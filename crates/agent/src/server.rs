@@ -7,20 +7,22 @@
 
 use std::collections::HashMap;
 use std::io::{Read as _, Write as _};
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use memveil_asym::{hash::digest, Hash, Public};
 use memveil_secmem::{Policy, SecretPool};
 use memveil_vault::keyfile;
+use memveil_vault::keystore::KdfParams;
 use memveil_vault::proto::{KeyKind, Mode, PublicParts};
 use memveil_vault::ring::{AsymParams, Op};
 use memveil_vault::Client;
-use zeroize::Zeroizing;
 
+use crate::lock::{LockError, Locker, MAX_LOCK};
 use crate::proto::{self, flags, msg, Request};
 
 /// Longest `SSH_AGENTC_ADD_IDENTITY` message read into secret memory (an
@@ -40,6 +42,32 @@ pub struct Config {
     pub persistent: bool,
     /// Weakest protection accepted for the receive buffer of added keys.
     pub policy: Policy,
+    /// Also offer keys other uids granted to the agent's uid (by default
+    /// only the uid's own keys: a grant needs no consent, so anyone could
+    /// otherwise push keys into its `ssh-add -l` and logins).
+    pub offer_granted: bool,
+    /// Connections served at once; more are closed at once.
+    pub max_connections: usize,
+    /// The Argon2id cost of the lock passphrase's hash.
+    pub lock_kdf: KdfParams,
+}
+
+impl Config {
+    /// The defaults: prefix `ssh.`, keys not persistent, secret memory only,
+    /// the uid's own keys only, 16 connections, [`crate::lock::KDF`].
+    #[must_use]
+    pub fn new(socket: PathBuf, vault: PathBuf) -> Self {
+        Config {
+            socket,
+            vault,
+            prefix: "ssh.".into(),
+            persistent: false,
+            policy: Policy::secret_only(),
+            offer_granted: false,
+            max_connections: 16,
+            lock_kdf: crate::lock::KDF,
+        }
+    }
 }
 
 /// Why the agent could not start.
@@ -54,6 +82,14 @@ pub enum AgentStartError {
         /// The cause.
         source: std::io::Error,
     },
+    /// Something other than a stale socket sits at the socket's path.
+    #[error("agent socket {path}: {what}; refusing to replace it (pick another --socket path, or remove it yourself)")]
+    PathTaken {
+        /// The path.
+        path: PathBuf,
+        /// What is there.
+        what: String,
+    },
     /// Secret memory for added keys could not be had.
     #[error("secret memory for added keys: {0}")]
     Secmem(#[from] memveil_secmem::SecmemError),
@@ -62,14 +98,15 @@ pub enum AgentStartError {
     Vault(#[from] memveil_vault::client::ClientError),
 }
 
-/// A (salt, SHA-256(salt ‖ passphrase)) lock.
-type LockHash = ([u8; 16], Vec<u8>);
-
 struct Shared {
     cfg: Config,
     uid: u32,
     pool: SecretPool,
-    lock: Mutex<Option<LockHash>>,
+    lock: Mutex<Locker>,
+    /// Held through each LOCK/UNLOCK and the delay a wrong guess owes, so
+    /// guesses from parallel connections wait their turn.
+    guess: Mutex<()>,
+    conns: AtomicUsize,
 }
 
 /// A bound agent.
@@ -95,9 +132,7 @@ impl Agent {
         drop(Client::connect(&cfg.vault)?);
         let pool = SecretPool::new(4 * MAX_ADD, cfg.policy)?;
         let path = cfg.socket.clone();
-        if path.exists() && UnixStream::connect(&path).is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
+        remove_stale(&path)?;
         let listener = UnixListener::bind(&path).map_err(|source| AgentStartError::Socket {
             path: path.clone(),
             source,
@@ -108,13 +143,16 @@ impl Agent {
                 source,
             },
         )?;
+        let cfg_kdf = cfg.lock_kdf;
         Ok(Agent {
             listener,
             shared: Arc::new(Shared {
                 cfg,
                 uid: memveil_sys::probe::euid(),
                 pool,
-                lock: Mutex::new(None),
+                lock: Mutex::new(Locker::new(cfg_kdf)),
+                guess: Mutex::new(()),
+                conns: AtomicUsize::new(0),
             }),
         })
     }
@@ -145,11 +183,84 @@ impl Agent {
                 }
                 Err(_) => continue,
             }
+            let Some(slot) = Slot::take(&self.shared) else {
+                log(format_args!(
+                    "refused a connection: {} are open, the limit (--max-connections)",
+                    self.shared.cfg.max_connections
+                ));
+                continue;
+            };
             let sh = Arc::clone(&self.shared);
             let _ = std::thread::Builder::new()
                 .name("memveil-agent".into())
-                .spawn(move || Conn::new(sh).serve(s));
+                .spawn(move || {
+                    Conn::new(sh).serve(s);
+                    drop(slot);
+                });
         }
+    }
+}
+
+/// Removes a stale socket at `path` (a socket nobody listens on); refuses
+/// anything else: a live socket, a regular file (`--socket
+/// ~/.ssh/id_ed25519` must not delete the key), a directory, a link.
+fn remove_stale(path: &Path) -> Result<(), AgentStartError> {
+    let taken = |what: String| AgentStartError::PathTaken {
+        path: path.to_owned(),
+        what,
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(AgentStartError::Socket {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    let ft = meta.file_type();
+    if !ft.is_socket() {
+        let what = if ft.is_file() {
+            "a regular file is there"
+        } else if ft.is_dir() {
+            "a directory is there"
+        } else if ft.is_symlink() {
+            "a symbolic link is there"
+        } else {
+            "a file that is not a socket is there"
+        };
+        return Err(taken(what.into()));
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(taken("another agent (or program) listens on it".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => std::fs::remove_file(path)
+            .map_err(|source| AgentStartError::Socket {
+                path: path.to_owned(),
+                source,
+            }),
+        Err(e) => Err(taken(format!("a socket that cannot be probed ({e})"))),
+    }
+}
+
+/// One of the agent's connection slots, given back on drop.
+struct Slot(Arc<Shared>);
+
+impl Slot {
+    fn take(sh: &Arc<Shared>) -> Option<Slot> {
+        let max = sh.cfg.max_connections;
+        sh.conns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(Arc::clone(sh)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.conns.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -190,9 +301,18 @@ impl Conn {
             if s.read_exact(&mut t).is_err() {
                 return;
             }
-            let reply = if matches!(t[0], msg::ADD_IDENTITY | msg::ADD_ID_CONSTRAINED) {
-                // A private key: received straight into secret memory.
-                if n > MAX_ADD {
+            // A passphrase or a private key: received straight into secret
+            // memory (at most `max` bytes, with `comp_len` for the key's
+            // components); anything else into a Vec.
+            let secret = match t[0] {
+                msg::LOCK | msg::UNLOCK => Some((MAX_LOCK, 0)),
+                msg::ADD_IDENTITY | msg::ADD_ID_CONSTRAINED => {
+                    Some((MAX_ADD, memveil_asym::components::MAX_LEN))
+                }
+                _ => None,
+            };
+            let reply = if let Some((max, comp_len)) = secret {
+                if n > max {
                     return;
                 }
                 let Ok(mut body) = self.sh.pool.alloc_bytes(n) else {
@@ -202,8 +322,7 @@ impl Conn {
                 if s.read_exact(&mut body[1..]).is_err() {
                     return;
                 }
-                let Ok(mut comp) = self.sh.pool.alloc_bytes(memveil_asym::components::MAX_LEN)
-                else {
+                let Ok(mut comp) = self.sh.pool.alloc_bytes(comp_len) else {
                     return;
                 };
                 self.handle(&body, &mut comp)
@@ -239,16 +358,20 @@ impl Conn {
             .lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+            .is_locked()
     }
 
     /// The agent's keys, their public halves cached by vault id.
     fn keys(&mut self) -> Option<Vec<Key>> {
         let prefix = self.sh.cfg.prefix.clone();
+        let (uid, granted) = (self.sh.uid, self.sh.cfg.offer_granted);
         let list = self.vault()?.list_keys().ok()?;
         let mut out = Vec::new();
         for k in list {
-            if k.kind.asym().is_none() || !k.name.starts_with(&prefix) {
+            if k.kind.asym().is_none()
+                || !k.name.starts_with(&prefix)
+                || !(k.owner == uid || granted)
+            {
                 continue;
             }
             if let Some(c) = self.cache.get(&k.id).filter(|c| c.name == k.name) {
@@ -340,44 +463,41 @@ impl Conn {
                 }
                 proto::success()
             }
-            Request::Lock { passphrase } => self.lock(passphrase),
-            Request::Unlock { passphrase } => self.unlock(passphrase),
+            Request::Lock { passphrase } => self.lock_op(true, passphrase),
+            Request::Unlock { passphrase } => self.lock_op(false, passphrase),
             _ => proto::failure(),
         }
     }
 
-    fn lock(&mut self, pass: &[u8]) -> Vec<u8> {
-        let mut g = self.sh.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        if g.is_some() {
-            return proto::failure();
-        }
-        let mut salt = [0u8; 16];
-        if memveil_sys::getrandom(&mut salt).is_err() {
-            return proto::failure();
-        }
-        let mut m = Zeroizing::new(salt.to_vec());
-        m.extend_from_slice(pass);
-        *g = Some((salt, digest(Hash::Sha256, &m)));
-        proto::success()
-    }
-
-    fn unlock(&mut self, pass: &[u8]) -> Vec<u8> {
-        let mut g = self.sh.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some((salt, want)) = g.as_ref() else {
-            return proto::failure();
+    /// LOCK and UNLOCK, one at a time across all connections; a wrong
+    /// passphrase holds the others back for the delay it owes.
+    fn lock_op(&mut self, lock: bool, pass: &[u8]) -> Vec<u8> {
+        let _turn = self.sh.guess.lock().unwrap_or_else(PoisonError::into_inner);
+        let r = {
+            let mut l = self.sh.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            if lock {
+                l.lock(&self.sh.pool, pass)
+            } else {
+                l.unlock(&self.sh.pool, pass)
+            }
         };
-        let mut m = Zeroizing::new(salt.to_vec());
-        m.extend_from_slice(pass);
-        let got = digest(Hash::Sha256, &m);
-        let diff = got.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b));
-        if diff == 0 && got.len() == want.len() {
-            *g = None;
-            proto::success()
-        } else {
-            drop(g);
-            // As ssh-agent: a wrong passphrase costs time.
-            std::thread::sleep(Duration::from_millis(100));
-            proto::failure()
+        match r {
+            Ok(()) => proto::success(),
+            Err(LockError::Wrong { failures, delay }) => {
+                log(format_args!(
+                    "unlock: wrong passphrase ({failures} in a row; the next answer waits {} ms)",
+                    delay.as_millis()
+                ));
+                std::thread::sleep(delay);
+                proto::failure()
+            }
+            Err(e) => {
+                log(format_args!(
+                    "{}: {e}",
+                    if lock { "lock" } else { "unlock" }
+                ));
+                proto::failure()
+            }
         }
     }
 

@@ -72,40 +72,102 @@ pub(crate) fn backend_error(what: &str) -> AsymError {
     AsymError::Backend(format!("{what}: {text}"))
 }
 
-/// A BIGNUM owned here (freed, and so wiped, on drop: aws-lc's free wipes,
-/// and the secret heap wipes again).
-pub(crate) struct Bn(NonNull<sys::BIGNUM>);
+/// An aws-lc object owned here, freed by its destructor: every early
+/// return (a refused key, a failed call) frees what was built before it,
+/// so a refused request leaves the secret heap as it found it.
+macro_rules! owned {
+    ($(#[$doc:meta])* $name:ident, $ty:ty, $free:path) => {
+        $(#[$doc])*
+        pub(crate) struct $name(NonNull<$ty>);
+
+        impl $name {
+            /// Takes ownership of `p`, or reports the aws-lc error of `what`
+            /// when it is NULL.
+            pub(crate) fn own(p: *mut $ty, what: &str) -> Result<Self, AsymError> {
+                NonNull::new(p).map(Self).ok_or_else(|| backend_error(what))
+            }
+
+            pub(crate) fn ptr(&self) -> *mut $ty {
+                self.0.as_ptr()
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: the object is owned by this value (taken from the
+                // constructor that made it) and freed once, here.
+                unsafe { $free(self.0.as_ptr()) }
+            }
+        }
+    };
+}
+
+owned!(
+    /// A BIGNUM (freed, and so wiped, on drop: aws-lc's free wipes, and the
+    /// secret heap wipes again).
+    Bn,
+    sys::BIGNUM,
+    sys::BN_free
+);
+owned!(
+    /// An RSA key.
+    RsaKey,
+    sys::RSA,
+    sys::RSA_free
+);
+owned!(
+    /// An EVP_PKEY.
+    Pkey,
+    sys::EVP_PKEY,
+    sys::EVP_PKEY_free
+);
+owned!(
+    /// An EVP_PKEY_CTX.
+    PkeyCtx,
+    sys::EVP_PKEY_CTX,
+    sys::EVP_PKEY_CTX_free
+);
+owned!(
+    /// An EC key.
+    EcKey,
+    sys::EC_KEY,
+    sys::EC_KEY_free
+);
+owned!(
+    /// An EC point.
+    EcPoint,
+    sys::EC_POINT,
+    sys::EC_POINT_free
+);
+owned!(
+    /// A BN_CTX.
+    BnCtx,
+    sys::BN_CTX,
+    sys::BN_CTX_free
+);
+owned!(
+    /// An ECDSA signature.
+    EcdsaSig,
+    sys::ECDSA_SIG,
+    sys::ECDSA_SIG_free
+);
 
 impl Bn {
     pub(crate) fn from_be(b: &[u8]) -> Result<Bn, AsymError> {
         // SAFETY: `b` is readable for its length; a NULL `ret` asks for a
         // new BIGNUM.
         let p = unsafe { sys::BN_bin2bn(b.as_ptr(), b.len(), ptr::null_mut()) };
-        NonNull::new(p)
-            .map(Bn)
-            .ok_or_else(|| backend_error("BN_bin2bn"))
+        Bn::own(p, "BN_bin2bn")
     }
     fn new() -> Result<Bn, AsymError> {
         // SAFETY: no preconditions.
-        NonNull::new(unsafe { sys::BN_new() })
-            .map(Bn)
-            .ok_or_else(|| backend_error("BN_new"))
-    }
-    pub(crate) fn ptr(&self) -> *mut sys::BIGNUM {
-        self.0.as_ptr()
+        Bn::own(unsafe { sys::BN_new() }, "BN_new")
     }
     /// Gives the BIGNUM up (to a function that takes ownership).
     pub(crate) fn into_raw(self) -> *mut sys::BIGNUM {
         let p = self.0.as_ptr();
         std::mem::forget(self);
         p
-    }
-}
-
-impl Drop for Bn {
-    fn drop(&mut self) {
-        // SAFETY: owned, freed once.
-        unsafe { sys::BN_free(self.0.as_ptr()) }
     }
 }
 
@@ -132,17 +194,24 @@ fn bn_public(bn: *const sys::BIGNUM) -> Vec<u8> {
 }
 
 struct Rsa {
-    rsa: NonNull<sys::RSA>,
-    /// The same key as an EVP_PKEY, for OAEP.
-    pkey: NonNull<sys::EVP_PKEY>,
+    /// The same key as an EVP_PKEY (its own reference), for OAEP.
+    pkey: Pkey,
+    rsa: RsaKey,
     /// SHA-256 of the private exponent, `k` bytes big-endian: the key of
     /// implicit rejection's derivation.
     d_hash: [u8; 32],
     k: usize,
 }
 
+impl Drop for Rsa {
+    fn drop(&mut self) {
+        // The aws-lc objects free themselves (fields drop after this).
+        self.d_hash.zeroize();
+    }
+}
+
 struct Ec {
-    key: NonNull<sys::EC_KEY>,
+    key: EcKey,
     curve: Curve,
 }
 
@@ -177,16 +246,9 @@ impl std::fmt::Debug for PrivateKey {
 
 impl Drop for PrivateKey {
     fn drop(&mut self) {
-        match &mut self.inner {
-            // SAFETY: the objects are owned by this key and freed once.
-            Inner::Rsa(r) => unsafe {
-                r.d_hash.zeroize();
-                sys::EVP_PKEY_free(r.pkey.as_ptr());
-                sys::RSA_free(r.rsa.as_ptr());
-            },
-            // SAFETY: as above.
-            Inner::Ec(e) => unsafe { sys::EC_KEY_free(e.key.as_ptr()) },
-            Inner::Ed25519(sk) => sk.zeroize(),
+        // RSA and EC keys free (and wipe) themselves.
+        if let Inner::Ed25519(sk) = &mut self.inner {
+            sk.zeroize();
         }
     }
 }
@@ -199,41 +261,30 @@ pub(crate) fn nid(c: Curve) -> c_int {
 }
 
 impl Rsa {
-    fn wrap(rsa: NonNull<sys::RSA>) -> Result<Rsa, AsymError> {
-        let free = |e| {
-            // SAFETY: `rsa` is ours until it is wrapped.
-            unsafe { sys::RSA_free(rsa.as_ptr()) };
-            e
-        };
-        // SAFETY: EVP_PKEY_new has no preconditions; set1 takes its own
-        // reference to the live RSA.
-        let pkey = unsafe {
-            let p = sys::EVP_PKEY_new();
-            if !p.is_null() && sys::EVP_PKEY_set1_RSA(p, rsa.as_ptr()) != 1 {
-                sys::EVP_PKEY_free(p);
-                ptr::null_mut()
-            } else {
-                p
-            }
-        };
-        let pkey = NonNull::new(pkey).ok_or_else(|| free(backend_error("EVP_PKEY_set1_RSA")))?;
+    fn wrap(rsa: RsaKey) -> Result<Rsa, AsymError> {
+        // SAFETY: no preconditions.
+        let pkey = Pkey::own(unsafe { sys::EVP_PKEY_new() }, "EVP_PKEY_new")?;
+        // SAFETY: both live; set1 takes its own reference to the RSA key.
+        if unsafe { sys::EVP_PKEY_set1_RSA(pkey.ptr(), rsa.ptr()) } != 1 {
+            return Err(backend_error("EVP_PKEY_set1_RSA"));
+        }
         // SAFETY: live key.
-        let k = unsafe { sys::RSA_size(rsa.as_ptr()) } as usize;
-        let mut r = Rsa {
-            rsa,
-            pkey,
-            d_hash: [0; 32],
-            k,
-        };
-        let mut d = Zeroizing::new(vec![0u8; k]);
+        let k = unsafe { sys::RSA_size(rsa.ptr()) } as usize;
         // SAFETY: live key; RSA_get0_d returns its exponent (non-NULL for a
         // private key, checked).
-        let dp = unsafe { sys::RSA_get0_d(rsa.as_ptr()) };
+        let dp = unsafe { sys::RSA_get0_d(rsa.ptr()) };
         if dp.is_null() {
             return Err(AsymError::Backend(
                 "RSA key without a private exponent".into(),
             ));
         }
+        let mut r = Rsa {
+            pkey,
+            rsa,
+            d_hash: [0; 32],
+            k,
+        };
+        let mut d = Zeroizing::new(vec![0u8; k]);
         bn_padded(dp, &mut d)?;
         // SAFETY: `d` is readable, `d_hash` holds 32 bytes.
         unsafe { sys::SHA256(d.as_ptr(), d.len(), r.d_hash.as_mut_ptr()) };
@@ -241,17 +292,13 @@ impl Rsa {
     }
 
     fn generate(bits: u32) -> Result<Rsa, AsymError> {
-        // SAFETY: RSA_new has no preconditions; generation fills the live key.
-        let rsa = unsafe {
-            let r = sys::RSA_new();
-            if !r.is_null() && sys::RSA_generate_key_fips(r, bits as c_int, ptr::null_mut()) != 1 {
-                sys::RSA_free(r);
-                ptr::null_mut()
-            } else {
-                r
-            }
-        };
-        Rsa::wrap(NonNull::new(rsa).ok_or_else(|| backend_error("RSA_generate_key_fips"))?)
+        // SAFETY: no preconditions.
+        let rsa = RsaKey::own(unsafe { sys::RSA_new() }, "RSA_new")?;
+        // SAFETY: a live, empty key that generation fills.
+        if unsafe { sys::RSA_generate_key_fips(rsa.ptr(), bits as c_int, ptr::null_mut()) } != 1 {
+            return Err(backend_error("RSA_generate_key_fips"));
+        }
+        Rsa::wrap(rsa)
     }
 
     fn from_fields(alg: Algorithm, f: &[&[u8]]) -> Result<Rsa, AsymError> {
@@ -266,6 +313,12 @@ impl Rsa {
             .iter()
             .map(|b| Bn::from_be(b))
             .collect::<Result<_, _>>()?;
+        // The size before anything else is built (the modulus' bits).
+        // SAFETY: a live BIGNUM.
+        let bits = unsafe { sys::BN_num_bits(n[0].ptr()) };
+        if Some(bits) != alg.rsa_bits() {
+            return Err(bad(&format!("the modulus has {bits} bits")));
+        }
         let (dp, dq, qinv) = if f[5].is_empty() || f[6].is_empty() || f[7].is_empty() {
             crt_params(&n[2], &n[3], &n[4])?
         } else {
@@ -285,13 +338,11 @@ impl Rsa {
                 qinv.ptr(),
             )
         };
-        let Some(rsa) = NonNull::new(rsa) else {
-            let e = backend_error("RSA_new_private_key");
-            return Err(bad(&format!("inconsistent components ({e})")));
-        };
+        let rsa = RsaKey::own(rsa, "RSA_new_private_key")
+            .map_err(|e| bad(&format!("inconsistent components ({e})")))?;
         let r = Rsa::wrap(rsa)?;
         // SAFETY: live key.
-        let bits = unsafe { sys::RSA_bits(r.rsa.as_ptr()) };
+        let bits = unsafe { sys::RSA_bits(r.rsa.ptr()) };
         if Some(bits) != alg.rsa_bits() {
             return Err(bad(&format!("the modulus has {bits} bits")));
         }
@@ -304,9 +355,9 @@ impl Rsa {
         let (mut dp, mut dq, mut qi) = (ptr::null(), ptr::null(), ptr::null());
         // SAFETY: live key; the getters store borrowed pointers.
         unsafe {
-            sys::RSA_get0_key(self.rsa.as_ptr(), &mut n, &mut e, &mut d);
-            sys::RSA_get0_factors(self.rsa.as_ptr(), &mut p, &mut q);
-            sys::RSA_get0_crt_params(self.rsa.as_ptr(), &mut dp, &mut dq, &mut qi);
+            sys::RSA_get0_key(self.rsa.ptr(), &mut n, &mut e, &mut d);
+            sys::RSA_get0_factors(self.rsa.ptr(), &mut p, &mut q);
+            sys::RSA_get0_crt_params(self.rsa.ptr(), &mut dp, &mut dq, &mut qi);
         }
         let all = [n, e, d, p, q, dp, dq, qi];
         if all.iter().any(|x| x.is_null()) {
@@ -333,8 +384,8 @@ impl Rsa {
         // SAFETY: live key; n and e are always present.
         unsafe {
             Public::Rsa {
-                n: bn_public(sys::RSA_get0_n(self.rsa.as_ptr())),
-                e: bn_public(sys::RSA_get0_e(self.rsa.as_ptr())),
+                n: bn_public(sys::RSA_get0_n(self.rsa.ptr())),
+                e: bn_public(sys::RSA_get0_e(self.rsa.ptr())),
             }
         }
     }
@@ -348,7 +399,7 @@ impl Rsa {
         // SAFETY: live key; `out` holds k writable bytes; `input` is readable.
         let ok = unsafe {
             sys::RSA_sign_raw(
-                self.rsa.as_ptr(),
+                self.rsa.ptr(),
                 &mut n,
                 out.as_mut_ptr(),
                 out.len(),
@@ -403,7 +454,7 @@ impl Rsa {
         // hashes are static method tables. aws-lc checks the salt fits.
         let ok = unsafe {
             sys::RSA_sign_pss_mgf1(
-                self.rsa.as_ptr(),
+                self.rsa.ptr(),
                 &mut n,
                 out.as_mut_ptr(),
                 out.len(),
@@ -434,32 +485,28 @@ impl Rsa {
         if input.len() != self.k {
             return Err(AsymError::BadInput("OAEP ciphertext of the wrong length"));
         }
-        // SAFETY: live EVP_PKEY; each call checks its context; the label is
-        // copied into an OPENSSL_malloc'd buffer the context takes over
-        // (set0); `out` holds k bytes and `n` says so on entry.
-        unsafe {
-            let ctx = sys::EVP_PKEY_CTX_new(self.pkey.as_ptr(), ptr::null_mut());
-            if ctx.is_null() {
-                return Err(backend_error("EVP_PKEY_CTX_new"));
-            }
-            let mut ok = sys::EVP_PKEY_decrypt_init(ctx) == 1 && oaep_setup(ctx, hash, mgf1, label);
+        // SAFETY: a live EVP_PKEY; the context takes its own reference.
+        let ctx = PkeyCtx::own(
+            unsafe { sys::EVP_PKEY_CTX_new(self.pkey.ptr(), ptr::null_mut()) },
+            "EVP_PKEY_CTX_new",
+        )?;
+        let ctx = ctx.ptr();
+        // SAFETY: a live context (freed by its owner); each call checks it;
+        // `oaep_setup` copies the label into a buffer the context takes over;
+        // `out` holds k bytes and `n` says so on entry.
+        let ok = unsafe {
+            let ok = sys::EVP_PKEY_decrypt_init(ctx) == 1 && oaep_setup(ctx, hash, mgf1, label);
             let mut n = out.len();
-            ok = ok
-                && sys::EVP_PKEY_decrypt(
-                    ctx,
-                    out.as_mut_ptr(),
-                    &mut n,
-                    input.as_ptr(),
-                    input.len(),
-                ) == 1;
-            sys::EVP_PKEY_CTX_free(ctx);
-            if ok {
-                Ok(n)
-            } else {
-                let e = backend_error("OAEP");
-                Err(AsymError::Rejected(e.to_string()))
-            }
-        }
+            (ok && sys::EVP_PKEY_decrypt(
+                ctx,
+                out.as_mut_ptr(),
+                &mut n,
+                input.as_ptr(),
+                input.len(),
+            ) == 1)
+                .then_some(n)
+        };
+        ok.ok_or_else(|| AsymError::Rejected(backend_error("OAEP").to_string()))
     }
 
     fn decrypt_pkcs1(&self, input: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
@@ -516,17 +563,16 @@ pub(crate) unsafe fn oaep_setup(
 /// Variable-time arithmetic, once, at import (docs/vault.md says so).
 fn crt_params(d: &Bn, p: &Bn, q: &Bn) -> Result<(Bn, Bn, Bn), AsymError> {
     let (dp, dq, qinv, pm1, qm1) = (Bn::new()?, Bn::new()?, Bn::new()?, Bn::new()?, Bn::new()?);
-    // SAFETY: all live BIGNUMs; the context is created, used and freed here.
+    // SAFETY: no preconditions.
+    let ctx = BnCtx::own(unsafe { sys::BN_CTX_new() }, "BN_CTX_new")?;
+    let ctx = ctx.ptr();
+    // SAFETY: all live BIGNUMs and a live context.
     let ok = unsafe {
-        let ctx = sys::BN_CTX_new();
-        let ok = !ctx.is_null()
-            && sys::BN_sub(pm1.ptr(), p.ptr(), sys::BN_value_one()) == 1
+        sys::BN_sub(pm1.ptr(), p.ptr(), sys::BN_value_one()) == 1
             && sys::BN_sub(qm1.ptr(), q.ptr(), sys::BN_value_one()) == 1
             && sys::BN_div(ptr::null_mut(), dp.ptr(), d.ptr(), pm1.ptr(), ctx) == 1
             && sys::BN_div(ptr::null_mut(), dq.ptr(), d.ptr(), qm1.ptr(), ctx) == 1
-            && !sys::BN_mod_inverse(qinv.ptr(), q.ptr(), p.ptr(), ctx).is_null();
-        sys::BN_CTX_free(ctx);
-        ok
+            && !sys::BN_mod_inverse(qinv.ptr(), q.ptr(), p.ptr(), ctx).is_null()
     };
     if ok {
         Ok((dp, dq, qinv))
@@ -556,21 +602,19 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
 impl Ec {
     fn group(&self) -> *const sys::EC_GROUP {
         // SAFETY: live key with a group.
-        unsafe { sys::EC_KEY_get0_group(self.key.as_ptr()) }
+        unsafe { sys::EC_KEY_get0_group(self.key.ptr()) }
     }
 
-    fn new_key(curve: Curve) -> Result<NonNull<sys::EC_KEY>, AsymError> {
+    fn new_key(curve: Curve) -> Result<EcKey, AsymError> {
         // SAFETY: no preconditions; the NID is one aws-lc knows.
-        NonNull::new(unsafe { sys::EC_KEY_new_by_curve_name(nid(curve)) })
-            .ok_or_else(|| backend_error("EC_KEY_new_by_curve_name"))
+        let k = unsafe { sys::EC_KEY_new_by_curve_name(nid(curve)) };
+        EcKey::own(k, "EC_KEY_new_by_curve_name")
     }
 
     fn generate(curve: Curve) -> Result<Ec, AsymError> {
         let key = Ec::new_key(curve)?;
         // SAFETY: live key with its group.
-        if unsafe { sys::EC_KEY_generate_key_fips(key.as_ptr()) } != 1 {
-            // SAFETY: ours, freed once.
-            unsafe { sys::EC_KEY_free(key.as_ptr()) };
+        if unsafe { sys::EC_KEY_generate_key_fips(key.ptr()) } != 1 {
             return Err(backend_error("EC_KEY_generate_key_fips"));
         }
         Ok(Ec { key, curve })
@@ -589,21 +633,24 @@ impl Ec {
             key: Ec::new_key(curve)?,
             curve,
         };
-        // SAFETY: live key, group and BIGNUM; the point is created, set as
-        // the public key (copied) and freed here. EC_POINT_mul with a secret
-        // scalar and no other inputs is aws-lc's constant-time base point
-        // multiplication.
+        let g = ec.group();
+        // SAFETY: a live group.
+        let pt = EcPoint::own(unsafe { sys::EC_POINT_new(g) }, "EC_POINT_new")?;
+        // SAFETY: live key, group, point and BIGNUM; the point is set as the
+        // public key (copied). EC_POINT_mul with a secret scalar and no other
+        // inputs is aws-lc's constant-time base point multiplication.
         let ok = unsafe {
-            let g = ec.group();
-            let pt = sys::EC_POINT_new(g);
-            let ok = !pt.is_null()
-                && sys::EC_KEY_set_private_key(ec.key.as_ptr(), d.ptr()) == 1
-                && sys::EC_POINT_mul(g, pt, d.ptr(), ptr::null(), ptr::null(), ptr::null_mut())
-                    == 1
-                && sys::EC_KEY_set_public_key(ec.key.as_ptr(), pt) == 1
-                && sys::EC_KEY_check_key(ec.key.as_ptr()) == 1;
-            sys::EC_POINT_free(pt);
-            ok
+            sys::EC_KEY_set_private_key(ec.key.ptr(), d.ptr()) == 1
+                && sys::EC_POINT_mul(
+                    g,
+                    pt.ptr(),
+                    d.ptr(),
+                    ptr::null(),
+                    ptr::null(),
+                    ptr::null_mut(),
+                ) == 1
+                && sys::EC_KEY_set_public_key(ec.key.ptr(), pt.ptr()) == 1
+                && sys::EC_KEY_check_key(ec.key.ptr()) == 1
         };
         if ok {
             Ok(ec)
@@ -621,7 +668,7 @@ impl Ec {
         let n = unsafe {
             sys::EC_POINT_point2oct(
                 self.group(),
-                sys::EC_KEY_get0_public_key(self.key.as_ptr()),
+                sys::EC_KEY_get0_public_key(self.key.ptr()),
                 sys::point_conversion_form_t::POINT_CONVERSION_UNCOMPRESSED,
                 point.as_mut_ptr(),
                 point.len(),
@@ -637,7 +684,7 @@ impl Ec {
 
     fn scalar(&self, out: &mut [u8]) -> Result<(), AsymError> {
         // SAFETY: live key with a private scalar.
-        let d = unsafe { sys::EC_KEY_get0_private_key(self.key.as_ptr()) };
+        let d = unsafe { sys::EC_KEY_get0_private_key(self.key.ptr()) };
         if d.is_null() {
             return Err(AsymError::Backend("EC key without a private scalar".into()));
         }
@@ -655,19 +702,15 @@ impl Ec {
                 need: 2 * f,
             });
         }
-        // SAFETY: live key; the digest is readable; the signature object is
-        // freed here after its numbers were copied out.
-        unsafe {
-            let sig = sys::ECDSA_do_sign(digest.as_ptr(), digest.len(), self.key.as_ptr());
-            if sig.is_null() {
-                return Err(backend_error("ECDSA_do_sign"));
-            }
-            let (mut r, mut s) = (ptr::null(), ptr::null());
-            sys::ECDSA_SIG_get0(sig, &mut r, &mut s);
-            let res = bn_padded(r, &mut out[..f]).and_then(|()| bn_padded(s, &mut out[f..2 * f]));
-            sys::ECDSA_SIG_free(sig);
-            res.map(|()| 2 * f)
-        }
+        // SAFETY: live key; the digest is readable.
+        let sig = unsafe { sys::ECDSA_do_sign(digest.as_ptr(), digest.len(), self.key.ptr()) };
+        let sig = EcdsaSig::own(sig, "ECDSA_do_sign")?;
+        let (mut r, mut s) = (ptr::null(), ptr::null());
+        // SAFETY: a live signature; the getter stores borrowed pointers.
+        unsafe { sys::ECDSA_SIG_get0(sig.ptr(), &mut r, &mut s) };
+        bn_padded(r, &mut out[..f])?;
+        bn_padded(s, &mut out[f..2 * f])?;
+        Ok(2 * f)
     }
 
     fn ecdh(&self, peer: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
@@ -678,30 +721,25 @@ impl Ec {
                 need: f,
             });
         }
-        // SAFETY: live key and group; the point is created, decoded (which
-        // checks it is on the curve), used and freed here; `out` holds f
-        // bytes.
-        unsafe {
-            let g = self.group();
-            let pt = sys::EC_POINT_new(g);
-            if pt.is_null() {
-                return Err(backend_error("EC_POINT_new"));
-            }
-            let decoded =
-                sys::EC_POINT_oct2point(g, pt, peer.as_ptr(), peer.len(), ptr::null_mut()) == 1;
-            let n = if decoded {
-                sys::ECDH_compute_key(out.as_mut_ptr().cast(), f, pt, self.key.as_ptr(), None)
+        let g = self.group();
+        // SAFETY: a live group.
+        let pt = EcPoint::own(unsafe { sys::EC_POINT_new(g) }, "EC_POINT_new")?;
+        // SAFETY: live key, group and point; decoding checks the point is on
+        // the curve; `out` holds f bytes.
+        let n = unsafe {
+            if sys::EC_POINT_oct2point(g, pt.ptr(), peer.as_ptr(), peer.len(), ptr::null_mut()) == 1
+            {
+                sys::ECDH_compute_key(out.as_mut_ptr().cast(), f, pt.ptr(), self.key.ptr(), None)
             } else {
                 -1
-            };
-            sys::EC_POINT_free(pt);
-            if n == c_int::try_from(f).unwrap_or(-1) {
-                Ok(f)
-            } else {
-                Err(AsymError::Rejected(
-                    backend_error("the peer's public point").to_string(),
-                ))
             }
+        };
+        if n == c_int::try_from(f).unwrap_or(-1) {
+            Ok(f)
+        } else {
+            Err(AsymError::Rejected(
+                backend_error("the peer's public point").to_string(),
+            ))
         }
     }
 }
@@ -713,6 +751,7 @@ impl PrivateKey {
     /// # Errors
     /// [`AsymError::Backend`] (the secret heap full, among others).
     pub fn generate(alg: Algorithm) -> Result<PrivateKey, AsymError> {
+        crate::heap::ready()?;
         let inner = match (alg.rsa_bits(), alg.curve()) {
             (Some(bits), _) => Inner::Rsa(Rsa::generate(bits)?),
             (_, Some(c)) => Inner::Ec(Ec::generate(c)?),
@@ -738,6 +777,7 @@ impl PrivateKey {
             why: why.into(),
         };
         let f = components::decode(bytes).map_err(|e| bad(&e.to_string()))?;
+        crate::heap::ready()?;
         let inner = match (alg.rsa_bits(), alg.curve()) {
             (Some(_), _) => Inner::Rsa(Rsa::from_fields(alg, &f)?),
             (_, Some(c)) => match f.as_slice() {
@@ -845,6 +885,7 @@ impl PrivateKey {
         out: &mut [u8],
     ) -> Result<usize, AsymError> {
         self.need_out(out)?;
+        crate::heap::ready()?;
         let wrong = || AsymError::WrongKey {
             op: "this signature scheme",
             alg: self.alg,
@@ -888,6 +929,7 @@ impl PrivateKey {
         out: &mut [u8],
     ) -> Result<usize, AsymError> {
         self.need_out(out)?;
+        crate::heap::ready()?;
         let Inner::Rsa(r) = &self.inner else {
             return Err(AsymError::WrongKey {
                 op: "decryption",
@@ -916,6 +958,7 @@ impl PrivateKey {
     /// [`AsymError::WrongKey`] for a key that is not EC;
     /// [`AsymError::Rejected`] for a point not on the curve.
     pub fn ecdh(&self, peer: &[u8], out: &mut [u8]) -> Result<usize, AsymError> {
+        crate::heap::ready()?;
         match &self.inner {
             Inner::Ec(e) => e.ecdh(peer, out),
             _ => Err(AsymError::WrongKey {

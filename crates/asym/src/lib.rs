@@ -43,7 +43,7 @@ pub mod public;
 
 pub use backend::{DecryptScheme, PrivateKey, SignScheme};
 pub use hash::Hash;
-pub use heap::{heap_stats, seal_heap, use_secret_heap, HeapStats};
+pub use heap::{heap_reserve, heap_stats, seal_heap, use_secret_heap, HeapStats};
 pub use public::{EncryptScheme, PublicKey, VerifyScheme};
 
 /// The key types the vault holds.
@@ -198,7 +198,8 @@ pub enum AsymError {
     /// aws-lc failed (out of memory in the secret heap, among others).
     #[error("aws-lc: {0}")]
     Backend(String),
-    /// The secret heap could not be set up.
+    /// The secret heap could not be set up, or is too full for the
+    /// calling thread's random generator (the request is refused).
     #[error("secret heap for aws-lc: {0}")]
     Heap(String),
 }

@@ -721,18 +721,43 @@ impl Ecdh {
         if kdf == 0 && !shared.is_empty() {
             return Err(CKR_MECHANISM_PARAM_INVALID);
         }
-        // A point wrapped in a DER OCTET STRING (what some callers pass).
-        let peer = match public {
-            [0x04, n, rest @ ..] if usize::from(*n) == rest.len() && rest.first() == Some(&4) => {
-                rest.to_vec()
-            }
-            _ => public.to_vec(),
-        };
         Ok(Self {
             kdf,
             shared: shared.to_vec(),
-            peer,
+            peer: peer_point(public).to_vec(),
         })
+    }
+}
+
+/// Whether `len` bytes are a whole encoded point of a curve the vault
+/// holds (P-256, P-384): compressed `1 + f` or uncompressed `1 + 2f`.
+fn is_point_len(len: usize) -> bool {
+    matches!(len, 33 | 65 | 49 | 97)
+}
+
+/// The peer's point of `CK_ECDH1_DERIVE_PARAMS.pPublicData`: raw (what
+/// PKCS#11 v2.40 says) or wrapped in a DER OCTET STRING (what some callers
+/// pass). A raw point's first bytes can read like an OCTET STRING's header
+/// (`04 3F 04…`: a P-256 point whose X starts with `3F 04`, one in 65,536),
+/// so the bytes are unwrapped only when they are not a whole raw point
+/// themselves, the tag is `04`, the DER length (short or long form,
+/// minimal) covers exactly the rest, and the rest is a whole point. Any
+/// other bytes are passed on as given: the vault checks the point is on the
+/// key's curve.
+#[must_use]
+pub fn peer_point(public: &[u8]) -> &[u8] {
+    if is_point_len(public.len()) {
+        return public;
+    }
+    let inner = match public {
+        [0x04, n @ 0..=0x7f, rest @ ..] if usize::from(*n) == rest.len() => rest,
+        [0x04, 0x81, n @ 0x80..=0xff, rest @ ..] if usize::from(*n) == rest.len() => rest,
+        _ => return public,
+    };
+    if is_point_len(inner.len()) && matches!(inner.first(), Some(2..=4)) {
+        inner
+    } else {
+        public
     }
 }
 
@@ -779,19 +804,52 @@ mod tests {
         );
     }
 
+    /// An uncompressed point of `f`-byte coordinates whose X starts with
+    /// `x0`.
+    fn point(f: usize, x0: &[u8]) -> Vec<u8> {
+        let mut p = vec![4u8];
+        p.extend_from_slice(x0);
+        p.extend((p.len()..=2 * f).map(|i| u8::try_from(i % 251).unwrap_or(0)));
+        p
+    }
+
+    fn wrap(p: &[u8]) -> Vec<u8> {
+        let mut w = vec![4u8, u8::try_from(p.len()).expect("short form")];
+        w.extend_from_slice(p);
+        w
+    }
+
     #[test]
     fn ecdh_points_unwrap_from_octet_strings() {
-        let raw = [4u8, 1, 2, 3];
-        let wrapped = [4u8, 4, 4, 1, 2, 3];
-        assert_eq!(
-            Ecdh::new(CKD_NULL, &[], &wrapped).expect("ok").peer,
-            raw.to_vec()
-        );
-        assert_eq!(
-            Ecdh::new(CKD_NULL, &[], &raw).expect("ok").peer,
-            raw.to_vec()
-        );
+        for raw in [point(32, &[7]), point(48, &[7]), point(32, &[0x41, 4])] {
+            assert_eq!(Ecdh::new(CKD_NULL, &[], &wrap(&raw)).expect("ok").peer, raw);
+            assert_eq!(Ecdh::new(CKD_NULL, &[], &raw).expect("ok").peer, raw);
+        }
+        // A compressed point, wrapped.
+        let mut c = vec![2u8];
+        c.extend([9u8; 32]);
+        assert_eq!(peer_point(&wrap(&c)), &c[..]);
+        // Not a whole point inside, or a length that does not cover the
+        // rest: passed on as given (the vault refuses it).
+        for odd in [vec![4u8, 4, 4, 1, 2, 3], vec![4u8, 66, 4, 1], vec![4u8]] {
+            assert_eq!(peer_point(&odd), &odd[..]);
+        }
+        let raw = point(32, &[7]);
         assert!(Ecdh::new(CKD_NULL, b"x", &raw).is_err());
         assert_eq!(Ecdh::new(CKD_SHA256_KDF, b"x", &raw).expect("ok").kdf, 3);
+    }
+
+    /// Regression (issue 32): a raw P-256 point whose X starts with `3F 04`
+    /// (P-384: `5F 04`) reads like an OCTET STRING of the rest; it was
+    /// stripped of two bytes and the derivation failed (one ECDHE handshake
+    /// in 65,536).
+    #[test]
+    fn a_raw_point_that_looks_like_an_octet_string_is_taken_raw() {
+        for (f, x0) in [(32, [0x3f, 4]), (48, [0x5f, 4])] {
+            let raw = point(f, &x0);
+            assert_eq!(usize::from(raw[1]), raw.len() - 2, "looks wrapped");
+            assert_eq!(Ecdh::new(CKD_NULL, &[], &raw).expect("ok").peer, raw);
+            assert_eq!(peer_point(&wrap(&raw)), &raw[..]);
+        }
     }
 }

@@ -333,6 +333,121 @@ fn rsa_pairs_sign_and_decrypt_with_every_mechanism() {
     }
 }
 
+/// Derives an AES-128 key with `CKM_ECDH1_DERIVE` from vault key `privh`
+/// (whose public half is `ours`) and `peer`'s raw uncompressed point, and
+/// checks it encrypts as the leading bytes of OpenSSL's shared secret.
+fn ecdh_matches_openssl(
+    h: CK_SESSION_HANDLE,
+    privh: CK_OBJECT_HANDLE,
+    g: &openssl::ec::EcGroupRef,
+    peer: openssl::ec::EcKey<openssl::pkey::Private>,
+    ours: openssl::ec::EcKey<openssl::pkey::Public>,
+    what: &str,
+) {
+    let mut ctx = openssl::bn::BigNumContext::new().expect("ctx");
+    let their = peer
+        .public_key()
+        .to_bytes(g, openssl::ec::PointConversionForm::UNCOMPRESSED, &mut ctx)
+        .expect("their point");
+    let peer_pk = PKey::from_ec_key(peer).expect("pk");
+    let our_pk = PKey::from_ec_key(ours).expect("pk");
+    let mut der = openssl::derive::Deriver::new(&peer_pk).expect("deriver");
+    der.set_peer(&our_pk).expect("peer");
+    let z = der.derive_to_vec().expect("z");
+    let mut p = CK_ECDH1_DERIVE_PARAMS {
+        kdf: CKD_NULL,
+        ulSharedDataLen: 0,
+        pSharedData: std::ptr::null_mut(),
+        ulPublicDataLen: their.len() as CK_ULONG,
+        pPublicData: their.as_ptr().cast_mut(),
+    };
+    let mut m = CK_MECHANISM {
+        mechanism: CKM_ECDH1_DERIVE,
+        pParameter: std::ptr::from_mut(&mut p).cast(),
+        ulParameterLen: std::mem::size_of::<CK_ECDH1_DERIVE_PARAMS>() as CK_ULONG,
+    };
+    let (class, kt, len) = (CKO_SECRET_KEY, CKK_AES, 16 as CK_ULONG);
+    let mut t = [
+        attr(CKA_CLASS, &class),
+        attr(CKA_KEY_TYPE, &kt),
+        attr(CKA_VALUE_LEN, &len),
+    ];
+    let mut aes = 0;
+    // SAFETY: all pointers outlive the call.
+    let rv = unsafe { ffi::C_DeriveKey(h, &mut m, privh, t.as_mut_ptr(), 3, &mut aes) };
+    assert_eq!(rv, CKR_OK, "C_DeriveKey ({what})");
+    assert_eq!(get(h, aes, CKA_VALUE), Err(CKR_ATTRIBUTE_SENSITIVE));
+    let mut ecb = CK_MECHANISM {
+        mechanism: CKM_AES_ECB,
+        pParameter: std::ptr::null_mut(),
+        ulParameterLen: 0,
+    };
+    let mut block = [9u8; 16];
+    let mut out = [0u8; 16];
+    let mut n = 16 as CK_ULONG;
+    // SAFETY: buffers with their lengths.
+    unsafe {
+        assert_eq!(ffi::C_EncryptInit(h, &mut ecb, aes), CKR_OK);
+        assert_eq!(
+            ffi::C_Encrypt(h, block.as_mut_ptr(), 16, out.as_mut_ptr(), &mut n),
+            CKR_OK
+        );
+    }
+    let want = openssl::symm::encrypt(openssl::symm::Cipher::aes_128_ecb(), &z[..16], None, &block)
+        .expect("openssl");
+    assert_eq!(out.to_vec(), want[..16].to_vec(), "{what}");
+}
+
+/// Regression (issue 32): a raw peer point whose X starts with `3F 04`
+/// (P-256) or `5F 04` (P-384) reads like a DER OCTET STRING of the rest of
+/// the point; the module stripped two bytes and C_DeriveKey failed (about
+/// one ECDHE handshake in 65,536). The peers' scalars were found by search
+/// so that their X has that start (checked here).
+#[test]
+fn ecdh_takes_a_raw_peer_point_that_looks_like_an_octet_string() {
+    let h = open();
+    for (curve, nid, d, start) in [
+        (
+            memveil_asym::Curve::P256,
+            openssl::nid::Nid::X9_62_PRIME256V1,
+            "487229916f97828b32e480a4357a70024bb43397bbdd58ffe6d782628d72e72b",
+            [0x04, 0x3f, 0x04],
+        ),
+        (
+            memveil_asym::Curve::P384,
+            openssl::nid::Nid::SECP384R1,
+            "84c215938a9c9110deb62f483725efada827f8cb4ff05224ebac2e0f4746cbd0d106fb23f880615c45d3ccc3e1e16dbc",
+            [0x04, 0x5f, 0x04],
+        ),
+    ] {
+        let params = curve.oid_der();
+        let mut public = [attr_bytes(CKA_EC_PARAMS, params)];
+        let (pubh, privh) = gen_pair(h, CKM_EC_KEY_PAIR_GEN, &mut public, &label("ecdh3f"));
+        let point = get(h, pubh, CKA_EC_POINT).expect("point");
+        let g = openssl::ec::EcGroup::from_curve_name(nid).expect("group");
+        let mut ctx = openssl::bn::BigNumContext::new().expect("ctx");
+        let ours = openssl::ec::EcKey::from_public_key(
+            &g,
+            &openssl::ec::EcPoint::from_bytes(&g, &point[2..], &mut ctx).expect("point"),
+        )
+        .expect("key");
+        let d = BigNum::from_hex_str(d).expect("d");
+        let mut q = openssl::ec::EcPoint::new(&g).expect("q");
+        q.mul_generator2(&g, &d, &mut ctx).expect("d·G");
+        let raw = q
+            .to_bytes(&g, openssl::ec::PointConversionForm::UNCOMPRESSED, &mut ctx)
+            .expect("raw");
+        assert_eq!(raw[..3], start, "the fixture's point starts like an OCTET STRING");
+        assert_eq!(usize::from(raw[1]), raw.len() - 2);
+        let peer = openssl::ec::EcKey::from_private_components(&g, &d, &q).expect("peer");
+        ecdh_matches_openssl(h, privh, &g, peer, ours, &format!("{curve:?} raw 3F/5F 04 point"));
+        // SAFETY: plain calls.
+        unsafe {
+            assert_eq!(ffi::C_DestroyObject(h, privh), CKR_OK);
+        }
+    }
+}
+
 #[test]
 fn ec_and_ed25519_pairs_sign_and_derive() {
     let h = open();
@@ -372,58 +487,7 @@ fn ec_and_ed25519_pairs_sign_and_derive() {
         }
         // ECDH: an AES key equal to OpenSSL's shared secret's leading bytes.
         let peer = openssl::ec::EcKey::generate(&g).expect("peer");
-        let their = peer
-            .public_key()
-            .to_bytes(&g, openssl::ec::PointConversionForm::UNCOMPRESSED, &mut ctx)
-            .expect("their point");
-        let peer_pk = PKey::from_ec_key(peer).expect("pk");
-        let our_pk = PKey::from_ec_key(ek).expect("pk");
-        let mut der = openssl::derive::Deriver::new(&peer_pk).expect("deriver");
-        der.set_peer(&our_pk).expect("peer");
-        let z = der.derive_to_vec().expect("z");
-        let mut p = CK_ECDH1_DERIVE_PARAMS {
-            kdf: CKD_NULL,
-            ulSharedDataLen: 0,
-            pSharedData: std::ptr::null_mut(),
-            ulPublicDataLen: their.len() as CK_ULONG,
-            pPublicData: their.as_ptr().cast_mut(),
-        };
-        let mut m = CK_MECHANISM {
-            mechanism: CKM_ECDH1_DERIVE,
-            pParameter: std::ptr::from_mut(&mut p).cast(),
-            ulParameterLen: std::mem::size_of::<CK_ECDH1_DERIVE_PARAMS>() as CK_ULONG,
-        };
-        let (class, kt, len) = (CKO_SECRET_KEY, CKK_AES, 16 as CK_ULONG);
-        let mut t = [
-            attr(CKA_CLASS, &class),
-            attr(CKA_KEY_TYPE, &kt),
-            attr(CKA_VALUE_LEN, &len),
-        ];
-        let mut aes = 0;
-        // SAFETY: all pointers outlive the call.
-        let rv = unsafe { ffi::C_DeriveKey(h, &mut m, privh, t.as_mut_ptr(), 3, &mut aes) };
-        assert_eq!(rv, CKR_OK, "C_DeriveKey");
-        assert_eq!(get(h, aes, CKA_VALUE), Err(CKR_ATTRIBUTE_SENSITIVE));
-        let mut ecb = CK_MECHANISM {
-            mechanism: CKM_AES_ECB,
-            pParameter: std::ptr::null_mut(),
-            ulParameterLen: 0,
-        };
-        let mut block = [9u8; 16];
-        let mut out = [0u8; 16];
-        let mut n = 16 as CK_ULONG;
-        // SAFETY: buffers with their lengths.
-        unsafe {
-            assert_eq!(ffi::C_EncryptInit(h, &mut ecb, aes), CKR_OK);
-            assert_eq!(
-                ffi::C_Encrypt(h, block.as_mut_ptr(), 16, out.as_mut_ptr(), &mut n),
-                CKR_OK
-            );
-        }
-        let want =
-            openssl::symm::encrypt(openssl::symm::Cipher::aes_128_ecb(), &z[..16], None, &block)
-                .expect("openssl");
-        assert_eq!(out.to_vec(), want[..16].to_vec(), "{curve:?}");
+        ecdh_matches_openssl(h, privh, &g, peer, ek, &format!("{curve:?}"));
     }
     let (pubh, privh) = gen_pair(h, CKM_EC_EDWARDS_KEY_PAIR_GEN, &mut [], &label("ed"));
     let point = get(h, pubh, CKA_EC_POINT).expect("point");

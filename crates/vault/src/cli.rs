@@ -420,6 +420,13 @@ pub struct ServeArgs {
     /// a quarter of --pool-kib).
     #[arg(long, value_name = "KIB", verbatim_doc_comment)]
     pub uid_pool_kib: Option<usize>,
+    /// Secret heap one uid's asymmetric keys may take, KiB
+    ///
+    /// KiB of the secret heap for asymmetric keys (--asym-heap-kib) one uid's
+    /// keys may take, each counted at its type's estimate (default: a quarter of
+    /// the heap outside the reserve kept for new threads).
+    #[arg(long, value_name = "KIB", verbatim_doc_comment)]
+    pub uid_asym_heap_kib: Option<usize>,
     /// Lanes one uid may have open (a vault thread each)
     ///
     /// Lanes one uid may have open (each is a vault thread with a secret stack).
@@ -512,6 +519,7 @@ pub fn config(socket: PathBuf, a: &ServeArgs) -> Result<Config, CliError> {
         keys: a.max_keys,
         versions: a.max_versions,
         uid_pool_bytes: a.uid_pool_kib.map(|k| k.saturating_mul(1024)),
+        uid_asym_heap_bytes: a.uid_asym_heap_kib.map(|k| k.saturating_mul(1024)),
         lanes: a.max_lanes,
         buffers: a.max_buffers,
         areas: a.max_areas,

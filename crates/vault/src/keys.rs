@@ -7,6 +7,7 @@ use std::sync::Arc;
 use memveil_cipher::{Aes, Xts};
 
 use crate::gcm::VaultGcm;
+use crate::limits::Resource;
 use memveil_secmem::{SecmemError, SecretBox, SecretPool};
 
 use memveil_asym::hash::{hmac, hmac_verify, Hasher};
@@ -31,7 +32,7 @@ pub(crate) enum Material {
 
 /// What the secret heap holds for one asymmetric key, about (aws-lc's
 /// objects, Montgomery contexts, blinding), charged to the owner's share of
-/// the pool.
+/// the heap (`--uid-asym-heap-kib`).
 fn heap_estimate(a: Algorithm) -> usize {
     match a {
         // Measured with aws-lc 0.47 (key, Montgomery contexts, one
@@ -248,6 +249,16 @@ impl Version {
         self.raw.as_deref()
     }
 
+    /// What a version of `kind` is charged to its owner (with the raw key
+    /// kept when `keep_raw`): its pool bytes, and for an asymmetric key the
+    /// estimate of its aws-lc objects in the secret heap.
+    pub(crate) fn charge(kind: KeyKind, keep_raw: bool) -> Resource {
+        Resource::Key {
+            pool: Version::pool_bytes(kind, keep_raw),
+            heap: kind.asym().map_or(0, heap_estimate),
+        }
+    }
+
     /// Bytes of the secret pool a version of `kind` takes (what the per-uid
     /// pool share is charged), with the raw key kept when `keep_raw`.
     pub(crate) fn pool_bytes(kind: KeyKind, keep_raw: bool) -> usize {
@@ -264,7 +275,7 @@ impl Version {
             k => {
                 let a = k.asym().unwrap_or(Algorithm::Rsa4096);
                 (
-                    fp(std::mem::size_of::<Option<PrivateKey>>()) + heap_estimate(a),
+                    fp(std::mem::size_of::<Option<PrivateKey>>()),
                     8 * 2 + a.max_output() * 4 + 8,
                 )
             }
@@ -493,9 +504,9 @@ impl KeyEntry {
         }
     }
 
-    /// Bytes of the secret pool this key's versions take.
-    pub(crate) fn pool_bytes(&self) -> usize {
-        self.versions.len() * Version::pool_bytes(self.kind, self.persistent)
+    /// What this key's versions are charged to its owner.
+    pub(crate) fn charge(&self) -> Resource {
+        Version::charge(self.kind, self.persistent).times(self.versions.len())
     }
 
     /// The version for a request (0 = newest).

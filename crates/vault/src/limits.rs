@@ -4,7 +4,8 @@
 //! per connection would be no limit: more connections multiply it. Every
 //! resource a client can make the vault hold is therefore counted per uid
 //! (from `SO_PEERCRED`), across all of that uid's connections: connections,
-//! keys, key versions, its share of the secret pool, lanes (a thread and a
+//! keys, key versions, its share of the secret pool and of the secret heap of
+//! asymmetric keys, lanes (a thread and a
 //! secret stack each), registered buffers, shared areas and their bytes. A
 //! refusal names the limit and the `memveil vault serve` flag that raises it.
 //!
@@ -27,6 +28,10 @@ pub struct Quotas {
     /// Bytes of the secret pool one uid's keys and connections may take
     /// (`--uid-pool-kib`); `None` = a quarter of the pool.
     pub uid_pool_bytes: Option<usize>,
+    /// Bytes of the asymmetric keys' secret heap one uid's keys may take
+    /// (`--uid-asym-heap-kib`, counted with each key type's estimate);
+    /// `None` = a quarter of the heap outside its reserve.
+    pub uid_asym_heap_bytes: Option<usize>,
     /// Lanes one uid may have open (`--max-lanes`; each is a vault thread
     /// with a secret stack, and holds at most 31 requests in flight).
     pub lanes: usize,
@@ -48,6 +53,7 @@ impl Default for Quotas {
             keys: 256,
             versions: 1024,
             uid_pool_bytes: None,
+            uid_asym_heap_bytes: None,
             lanes: 64,
             buffers: 256,
             areas: 64,
@@ -70,6 +76,27 @@ pub(crate) enum Resource {
     Area(u64),
     /// This many bytes of the secret pool.
     Pool(usize),
+    /// One key version: bytes of the secret pool, and of the secret heap
+    /// of asymmetric keys (aws-lc's objects).
+    Key {
+        /// Of the pool.
+        pool: usize,
+        /// Of the asymmetric heap.
+        heap: usize,
+    },
+}
+
+impl Resource {
+    /// `n` times this key charge.
+    pub(crate) fn times(self, n: usize) -> Resource {
+        match self {
+            Resource::Key { pool, heap } => Resource::Key {
+                pool: pool.saturating_mul(n),
+                heap: heap.saturating_mul(n),
+            },
+            r => r,
+        }
+    }
 }
 
 /// What one uid holds now.
@@ -81,6 +108,7 @@ pub(crate) struct Usage {
     pub(crate) areas: usize,
     pub(crate) area_bytes: u64,
     pub(crate) pool: usize,
+    pub(crate) asym_heap: usize,
 }
 
 impl Usage {
@@ -94,6 +122,10 @@ impl Usage {
                 self.area_bytes = self.area_bytes.saturating_add(b);
             }
             Resource::Pool(b) => self.pool = self.pool.saturating_add(b),
+            Resource::Key { pool, heap } => {
+                self.pool = self.pool.saturating_add(pool);
+                self.asym_heap = self.asym_heap.saturating_add(heap);
+            }
         }
     }
 
@@ -106,6 +138,7 @@ impl Usage {
 pub(crate) struct Ledger {
     q: Quotas,
     pool_share: usize,
+    heap_share: usize,
     by_uid: Mutex<HashMap<u32, Usage>>,
 }
 
@@ -114,11 +147,13 @@ fn kib(b: usize) -> usize {
 }
 
 impl Ledger {
-    /// A ledger for a secret pool of `pool_bytes`.
-    pub(crate) fn new(q: Quotas, pool_bytes: usize) -> Self {
+    /// A ledger for a secret pool of `pool_bytes` and an asymmetric heap of
+    /// `heap_bytes` (outside its reserve).
+    pub(crate) fn new(q: Quotas, pool_bytes: usize, heap_bytes: usize) -> Self {
         Self {
             q,
             pool_share: q.uid_pool_bytes.unwrap_or(pool_bytes / 4),
+            heap_share: q.uid_asym_heap_bytes.unwrap_or(heap_bytes / 4),
             by_uid: Mutex::new(HashMap::new()),
         }
     }
@@ -158,12 +193,24 @@ impl Ledger {
                 b.div_ceil(1 << 20),
                 q.area_bytes >> 20
             )),
-            Resource::Pool(b) if u.pool.saturating_add(b) > self.pool_share => Err(format!(
-                "uid {uid} holds {} KiB of the vault's secret memory (its keys and connections); {} KiB more would pass its share of {} KiB (--uid-pool-kib)",
-                kib(u.pool),
-                kib(b),
-                kib(self.pool_share)
-            )),
+            Resource::Pool(b) | Resource::Key { pool: b, .. }
+                if u.pool.saturating_add(b) > self.pool_share =>
+            {
+                Err(format!(
+                    "uid {uid} holds {} KiB of the vault's secret memory (its keys and connections); {} KiB more would pass its share of {} KiB (--uid-pool-kib)",
+                    kib(u.pool),
+                    kib(b),
+                    kib(self.pool_share)
+                ))
+            }
+            Resource::Key { heap, .. } if u.asym_heap.saturating_add(heap) > self.heap_share => {
+                Err(format!(
+                    "uid {uid}'s asymmetric keys hold about {} KiB of the vault's secret heap for them; {} KiB more would pass its share of {} KiB (--uid-asym-heap-kib)",
+                    kib(u.asym_heap),
+                    kib(heap),
+                    kib(self.heap_share)
+                ))
+            }
             r => {
                 u.add(r);
                 Ok(())
@@ -193,6 +240,10 @@ impl Ledger {
                 u.area_bytes = u.area_bytes.saturating_sub(b);
             }
             Resource::Pool(b) => u.pool = u.pool.saturating_sub(b),
+            Resource::Key { pool, heap } => {
+                u.pool = u.pool.saturating_sub(pool);
+                u.asym_heap = u.asym_heap.saturating_sub(heap);
+            }
         }
         if u.is_zero() {
             m.remove(&uid);
@@ -244,6 +295,7 @@ mod tests {
             keys: 3,
             versions: 4,
             uid_pool_bytes: Some(4096),
+            uid_asym_heap_bytes: Some(8192),
             lanes: 1,
             buffers: 1,
             areas: 2,
@@ -257,7 +309,7 @@ mod tests {
     /// uid is untouched by the first one's use.
     #[test]
     fn limits_are_per_uid_and_name_their_flag() {
-        let l = Ledger::new(small(), 1 << 20);
+        let l = Ledger::new(small(), 1 << 20, 1 << 20);
         for r in [Resource::Connection, Resource::Connection] {
             l.take(1, r).expect("within");
         }
@@ -312,8 +364,39 @@ mod tests {
         l.take(1, Resource::Connection).expect("room again");
         l.give_back(2, Resource::Connection);
         assert!(l.by_uid.lock().expect("lock").get(&2).is_none());
-        // The default share is a quarter of the pool.
-        let d = Ledger::new(Quotas::default(), 2 << 20);
+        // The default shares are a quarter of the pool and of the heap.
+        let d = Ledger::new(Quotas::default(), 2 << 20, 1 << 20);
         assert_eq!(d.pool_share(), 512 << 10);
+        assert_eq!(d.heap_share, 256 << 10);
+    }
+
+    /// Issue 32: one uid's asymmetric keys take at most its share of the
+    /// secret heap (each counted at its type's estimate), whatever room
+    /// its pool share leaves; the refusal names the flag.
+    #[test]
+    fn asymmetric_keys_are_capped_by_a_share_of_the_heap() {
+        let l = Ledger::new(small(), 1 << 20, 1 << 20);
+        let key = Resource::Key {
+            pool: 100,
+            heap: 6 << 10,
+        };
+        l.take(1, key).expect("first");
+        let e = l.take(1, key).expect_err("second");
+        assert!(
+            e.contains("uid 1") && e.contains("--uid-asym-heap-kib") && e.contains("8 KiB"),
+            "{e}"
+        );
+        // The refusal took nothing; another uid has its own share.
+        assert_eq!(l.usage(1).pool, 100);
+        l.take(2, key).expect("uid 2");
+        l.give_back(1, key);
+        l.take(1, key.times(1)).expect("room again");
+        assert_eq!(
+            key.times(3),
+            Resource::Key {
+                pool: 300,
+                heap: 18 << 10
+            }
+        );
     }
 }

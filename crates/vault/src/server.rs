@@ -163,10 +163,9 @@ fn log(msg: std::fmt::Arguments<'_>) {
     let _ = writeln!(io::stderr().lock(), "memveil-vault: {msg}");
 }
 
-/// Logs an asymmetric operation that failed inside aws-lc (the lane's
-/// client sees `status::FAILED`).
-pub(crate) fn log_failure(e: &memveil_asym::AsymError) {
-    let heap = memveil_asym::heap_stats()
+/// The secret heap's use, as a log or reply suffix.
+fn heap_note() -> String {
+    memveil_asym::heap_stats()
         .map(|h| {
             format!(
                 " (secret heap: {} of {} KiB in use, {} allocations refused: --asym-heap-kib)",
@@ -175,8 +174,38 @@ pub(crate) fn log_failure(e: &memveil_asym::AsymError) {
                 h.failures
             )
         })
-        .unwrap_or_default();
-    log(format_args!("asymmetric operation failed: {e}{heap}"));
+        .unwrap_or_default()
+}
+
+/// Allocations the secret heap has refused so far.
+fn heap_failures() -> usize {
+    memveil_asym::heap_stats().map_or(0, |h| h.failures)
+}
+
+/// Logs an asymmetric operation that failed inside aws-lc (the lane's
+/// client sees `status::FAILED`).
+pub(crate) fn log_failure(e: &memveil_asym::AsymError) {
+    log(format_args!(
+        "asymmetric operation failed: {e}{}",
+        heap_note()
+    ));
+}
+
+/// The reply to a key that could not be built: a full secret heap (it
+/// refused an allocation since `failures_before`) is a quota the operator
+/// can raise, anything else the request's fault or the pool's.
+fn build_failed(e: &crate::keys::MaterialError, failures_before: usize) -> Reply {
+    if heap_failures() > failures_before {
+        err(
+            ErrorCode::Quota,
+            format!(
+                "the vault's secret heap for asymmetric keys is full: {e}{}",
+                heap_note()
+            ),
+        )
+    } else {
+        err(ErrorCode::Invalid, pool_hint(e.to_string()))
+    }
 }
 
 fn audit(cred: &PeerCred, op: &str, key: &str, result: &str) {
@@ -259,9 +288,13 @@ impl Server {
         )?;
         let listener = bind(&cfg.socket, cfg.socket_mode)?;
         let n = table.by_id.len();
-        let ledger = Ledger::new(cfg.quotas, pool.size());
+        let ledger = Ledger::new(
+            cfg.quotas,
+            pool.size(),
+            heap.size - memveil_asym::heap_reserve(heap.size),
+        );
         for k in table.by_id.values() {
-            ledger.take_unchecked(k.owner, Resource::Pool(k.pool_bytes()));
+            ledger.take_unchecked(k.owner, k.charge());
         }
         let shared = Arc::new(Shared {
             cfg,
@@ -759,11 +792,12 @@ fn add_key(
         audit(&c.cred, op, &name, "quota");
         return err(ErrorCode::Quota, msg);
     }
-    let charge = Resource::Pool(Version::pool_bytes(kind, persistent));
+    let charge = Version::charge(kind, persistent);
     if let Err(msg) = sh.ledger.take(c.cred.uid, charge) {
         audit(&c.cred, op, &name, "quota");
         return err(ErrorCode::Quota, msg);
     }
+    let failures = heap_failures();
     let v = match key {
         Make::Bytes(k) => Version::from_bytes(&sh.pool, kind, k, persistent),
         Make::Random => Version::random(&sh.pool, kind, persistent),
@@ -773,8 +807,20 @@ fn add_key(
         Ok(v) => v,
         Err(e) => {
             sh.ledger.give_back(c.cred.uid, charge);
-            audit(&c.cred, op, &name, "invalid");
-            return err(ErrorCode::Invalid, pool_hint(e.to_string()));
+            let r = build_failed(&e, failures);
+            let code = if matches!(
+                r,
+                Reply::Error {
+                    code: ErrorCode::Quota,
+                    ..
+                }
+            ) {
+                "heap-full"
+            } else {
+                "invalid"
+            };
+            audit(&c.cred, op, &name, code);
+            return r;
         }
     };
     let id = t.alloc_id();
@@ -908,7 +954,7 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
             sh.ledger
                 .check_keys(k.owner, 0, owned, 0, 1)
                 .map_err(|m| err(ErrorCode::Quota, m))?;
-            let charge = Resource::Pool(Version::pool_bytes(k.kind, k.persistent));
+            let charge = Version::charge(k.kind, k.persistent);
             sh.ledger
                 .take(k.owner, charge)
                 .map_err(|m| err(ErrorCode::Quota, m))?;
@@ -986,7 +1032,7 @@ fn handle(sh: &Arc<Shared>, c: &mut Conn, req: Request<'_>) -> Reply {
                     return r;
                 }
             }
-            sh.ledger.give_back(k.owner, Resource::Pool(k.pool_bytes()));
+            sh.ledger.give_back(k.owner, k.charge());
             drop(k); // wipes every version (in-flight requests hold their own reference)
             audit(&c.cred, "destroy", &name, "ok");
             Reply::Done

@@ -19,6 +19,7 @@ use common::{become_uid, euid, Vault};
 use memveil_testkit::{skip, Need};
 use memveil_vault::client::{ClientError, Crypt};
 use memveil_vault::proto::{ErrorCode, KeyKind, Mode};
+use memveil_vault::ring::Op;
 use memveil_vault::Client;
 
 /// The attacker: `nobody`.
@@ -285,4 +286,155 @@ fn one_uid_at_its_limits_leaves_another_uid_served() {
         }
     });
     assert_eq!(back.join().expect("reconnect"), ATTACKER);
+}
+
+/// The private components of a fresh key of `alg` (the import format).
+fn components_of(alg: memveil_asym::Algorithm) -> Vec<u8> {
+    let k = memveil_asym::PrivateKey::generate(alg).expect("generate");
+    let mut c = vec![0u8; k.components_len()];
+    let n = k.components(&mut c).expect("components");
+    c.truncate(n);
+    c
+}
+
+/// Regression (issue 32, defect 1): a refused `ImportKey` of an RSA-3072
+/// key declared `rsa2048` kept the whole key in the vault's 2 MiB secret
+/// heap (a refused EC scalar its EC_KEY), and a full heap made aws-lc abort
+/// the vault at its next new thread. As `nobody`, 1500 such requests
+/// (every fifth a P-256 scalar above the curve's order), each answered
+/// "invalid"; then root signs with a key made before, makes and uses an
+/// RSA-2048 key, and the vault is alive. Before the fix the vault aborted
+/// at the signature (aws-lc found no memory for the new thread's DRBG).
+#[test]
+fn refused_asymmetric_imports_by_one_uid_leave_the_vault_able_to_make_keys() {
+    if euid() != 0 {
+        skip(Need::Root, "runs a client as nobody");
+        return;
+    }
+    let mut v = Vault::start();
+    std::fs::set_permissions(&v.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let before = v
+        .client()
+        .create_key("before-flood", KeyKind::P256, false)
+        .expect("a key made before");
+    let big = components_of(memveil_asym::Algorithm::Rsa3072);
+    let mut ec = vec![0u8; 34];
+    let n = memveil_asym::components::encode_into(&[&[0xff; 32]], &mut ec).expect("encode");
+    ec.truncate(n);
+    let socket = v.socket.clone();
+    let t0 = Instant::now();
+    let (refused, other) = std::thread::spawn(move || {
+        become_uid(ATTACKER);
+        let Ok(mut c) = Client::connect(&socket) else {
+            return (0, vec!["no connection".to_owned()]);
+        };
+        let (mut refused, mut other) = (0, Vec::new());
+        for i in 0..1500 {
+            let (kind, key) = if i % 5 == 4 {
+                (KeyKind::P256, &ec)
+            } else {
+                (KeyKind::Rsa2048, &big)
+            };
+            match c.import_key(&format!("flood-{i}"), kind, false, key) {
+                Err(ClientError::Refused {
+                    code: ErrorCode::Invalid,
+                    ..
+                }) => refused += 1,
+                r => {
+                    other.push(format!("request {i}: {:?}", r.map(|k| k.name)));
+                    if other.len() > 5 {
+                        break;
+                    }
+                }
+            }
+        }
+        (refused, other)
+    })
+    .join()
+    .expect("attacker thread");
+    println!(
+        "1500 refused imports in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(other.is_empty(), "{other:?}\nvault: {}", v.stderr());
+    assert_eq!(refused, 1500);
+    let none = memveil_vault::ring::AsymParams::default;
+    let socket = v.socket.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // On a thread: a client of a vault that died would wait on its lane.
+    std::thread::spawn(move || {
+        let r = Client::connect(&socket)
+            .map_err(|e| e.to_string())
+            .and_then(|mut c| {
+                // A key made before signs on a new connection (a new thread
+                // of the vault), and a new key is made and signs.
+                c.private_op(Op::Encrypt, before.id, Mode::Ecdsa, none(), &[7u8; 32])
+                    .map_err(|e| format!("the key made before: {e}"))?;
+                let k = c
+                    .create_key("after-flood", KeyKind::Rsa2048, false)
+                    .map_err(|e| e.to_string())?;
+                let mut di = memveil_asym::Hash::Sha256.digest_info_prefix().to_vec();
+                di.extend([7u8; 32]);
+                c.private_op(Op::Encrypt, k.id, Mode::RsaPkcs1, none(), &di)
+                    .map_err(|e| e.to_string())
+            });
+        let _ = tx.send(r);
+    });
+    let t1 = Instant::now();
+    let made = loop {
+        if let Ok(r) = rx.recv_timeout(Duration::from_millis(100)) {
+            break r;
+        }
+        if let Some(st) = v.wait_exit(Duration::from_millis(1)) {
+            panic!("the vault exited ({st}): {}", v.stderr());
+        }
+        assert!(t1.elapsed() < Duration::from_secs(120), "no answer");
+    };
+    let exited = v.wait_exit(Duration::from_millis(100));
+    assert!(
+        exited.is_none(),
+        "the vault exited ({exited:?}): {}",
+        v.stderr()
+    );
+    let sig = made.unwrap_or_else(|e| panic!("root's key after the flood: {e}\n{}", v.stderr()));
+    assert_eq!(sig.len(), 256);
+}
+
+/// Issue 32: one uid's asymmetric keys stop at its share of the secret heap
+/// (`--uid-asym-heap-kib`, each key counted at its type's estimate), with a
+/// refusal naming the flag; another uid still makes keys.
+#[test]
+fn one_uids_asymmetric_keys_stop_at_its_share_of_the_heap() {
+    if euid() != 0 {
+        skip(Need::Root, "runs a client as nobody");
+        return;
+    }
+    let v =
+        Vault::start_with(common::Opts::default().arg("--uid-asym-heap-kib=16")).expect("vault");
+    std::fs::set_permissions(&v.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let socket = v.socket.clone();
+    let (made, refusal) = std::thread::spawn(move || {
+        become_uid(ATTACKER);
+        let mut c = Client::connect(&socket).expect("connect");
+        let mut made = 0;
+        loop {
+            match c.create_key(&format!("ec-{made}"), KeyKind::P256, false) {
+                Ok(_) => made += 1,
+                Err(e) => return (made, e.to_string()),
+            }
+            assert!(made < 1000, "never refused");
+        }
+    })
+    .join()
+    .expect("attacker thread");
+    assert_eq!(made, 16, "{refusal}");
+    assert!(
+        refusal.contains("--uid-asym-heap-kib") && refusal.contains("uid 65534"),
+        "{refusal}"
+    );
+    let mut c = v.client();
+    c.create_key("root-rsa", KeyKind::Rsa2048, false)
+        .expect("another uid's key");
 }

@@ -31,7 +31,7 @@ See docs/agent.md.";
 #[derive(clap::Args)]
 #[command(after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
-    /// The agent's socket (created mode 0600; a stale one is replaced)
+    /// The agent's socket (mode 0600; only a stale socket there is replaced)
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
     /// The vault's socket
@@ -58,6 +58,17 @@ pub struct Args {
     /// Install no seccomp allowlist (debugging only; logged loudly)
     #[arg(long)]
     no_seccomp: bool,
+    /// Also offer keys other users granted to this one
+    ///
+    /// Also offer the PREFIX* keys other users granted to this uid (by
+    /// default only its own keys: a grant needs no consent, so another user
+    /// could fill ssh-add -l or have you log in with a key it controls).
+    #[arg(long, verbatim_doc_comment)]
+    offer_granted: bool,
+    /// Connections served at once
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    max_connections: u16,
 }
 
 /// Runs `memveil agent`.
@@ -73,13 +84,15 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         memveil_vault::proto::valid_name(&format!("{}x", a.prefix)) && a.prefix.len() <= 32,
         "--prefix: up to 32 characters of [A-Za-z0-9._-]"
     );
-    let cfg = memveil_agent::Config {
-        socket: a.socket.clone(),
-        vault: a.vault.unwrap_or_else(memveil_vault::cli::default_socket),
-        prefix: a.prefix,
-        persistent: a.persistent,
-        policy,
-    };
+    let mut cfg = memveil_agent::Config::new(
+        a.socket.clone(),
+        a.vault.unwrap_or_else(memveil_vault::cli::default_socket),
+    );
+    cfg.prefix = a.prefix;
+    cfg.persistent = a.persistent;
+    cfg.policy = policy;
+    cfg.offer_granted = a.offer_granted;
+    cfg.max_connections = usize::from(a.max_connections);
     let agent = memveil_agent::Agent::bind(cfg).context("starting the agent")?;
     super::lock_down("memveil-agent", memveil_agent::seccomp::AGENT, a.no_seccomp)?;
     println!(

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Fuzz smoke run of the PKCS#11 module's CKM_ECDH1_DERIVE parameters
+# (crates/pkcs11/src/asym.rs: Ecdh::new, peer_point): 10 s of libFuzzer on
+# stable Rust. A crash leaves its input in fuzz/artifacts/pkcs11_ecdh/.
+set -euo pipefail
+cd "$(dirname "$0")/../../fuzz"
+if ! command -v cargo-fuzz >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; then
+    echo "pkcs11_fuzz.sh: cargo-fuzz missing: run scripts/install.d/cargo-fuzz.sh" >&2
+    exit 1
+fi
+RUSTC_BOOTSTRAP=1 cargo fuzz run pkcs11_ecdh --sanitizer none -- \
+    -max_total_time=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 6
