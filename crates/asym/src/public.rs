@@ -4,11 +4,13 @@
 //! with the public key it already holds.
 
 use std::ffi::c_int;
-use std::ptr::{self, NonNull};
+use std::ptr;
 
 use aws_lc_sys as sys;
 
-use crate::backend::{backend_error, nid, oaep_setup, Bn};
+use crate::backend::{
+    backend_error, nid, oaep_setup, Bn, EcKey, EcPoint, EcdsaSig, Pkey, PkeyCtx, RsaKey,
+};
 use crate::{AsymError, Curve, Hash, Public};
 
 /// How to verify a signature.
@@ -54,8 +56,8 @@ pub enum EncryptScheme<'a> {
 }
 
 enum Inner {
-    Rsa(NonNull<sys::RSA>),
-    Ec(NonNull<sys::EC_KEY>, Curve),
+    Rsa(RsaKey),
+    Ec(EcKey, Curve),
     Ed25519([u8; 32]),
 }
 
@@ -69,18 +71,6 @@ pub struct PublicKey {
 unsafe impl Send for PublicKey {}
 // SAFETY: as above: every operation takes `&self`.
 unsafe impl Sync for PublicKey {}
-
-impl Drop for PublicKey {
-    fn drop(&mut self) {
-        match &self.inner {
-            // SAFETY: owned, freed once.
-            Inner::Rsa(r) => unsafe { sys::RSA_free(r.as_ptr()) },
-            // SAFETY: owned, freed once.
-            Inner::Ec(k, _) => unsafe { sys::EC_KEY_free(k.as_ptr()) },
-            Inner::Ed25519(_) => {}
-        }
-    }
-}
 
 fn rejected(what: &str) -> AsymError {
     AsymError::Rejected(backend_error(what).to_string())
@@ -99,35 +89,34 @@ impl PublicKey {
                 // SAFETY: both live BIGNUMs, copied by the function, which
                 // checks the key's form.
                 let rsa = unsafe { sys::RSA_new_public_key(n.ptr(), e.ptr()) };
-                Inner::Rsa(NonNull::new(rsa).ok_or(AsymError::BadInput(
-                    "not an RSA public key (modulus or exponent refused)",
-                ))?)
+                Inner::Rsa(RsaKey::own(rsa, "RSA_new_public_key").map_err(|_| {
+                    AsymError::BadInput("not an RSA public key (modulus or exponent refused)")
+                })?)
             }
             Public::Ec { curve, point } => {
                 // SAFETY: no preconditions; a NID aws-lc knows.
-                let key = unsafe { sys::EC_KEY_new_by_curve_name(nid(*curve)) };
-                let key = NonNull::new(key).ok_or_else(|| backend_error("EC_KEY_new"))?;
-                // SAFETY: live key with its group; the point is created,
-                // decoded (checked on the curve), copied into the key and
-                // freed here.
+                let key = EcKey::own(
+                    // SAFETY: no preconditions; a NID aws-lc knows.
+                    unsafe { sys::EC_KEY_new_by_curve_name(nid(*curve)) },
+                    "EC_KEY_new",
+                )?;
+                // SAFETY: a live key; its group lives as long as it does.
+                let g = unsafe { sys::EC_KEY_get0_group(key.ptr()) };
+                // SAFETY: a live group.
+                let pt = EcPoint::own(unsafe { sys::EC_POINT_new(g) }, "EC_POINT_new")?;
+                // SAFETY: live key, group and point; the point is decoded
+                // (checked on the curve) and copied into the key.
                 let ok = unsafe {
-                    let g = sys::EC_KEY_get0_group(key.as_ptr());
-                    let pt = sys::EC_POINT_new(g);
-                    let ok = !pt.is_null()
-                        && sys::EC_POINT_oct2point(
-                            g,
-                            pt,
-                            point.as_ptr(),
-                            point.len(),
-                            ptr::null_mut(),
-                        ) == 1
-                        && sys::EC_KEY_set_public_key(key.as_ptr(), pt) == 1;
-                    sys::EC_POINT_free(pt);
-                    ok
+                    sys::EC_POINT_oct2point(
+                        g,
+                        pt.ptr(),
+                        point.as_ptr(),
+                        point.len(),
+                        ptr::null_mut(),
+                    ) == 1
+                        && sys::EC_KEY_set_public_key(key.ptr(), pt.ptr()) == 1
                 };
                 if !ok {
-                    // SAFETY: ours, freed once.
-                    unsafe { sys::EC_KEY_free(key.as_ptr()) };
                     return Err(AsymError::BadInput("not a point of the key's curve"));
                 }
                 Inner::Ec(key, *curve)
@@ -142,15 +131,15 @@ impl PublicKey {
     pub fn block_len(&self) -> usize {
         match &self.inner {
             // SAFETY: live key.
-            Inner::Rsa(r) => (unsafe { sys::RSA_size(r.as_ptr()) }) as usize,
+            Inner::Rsa(r) => (unsafe { sys::RSA_size(r.ptr()) }) as usize,
             Inner::Ec(_, c) => 2 * c.field_bytes(),
             Inner::Ed25519(_) => 64,
         }
     }
 
-    fn rsa(&self) -> Result<NonNull<sys::RSA>, AsymError> {
+    fn rsa(&self) -> Result<&RsaKey, AsymError> {
         match &self.inner {
-            Inner::Rsa(r) => Ok(*r),
+            Inner::Rsa(r) => Ok(r),
             _ => Err(AsymError::BadInput("an RSA operation needs an RSA key")),
         }
     }
@@ -163,7 +152,7 @@ impl PublicKey {
         // SAFETY: live key; `out` writable for its length; `sig` readable.
         let ok = unsafe {
             sys::RSA_verify_raw(
-                r.as_ptr(),
+                r.ptr(),
                 &mut n,
                 out.as_mut_ptr(),
                 out.len(),
@@ -240,7 +229,7 @@ impl PublicKey {
                 // hashes are static tables.
                 let ok = unsafe {
                     sys::RSA_verify_pss_mgf1(
-                        r.as_ptr(),
+                        r.ptr(),
                         input.as_ptr(),
                         input.len(),
                         hash.md(),
@@ -267,22 +256,17 @@ impl PublicKey {
                     return Err(AsymError::BadInput("an ECDSA digest is 1 to 64 bytes"));
                 }
                 let (r, s) = (Bn::from_be(&sig[..f])?, Bn::from_be(&sig[f..])?);
-                // SAFETY: the signature object is created here, takes r and
-                // s (set0), is used with the live key and freed here.
+                // SAFETY: no preconditions.
+                let es = EcdsaSig::own(unsafe { sys::ECDSA_SIG_new() }, "ECDSA_SIG_new")?;
+                // SAFETY: a live signature object; set0 takes r and s over
+                // on success only, so they are given up after it.
+                if unsafe { sys::ECDSA_SIG_set0(es.ptr(), r.ptr(), s.ptr()) } != 1 {
+                    return Err(backend_error("ECDSA_SIG_set0"));
+                }
+                let _ = (r.into_raw(), s.into_raw());
+                // SAFETY: live signature and key; the digest is readable.
                 let ok = unsafe {
-                    let es = sys::ECDSA_SIG_new();
-                    if es.is_null() {
-                        return Err(backend_error("ECDSA_SIG_new"));
-                    }
-                    let (rp, sp) = (r.into_raw(), s.into_raw());
-                    if sys::ECDSA_SIG_set0(es, rp, sp) != 1 {
-                        sys::BN_free(rp);
-                        sys::BN_free(sp);
-                        sys::ECDSA_SIG_free(es);
-                        return Err(backend_error("ECDSA_SIG_set0"));
-                    }
-                    let ok = sys::ECDSA_do_verify(input.as_ptr(), input.len(), es, key.as_ptr());
-                    sys::ECDSA_SIG_free(es);
+                    let ok = sys::ECDSA_do_verify(input.as_ptr(), input.len(), es.ptr(), key.ptr());
                     sys::ERR_clear_error();
                     ok
                 };
@@ -349,7 +333,7 @@ impl PublicKey {
         // SAFETY: live key; `out` holds k bytes; `input` readable.
         let ok = unsafe {
             sys::RSA_encrypt(
-                r.as_ptr(),
+                r.ptr(),
                 &mut n,
                 out.as_mut_ptr(),
                 out.len(),
@@ -367,37 +351,43 @@ impl PublicKey {
 }
 
 fn oaep(
-    r: NonNull<sys::RSA>,
+    r: &RsaKey,
     hash: Hash,
     mgf1: Hash,
     label: &[u8],
     input: &[u8],
     mut out: Vec<u8>,
 ) -> Result<Vec<u8>, AsymError> {
-    // SAFETY: the EVP_PKEY and its context are created, used and freed
-    // here (`oaep_setup`'s context is live and initialised for
-    // encryption); set1 takes its own reference to the live RSA key; `out`
-    // holds the modulus' bytes and `n` says so on entry.
-    unsafe {
-        let pkey = sys::EVP_PKEY_new();
-        if pkey.is_null() || sys::EVP_PKEY_set1_RSA(pkey, r.as_ptr()) != 1 {
-            sys::EVP_PKEY_free(pkey);
-            return Err(backend_error("EVP_PKEY_set1_RSA"));
-        }
-        let ctx = sys::EVP_PKEY_CTX_new(pkey, ptr::null_mut());
-        let mut n = out.len();
-        let ok = !ctx.is_null()
-            && sys::EVP_PKEY_encrypt_init(ctx) == 1
-            && oaep_setup(ctx, hash, mgf1, label)
-            && sys::EVP_PKEY_encrypt(ctx, out.as_mut_ptr(), &mut n, input.as_ptr(), input.len())
-                == 1;
-        sys::EVP_PKEY_CTX_free(ctx);
-        sys::EVP_PKEY_free(pkey);
-        if ok {
-            out.truncate(n);
-            Ok(out)
-        } else {
-            Err(backend_error("OAEP encryption"))
-        }
+    // SAFETY: no preconditions.
+    let pkey = Pkey::own(unsafe { sys::EVP_PKEY_new() }, "EVP_PKEY_new")?;
+    // SAFETY: live EVP_PKEY and RSA key; set1 takes its own reference.
+    if unsafe { sys::EVP_PKEY_set1_RSA(pkey.ptr(), r.ptr()) } != 1 {
+        return Err(backend_error("EVP_PKEY_set1_RSA"));
+    }
+    let ctx = PkeyCtx::own(
+        // SAFETY: a live EVP_PKEY; the context takes its own reference.
+        unsafe { sys::EVP_PKEY_CTX_new(pkey.ptr(), ptr::null_mut()) },
+        "EVP_PKEY_CTX_new",
+    )?;
+    let mut n = out.len();
+    // SAFETY: a live context (`oaep_setup`'s contract), initialised for
+    // encryption first; `out` holds the modulus' bytes and `n` says so on
+    // entry; `input` is readable.
+    let ok = unsafe {
+        sys::EVP_PKEY_encrypt_init(ctx.ptr()) == 1
+            && oaep_setup(ctx.ptr(), hash, mgf1, label)
+            && sys::EVP_PKEY_encrypt(
+                ctx.ptr(),
+                out.as_mut_ptr(),
+                &mut n,
+                input.as_ptr(),
+                input.len(),
+            ) == 1
+    };
+    if ok {
+        out.truncate(n);
+        Ok(out)
+    } else {
+        Err(backend_error("OAEP encryption"))
     }
 }
