@@ -156,19 +156,19 @@ fn map(f: Failure, len_rv: Rv, bad_rv: Rv) -> Rv {
 #[derive(Clone)]
 pub struct AsymSign {
     key: u32,
-    mode: Mode,
-    hash: Option<Hash>,
-    prefix: bool,
-    multi: bool,
+    shape: SigShape,
     params: AsymParams,
-    /// The signature's length (modulus bytes, `2·field`, 64).
-    pub sig_len: usize,
-    modulus_len: usize,
     pending: Zeroizing<Vec<u8>>,
     updated: bool,
 }
 
 impl AsymSign {
+    /// The signature's length (modulus bytes, `2·field`, 64).
+    #[must_use]
+    pub fn sig_len(&self) -> usize {
+        self.shape.sig_len
+    }
+
     /// Starts a signature with vault key `key` of `kind`.
     ///
     /// # Errors
@@ -180,14 +180,10 @@ impl AsymSign {
         key: u32,
         kind: KeyKind,
     ) -> Result<Self, Rv> {
-        let (mode, hash, prefix, ktype, multi) = sign_shape(mech).ok_or(CKR_MECHANISM_INVALID)?;
-        if crate::object::key_type(kind) != ktype {
-            return Err(CKR_KEY_TYPE_INCONSISTENT);
-        }
-        let alg = kind.asym().ok_or(CKR_KEY_TYPE_INCONSISTENT)?;
-        let p = match (mode, params) {
+        let shape = SigShape::of(mech, kind)?;
+        let p = match (shape.mode, params) {
             (Mode::RsaPss, SignParams::Pss { hash: h, mgf, salt }) => {
-                let (hh, mgf1, salt) = pss_of(hash, h, mgf, salt)?;
+                let (hh, mgf1, salt) = pss_of(shape.hash, h, mgf, salt)?;
                 AsymParams {
                     hash: hh.code(),
                     mgf1: mgf1.code(),
@@ -200,13 +196,8 @@ impl AsymSign {
         };
         Ok(Self {
             key,
-            mode,
-            hash,
-            prefix,
-            multi,
+            shape,
             params: p,
-            sig_len: alg.max_output(),
-            modulus_len: alg.rsa_bits().map_or(0, |b| b as usize / 8),
             pending: Zeroizing::new(Vec::new()),
             updated: false,
         })
@@ -218,13 +209,7 @@ impl AsymSign {
     /// `CKR_FUNCTION_NOT_SUPPORTED` for a single-part mechanism;
     /// `CKR_DATA_LEN_RANGE` past [`MAX_MESSAGE`].
     pub fn update(&mut self, part: &[u8]) -> Result<(), Rv> {
-        if !self.multi {
-            return Err(CKR_FUNCTION_NOT_SUPPORTED);
-        }
-        if self.pending.len() + part.len() > MAX_MESSAGE {
-            return Err(CKR_DATA_LEN_RANGE);
-        }
-        self.pending.extend_from_slice(part);
+        self.shape.gather(&mut self.pending, part)?;
         self.updated = true;
         Ok(())
     }
@@ -236,53 +221,106 @@ impl AsymSign {
     pub fn sign(&self, be: &dyn AsymBackend, last: &[u8]) -> Result<Zeroizing<Vec<u8>>, Rv> {
         let mut msg = Zeroizing::new(self.pending.to_vec());
         msg.extend_from_slice(last);
-        let input = sign_input(self.hash, self.prefix, self.mode, self.modulus_len, msg)?;
-        be.run_asym(Op::Encrypt, self.key, self.mode, self.params, &input)
+        let input = self.shape.input(msg)?;
+        be.run_asym(Op::Encrypt, self.key, self.shape.mode, self.params, &input)
             .map_err(|f| map(f, CKR_DATA_LEN_RANGE, CKR_DATA_INVALID))
     }
 }
 
-/// What a signature mechanism signs (and its verification checks): the
-/// message's digest (in a `DigestInfo` for PKCS#1 v1.5) for the `SHA*`
-/// mechanisms, the message left-padded to the modulus for `CKM_RSA_X_509`,
-/// the message itself otherwise.
-///
-/// # Errors
-/// `CKR_DATA_LEN_RANGE` for an empty input (but Ed25519's) or a raw one
-/// longer than the modulus.
-pub(crate) fn sign_input(
-    hash: Option<Hash>,
+/// What a signature mechanism makes of the message for a key of a kind:
+/// shared by signing (in the vault, [`AsymSign`]) and verifying (in the
+/// module, `public::AsymVerify`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SigShape {
+    /// The vault's mode.
+    pub(crate) mode: Mode,
+    /// The hash the module applies first.
+    pub(crate) hash: Option<Hash>,
+    /// Whether the digest goes in a `DigestInfo`.
     prefix: bool,
-    mode: Mode,
-    modulus_len: usize,
-    msg: Zeroizing<Vec<u8>>,
-) -> Result<Zeroizing<Vec<u8>>, Rv> {
-    let input = match hash {
-        Some(h) => {
-            let mut v = if prefix {
-                h.digest_info_prefix().to_vec()
-            } else {
-                Vec::new()
-            };
-            v.extend(digest(h, &msg));
-            Zeroizing::new(v)
+    /// Whether multi-part is allowed.
+    multi: bool,
+    /// The signature's length (modulus bytes, `2·field`, 64).
+    pub(crate) sig_len: usize,
+    /// The modulus' bytes of an RSA key, 0 otherwise.
+    pub(crate) modulus_len: usize,
+}
+
+impl SigShape {
+    /// The shape of `mech` with a key of `kind`.
+    ///
+    /// # Errors
+    /// `CKR_MECHANISM_INVALID`, `CKR_KEY_TYPE_INCONSISTENT`.
+    pub(crate) fn of(mech: CK_MECHANISM_TYPE, kind: KeyKind) -> Result<Self, Rv> {
+        let (mode, hash, prefix, ktype, multi) = sign_shape(mech).ok_or(CKR_MECHANISM_INVALID)?;
+        if crate::object::key_type(kind) != ktype {
+            return Err(CKR_KEY_TYPE_INCONSISTENT);
         }
-        None if mode == Mode::RsaRaw => {
-            // CKM_RSA_X_509: shorter input is a number below the modulus,
-            // left-padded with zeros.
-            if msg.len() > modulus_len {
-                return Err(CKR_DATA_LEN_RANGE);
-            }
-            let mut v = Zeroizing::new(vec![0u8; modulus_len - msg.len()]);
-            v.extend_from_slice(&msg);
-            v
-        }
-        None => msg,
-    };
-    if input.is_empty() && mode != Mode::EdDsa {
-        return Err(CKR_DATA_LEN_RANGE);
+        let alg = kind.asym().ok_or(CKR_KEY_TYPE_INCONSISTENT)?;
+        Ok(Self {
+            mode,
+            hash,
+            prefix,
+            multi,
+            sig_len: alg.max_output(),
+            modulus_len: alg.rsa_bits().map_or(0, |b| b as usize / 8),
+        })
     }
-    Ok(input)
+
+    /// Adds a part to `pending` (`C_SignUpdate`, `C_VerifyUpdate`).
+    ///
+    /// # Errors
+    /// `CKR_FUNCTION_NOT_SUPPORTED` for a single-part mechanism;
+    /// `CKR_DATA_LEN_RANGE` past [`MAX_MESSAGE`].
+    pub(crate) fn gather(&self, pending: &mut Vec<u8>, part: &[u8]) -> Result<(), Rv> {
+        if !self.multi {
+            return Err(CKR_FUNCTION_NOT_SUPPORTED);
+        }
+        if pending.len() + part.len() > MAX_MESSAGE {
+            return Err(CKR_DATA_LEN_RANGE);
+        }
+        pending.extend_from_slice(part);
+        Ok(())
+    }
+
+    /// What a signature mechanism signs (and its verification checks): the
+    /// message's digest (in a `DigestInfo` for PKCS#1 v1.5) for the `SHA*`
+    /// mechanisms, the message left-padded to the modulus for `CKM_RSA_X_509`,
+    /// the message itself otherwise.
+    ///
+    /// # Errors
+    /// `CKR_DATA_LEN_RANGE` for an empty input (but Ed25519's) or a raw one
+    /// longer than the modulus.
+    pub(crate) fn input(&self, msg: Zeroizing<Vec<u8>>) -> Result<Zeroizing<Vec<u8>>, Rv> {
+        let (hash, prefix, mode, modulus_len) =
+            (self.hash, self.prefix, self.mode, self.modulus_len);
+        let input = match hash {
+            Some(h) => {
+                let mut v = if prefix {
+                    h.digest_info_prefix().to_vec()
+                } else {
+                    Vec::new()
+                };
+                v.extend(digest(h, &msg));
+                Zeroizing::new(v)
+            }
+            None if mode == Mode::RsaRaw => {
+                // CKM_RSA_X_509: shorter input is a number below the modulus,
+                // left-padded with zeros.
+                if msg.len() > modulus_len {
+                    return Err(CKR_DATA_LEN_RANGE);
+                }
+                let mut v = Zeroizing::new(vec![0u8; modulus_len - msg.len()]);
+                v.extend_from_slice(&msg);
+                v
+            }
+            None => msg,
+        };
+        if input.is_empty() && mode != Mode::EdDsa {
+            return Err(CKR_DATA_LEN_RANGE);
+        }
+        Ok(input)
+    }
 }
 
 /// The parameters of a decryption mechanism, copied out.

@@ -14,8 +14,7 @@ use memveil_vault::proto::{KeyKind, Mode};
 use zeroize::Zeroizing;
 
 use crate::asym::{
-    hash_of_mech, hash_of_mgf, kind_of_params, pss_of, sign_input, sign_shape, DecryptParams,
-    SignParams, MAX_MESSAGE,
+    hash_of_mech, hash_of_mgf, kind_of_params, pss_of, DecryptParams, SigShape, SignParams,
 };
 use crate::core::{as_bool, as_ulong};
 use crate::mech::Rv;
@@ -25,13 +24,7 @@ use crate::mech::Rv;
 pub struct AsymVerify {
     key: Arc<PublicKey>,
     scheme: VerifyScheme,
-    mode: Mode,
-    hash: Option<Hash>,
-    prefix: bool,
-    multi: bool,
-    /// The signature's length (modulus bytes, `2·field`, 64).
-    pub sig_len: usize,
-    modulus_len: usize,
+    shape: SigShape,
     pending: Vec<u8>,
 }
 
@@ -48,14 +41,10 @@ impl AsymVerify {
         key: Arc<PublicKey>,
         kind: KeyKind,
     ) -> Result<Self, Rv> {
-        let (mode, hash, prefix, ktype, multi) = sign_shape(mech).ok_or(CKR_MECHANISM_INVALID)?;
-        if crate::object::key_type(kind) != ktype {
-            return Err(CKR_KEY_TYPE_INCONSISTENT);
-        }
-        let alg = kind.asym().ok_or(CKR_KEY_TYPE_INCONSISTENT)?;
-        let scheme = match (mode, params) {
+        let shape = SigShape::of(mech, kind)?;
+        let scheme = match (shape.mode, params) {
             (Mode::RsaPss, SignParams::Pss { hash: h, mgf, salt }) => {
-                let (hash, mgf1, salt) = pss_of(hash, h, mgf, salt)?;
+                let (hash, mgf1, salt) = pss_of(shape.hash, h, mgf, salt)?;
                 VerifyScheme::Pss { hash, mgf1, salt }
             }
             (Mode::RsaPkcs1, SignParams::None) => VerifyScheme::Pkcs1,
@@ -67,12 +56,7 @@ impl AsymVerify {
         Ok(Self {
             key,
             scheme,
-            mode,
-            hash,
-            prefix,
-            multi,
-            sig_len: alg.max_output(),
-            modulus_len: alg.rsa_bits().map_or(0, |b| b as usize / 8),
+            shape,
             pending: Vec::new(),
         })
     }
@@ -81,17 +65,10 @@ impl AsymVerify {
     ///
     /// # Errors
     /// `CKR_FUNCTION_NOT_SUPPORTED` for a single-part mechanism;
-    /// `CKR_DATA_LEN_RANGE` past [`MAX_MESSAGE`] (the mechanisms that keep
+    /// `CKR_DATA_LEN_RANGE` past [`crate::asym::MAX_MESSAGE`] (the mechanisms that keep
     /// the message: Ed25519).
     pub fn update(&mut self, part: &[u8]) -> Result<(), Rv> {
-        if !self.multi {
-            return Err(CKR_FUNCTION_NOT_SUPPORTED);
-        }
-        if self.pending.len() + part.len() > MAX_MESSAGE {
-            return Err(CKR_DATA_LEN_RANGE);
-        }
-        self.pending.extend_from_slice(part);
-        Ok(())
+        self.shape.gather(&mut self.pending, part)
     }
 
     /// Checks `sig` over the parts so far followed by `last`.
@@ -100,12 +77,12 @@ impl AsymVerify {
     /// `CKR_SIGNATURE_LEN_RANGE`, `CKR_SIGNATURE_INVALID`,
     /// `CKR_DATA_LEN_RANGE`.
     pub fn verify(&self, last: &[u8], sig: &[u8]) -> Result<(), Rv> {
-        if sig.len() != self.sig_len {
+        if sig.len() != self.shape.sig_len {
             return Err(CKR_SIGNATURE_LEN_RANGE);
         }
         let mut msg = Zeroizing::new(self.pending.clone());
         msg.extend_from_slice(last);
-        let input = sign_input(self.hash, self.prefix, self.mode, self.modulus_len, msg)?;
+        let input = self.shape.input(msg)?;
         self.key
             .verify(self.scheme, &input, sig)
             .map_err(|e| match e {
@@ -122,10 +99,12 @@ impl AsymVerify {
     /// `CKR_SIGNATURE_LEN_RANGE`, `CKR_SIGNATURE_INVALID`,
     /// `CKR_MECHANISM_INVALID` (a mechanism without recovery).
     pub fn recover(&self, sig: &[u8]) -> Result<Vec<u8>, Rv> {
-        if self.hash.is_some() || !matches!(self.scheme, VerifyScheme::Pkcs1 | VerifyScheme::Raw) {
+        if self.shape.hash.is_some()
+            || !matches!(self.scheme, VerifyScheme::Pkcs1 | VerifyScheme::Raw)
+        {
             return Err(CKR_MECHANISM_INVALID);
         }
-        if sig.len() != self.sig_len {
+        if sig.len() != self.shape.sig_len {
             return Err(CKR_SIGNATURE_LEN_RANGE);
         }
         self.key
@@ -136,7 +115,7 @@ impl AsymVerify {
     /// The longest output of [`AsymVerify::recover`].
     #[must_use]
     pub fn recover_bound(&self) -> usize {
-        self.modulus_len
+        self.shape.modulus_len
     }
 }
 

@@ -186,7 +186,7 @@ unsafe fn sign(
             let n = match op {
                 SignOp::Cmac(_) => 16,
                 SignOp::Hmac(c) => c.mac_len(),
-                SignOp::Asym(a) => a.sig_len,
+                SignOp::Asym(a) => a.sig_len(),
             };
             // SAFETY: checked non-NULL and aligned.
             unsafe { *sl = n as CK_ULONG };
