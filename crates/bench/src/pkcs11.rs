@@ -82,6 +82,24 @@ macro_rules! call {
 mod conf;
 mod sign;
 
+/// An object of `f` made from `tpl` in session `sess` (`C_CreateObject`).
+fn create(
+    f: &'static CK_FUNCTION_LIST,
+    sess: CK_SESSION_HANDLE,
+    tpl: &mut [CK_ATTRIBUTE],
+) -> Result<CK_OBJECT_HANDLE, BenchError> {
+    let mut h = 0;
+    call!(
+        f,
+        C_CreateObject,
+        sess,
+        tpl.as_mut_ptr(),
+        tpl.len() as CK_ULONG,
+        &mut h
+    )?;
+    Ok(h)
+}
+
 /// A read-write session of `f` on `slot`.
 fn session(
     f: &'static CK_FUNCTION_LIST,
@@ -154,15 +172,7 @@ fn open(
         at(CKA_DECRYPT, std::ptr::from_ref(&t).cast(), 1),
         at(CKA_VALUE, k.as_mut_ptr().cast(), 32),
     ];
-    let mut key_h = 0;
-    call!(
-        f,
-        C_CreateObject,
-        session,
-        tpl.as_mut_ptr(),
-        tpl.len() as CK_ULONG,
-        &mut key_h
-    )?;
+    let key_h = create(f, session, &mut tpl)?;
     Ok(Module {
         name,
         f,

@@ -7,7 +7,7 @@ use cryptoki_sys::*;
 use openssl::pkey::{PKey, Private};
 
 use super::sign::{at, rate_on_threads, SignOnce};
-use super::{check, fail, median, session, spread};
+use super::{check, create, fail, median, session, spread};
 use crate::{BenchError, BenchOpts, Figure};
 
 /// One module's side: its function list, a slot, the RSA public key and
@@ -41,15 +41,7 @@ pub(super) fn import(
         at(CKA_MODULUS, &n),
         at(CKA_PUBLIC_EXPONENT, &e),
     ];
-    let mut public = 0;
-    call!(
-        f,
-        C_CreateObject,
-        sess,
-        tpl.as_mut_ptr(),
-        tpl.len() as CK_ULONG,
-        &mut public
-    )?;
+    let public = create(f, sess, &mut tpl)?;
     let (sec_c, gen_t) = (
         CKO_SECRET_KEY.to_ne_bytes(),
         CKK_GENERIC_SECRET.to_ne_bytes(),
@@ -64,15 +56,7 @@ pub(super) fn import(
         at(CKA_VERIFY, &t),
         at(CKA_VALUE, &value),
     ];
-    let mut secret = 0;
-    call!(
-        f,
-        C_CreateObject,
-        sess,
-        tpl.as_mut_ptr(),
-        tpl.len() as CK_ULONG,
-        &mut secret
-    )?;
+    let secret = create(f, sess, &mut tpl)?;
     Ok(Side {
         name,
         f,

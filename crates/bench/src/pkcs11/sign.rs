@@ -10,7 +10,7 @@ use std::time::Instant;
 use cryptoki_sys::*;
 use openssl::pkey::{PKey, Private};
 
-use super::{check, fail, median, session, spread};
+use super::{check, create, fail, median, session, spread};
 use crate::{BenchError, BenchOpts, Figure};
 
 /// One module's side: its function list, a slot and the imported keys.
@@ -83,15 +83,7 @@ pub(super) fn import(
     {
         tpl.push(at(ty, v));
     }
-    let mut rsa_h = 0;
-    call!(
-        f,
-        C_CreateObject,
-        sess,
-        tpl.as_mut_ptr(),
-        tpl.len() as CK_ULONG,
-        &mut rsa_h
-    )?;
+    let rsa_h = create(f, sess, &mut tpl)?;
     let scalar = ec.ec_key().map_err(e)?.private_key().to_vec();
     let params = [0x06u8, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
     let mut tpl = vec![
@@ -104,15 +96,7 @@ pub(super) fn import(
         at(CKA_EC_PARAMS, &params),
         at(CKA_VALUE, &scalar),
     ];
-    let mut ec_h = 0;
-    call!(
-        f,
-        C_CreateObject,
-        sess,
-        tpl.as_mut_ptr(),
-        tpl.len() as CK_ULONG,
-        &mut ec_h
-    )?;
+    let ec_h = create(f, sess, &mut tpl)?;
     Ok(Signer {
         name,
         f,
