@@ -103,7 +103,22 @@ fn softhsm() -> Option<&'static Token> {
             f,
             slot: 0,
         };
-        ok("C_Initialize", call!(t, C_Initialize, std::ptr::null_mut()));
+        // The tests run on several threads: with NULL arguments SoftHSM2
+        // takes the caller at its word that it is single-threaded and
+        // turns its own locks off (a session's objects then race, seen as
+        // CKR_GENERAL_ERROR now and then); CKF_OS_LOCKING_OK keeps them.
+        let mut args = CK_C_INITIALIZE_ARGS {
+            CreateMutex: None,
+            DestroyMutex: None,
+            LockMutex: None,
+            UnlockMutex: None,
+            flags: CKF_OS_LOCKING_OK,
+            pReserved: std::ptr::null_mut(),
+        };
+        ok(
+            "C_Initialize",
+            call!(t, C_Initialize, std::ptr::addr_of_mut!(args).cast()),
+        );
         let mut slots = [0 as CK_SLOT_ID; 8];
         let mut n = 8;
         ok(
@@ -567,7 +582,12 @@ fn hmac_gives_rfc4231_and_openssl_macs_and_refuses_a_changed_one() {
         let mut mm = mech(CKM_SHA384_HMAC);
         let mac = t.sign(h, &mut mm, k, &[b"generated"]).unwrap();
         assert_eq!(mac.len(), 48);
-        assert_eq!(t.verify(h, &mut mm, k, &[b"gene", b"rated"], &mac), CKR_OK);
+        assert_eq!(
+            t.verify(h, &mut mm, k, &[b"gene", b"rated"], &mac),
+            CKR_OK,
+            "{}",
+            t.name
+        );
         t.close(h);
     }
 }
@@ -1068,7 +1088,7 @@ fn security_refusals_keep_their_codes() {
         let h = t.open();
         let mine = t.name == "memveil";
         // A sensitive, non-extractable key stays so.
-        let k = secret(t, h, &[9; 32]).unwrap();
+        let k = secret(t, h, &[9; 32]).unwrap_or_else(|rv| panic!("{}: {rv:#x}", t.name));
         let mut unset = [attr(CKA_SENSITIVE, &FALSE)];
         assert_eq!(
             call!(t, C_SetAttributeValue, h, k, unset.as_mut_ptr(), 1),
