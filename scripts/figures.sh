@@ -7,7 +7,10 @@
 #   scripts/figures.sh                 rewrite BENCHMARKS.md's table from docs/figures/*.json
 #   scripts/figures.sh --check         fail if BENCHMARKS.md's table is not what the files give
 #   scripts/figures.sh --run PART...   measure PART(s) again (memveil bench --only PART --json
-#                                      docs/figures/PART.json), then rewrite the table
+#                                      docs/figures/PART.json; the file it replaces is kept
+#                                      as docs/figures/previous/PART.json, so the table says
+#                                      which figures moved by more than their spread), then
+#                                      rewrite the table
 #
 # Needs target/release/memveil (cargo build --release), or MEMVEIL=path.
 set -euo pipefail
@@ -36,12 +39,16 @@ case "${1:-}" in
             # A part that fails leaves its previous file in place.
             "$MEMVEIL" bench --only "$part" --json "$tmp/$part.json" --out "$tmp/report" >&2 \
                 || die "memveil bench --only $part failed; $FIGURES/$part.json kept"
+            if [ -f "$FIGURES/$part.json" ]; then
+                mkdir -p "$FIGURES/previous"
+                cp "$FIGURES/$part.json" "$FIGURES/previous/$part.json"
+            fi
             mv "$tmp/$part.json" "$FIGURES/$part.json"
             rm -rf "$tmp"
         done
         ;;
     "") ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
 esac
 
@@ -54,7 +61,12 @@ grep -qxF "$BEGIN" "$DOC" && grep -qxF "$END" "$DOC" \
 sheet=$(mktemp)
 new=$(mktemp)
 trap 'rm -f "$sheet" "$new"' EXIT
-"$MEMVEIL" bench --sheet "${files[@]}" > "$sheet"
+previous=("$FIGURES"/previous/*.json)
+if [ ${#previous[@]} -gt 0 ]; then
+    "$MEMVEIL" bench --sheet "${files[@]}" --previous "${previous[@]}" > "$sheet"
+else
+    "$MEMVEIL" bench --sheet "${files[@]}" > "$sheet"
+fi
 awk -v begin="$BEGIN" -v end="$END" -v sheet="$sheet" '
     $0 == begin { print; while ((getline l < sheet) > 0) print l; skip = 1; next }
     $0 == end { skip = 0 }

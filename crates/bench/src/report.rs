@@ -24,6 +24,37 @@ pub struct Figure {
     pub target: Option<String>,
     /// What was measured, for people.
     pub note: String,
+    /// The rounds the figure is the median of, and how far they spread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+}
+
+/// How the rounds of a figure spread: the least and the largest of what
+/// its target is of (the ratio when the figure has one, else its value).
+/// A figure that decides a target is the median of at least three rounds
+/// (issue 33), and the sheet says which figures moved by more than this.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Spread {
+    /// Rounds measured.
+    pub rounds: u32,
+    /// The least round.
+    pub low: f64,
+    /// The largest round.
+    pub high: f64,
+}
+
+impl Spread {
+    /// The spread of `rounds` (`None` when there are none).
+    #[must_use]
+    pub fn of(rounds: &[f64]) -> Option<Self> {
+        let low = rounds.iter().copied().reduce(f64::min)?;
+        let high = rounds.iter().copied().reduce(f64::max)?;
+        Some(Self {
+            rounds: u32::try_from(rounds.len()).unwrap_or(u32::MAX),
+            low,
+            high,
+        })
+    }
 }
 
 impl Figure {
@@ -39,6 +70,7 @@ impl Figure {
             ratio,
             target: None,
             note: note.to_owned(),
+            spread: None,
         }
     }
 
@@ -53,7 +85,16 @@ impl Figure {
             ratio: None,
             target: None,
             note: note.to_owned(),
+            spread: None,
         }
+    }
+
+    /// Records the rounds the figure is the median of: `per_round` holds
+    /// each round's ratio when the figure has one, else each round's value.
+    #[must_use]
+    pub fn rounds(mut self, per_round: &[f64]) -> Self {
+        self.spread = Spread::of(per_round);
+        self
     }
 
     /// Sets the ratio explicitly (for figures whose ratio is not value/baseline).

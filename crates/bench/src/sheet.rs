@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::report::Spread;
+
 /// Where and when a run measured its figures (the `run` object of the JSON
 /// file).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -234,14 +236,35 @@ struct Read {
     unit: String,
     ratio: Option<f64>,
     target: Option<String>,
+    #[serde(default)]
+    spread: Option<Spread>,
 }
 
+/// Rounds a figure that decides a target is the median of, at least.
+pub const DECIDING_ROUNDS: u32 = 3;
+
 /// The sheet for the runs `files` (the contents of `--json` files, oldest
-/// first: a figure a later file measured again takes its value from it).
+/// first: a figure a later file measured again takes its value from it),
+/// each figure compared with its value in `previous` (the files the last
+/// `scripts/figures.sh --run` replaced, same form; may be empty).
 ///
 /// # Errors
 /// A file that is not a `memveil bench --json` report.
-pub fn markdown(files: &[(String, String)]) -> Result<String, String> {
+pub fn markdown(
+    files: &[(String, String)],
+    previous: &[(String, String)],
+) -> Result<String, String> {
+    let (rows, runs) = read_all(files)?;
+    let (before, _) = read_all(previous)?;
+    Ok(render(&rows, &runs, &before))
+}
+
+/// Figures by id (a later file wins) with the run that measured each, and
+/// the runs.
+#[allow(clippy::type_complexity)]
+fn read_all(
+    files: &[(String, String)],
+) -> Result<(BTreeMap<String, (Read, usize)>, Vec<(String, RunInfo)>), String> {
     let mut rows: BTreeMap<String, (Read, usize)> = BTreeMap::new();
     let mut runs = Vec::new();
     for (name, text) in files {
@@ -265,12 +288,41 @@ pub fn markdown(files: &[(String, String)]) -> Result<String, String> {
             rows.insert(f.figure.clone(), (f, k));
         }
     }
-    Ok(render(&rows, &runs))
+    Ok((rows, runs))
+}
+
+/// How a figure moved since its previous measurement: `None` when it had
+/// none; else the change of what its target is of (the ratio, or the
+/// value) and whether that is more than the new rounds' spread (`None`
+/// when the figure has no spread to judge by).
+fn moved(id: &str, f: &Read, before: Option<&Read>) -> Option<(f64, Option<bool>)> {
+    let b = before?;
+    let now = f.ratio_shown(id).unwrap_or(f.value);
+    let then = b.ratio_shown(id).unwrap_or(b.value);
+    let d = now - then;
+    let beyond = f
+        .spread
+        .filter(|s| s.rounds >= 2)
+        .map(|s| d.abs() > s.high - s.low);
+    Some((d, beyond))
+}
+
+/// `3 (0.88-0.93)`, `1`, or empty when the file does not say.
+fn show_rounds(s: Option<Spread>) -> String {
+    match s {
+        Some(s) if s.rounds >= 2 => format!("{} ({}-{})", s.rounds, num(s.low), num(s.high)),
+        Some(s) => s.rounds.to_string(),
+        None => String::new(),
+    }
 }
 
 /// The sheet: the summary, the targets (missed, then met, each with why),
 /// the figures only reported grouped by part, and the runs.
-fn render(rows: &BTreeMap<String, (Read, usize)>, runs: &[(String, RunInfo)]) -> String {
+fn render(
+    rows: &BTreeMap<String, (Read, usize)>,
+    runs: &[(String, RunInfo)],
+    before: &BTreeMap<String, (Read, usize)>,
+) -> String {
     // (id, figure, run, target, met)
     let mut targets = Vec::new();
     let mut reported: BTreeMap<&str, Vec<(&String, &Read, usize)>> = BTreeMap::new();
@@ -303,39 +355,73 @@ fn render(rows: &BTreeMap<String, (Read, usize)>, runs: &[(String, RunInfo)]) ->
         targets.len(),
         rows.len() - targets.len()
     );
+    let few = targets
+        .iter()
+        .filter(|t| t.1.spread.is_none_or(|s| s.rounds < DECIDING_ROUNDS))
+        .count();
     let _ = writeln!(
         md,
-        "### Targets\n\n| figure | value | ratio | target | verdict | why | run |\n\
-         |---|---|---|---|---|---|---|"
+        "A figure that decides a target is the median of at least {DECIDING_ROUNDS} rounds; \
+         `rounds` gives their number and spread (of the ratio, or of the value), empty where the \
+         file does not say: {few} of the {} targets are decided by fewer or unknown rounds. \
+         `since` is the change from the value the previous measurement gave (what \
+         `scripts/figures.sh --run` replaced), **moved** when it exceeds the spread.\n",
+        targets.len()
+    );
+    let _ = writeln!(
+        md,
+        "### Targets\n\n| figure | value | ratio | rounds | target | verdict | why | since | run |\n\
+         |---|---|---|---|---|---|---|---|---|"
     );
     targets.sort_by_key(|t| t.4);
     for (id, f, k, t, ok) in &targets {
         let ratio = f.ratio_shown(id);
         let _ = writeln!(
             md,
-            "| `{id}` | {} {} | {} | {} | {} | {} | {} |",
+            "| `{id}` | {} {} | {} | {} | {} | {} | {} | {} | {} |",
             num(f.value),
             show_unit(&f.unit),
             ratio.map_or_else(String::new, num),
+            show_rounds(f.spread),
             t.show(&f.unit),
             if *ok { "met" } else { "**missed**" },
             t.reason(f.value, &f.unit, ratio),
+            show_since(moved(id, f, before.get(*id).map(|b| &b.0))),
             k + 1
         );
     }
+    let moved_rows: Vec<String> = rows
+        .iter()
+        .filter_map(|(id, (f, _))| {
+            let (d, beyond) = moved(id, f, before.get(id).map(|b| &b.0))?;
+            (beyond == Some(true)).then(|| format!("`{id}` ({})", signed(d)))
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "\nMoved by more than their spread since the previous measurement: {}.",
+        if moved_rows.is_empty() {
+            "none".to_owned()
+        } else {
+            moved_rows.join(", ")
+        }
+    );
     let _ = writeln!(md, "\n### Reported only, by part");
     for (part, figs) in &reported {
         let _ = writeln!(
             md,
-            "\n#### {part}\n\n| figure | value | ratio | run |\n|---|---|---|---|"
+            "\n#### {part}\n\n| figure | value | ratio | rounds | since | run |\n\
+             |---|---|---|---|---|---|"
         );
         for (id, f, k) in figs {
             let _ = writeln!(
                 md,
-                "| `{id}` | {} {} | {} | {} |",
+                "| `{id}` | {} {} | {} | {} | {} | {} |",
                 num(f.value),
                 show_unit(&f.unit),
                 f.ratio_shown(id).map_or_else(String::new, num),
+                show_rounds(f.spread),
+                show_since(moved(id, f, before.get(*id).map(|b| &b.0))),
                 k + 1
             );
         }
@@ -371,6 +457,24 @@ impl Read {
     /// The ratio the sheet shows: none for an "added" figure.
     fn ratio_shown(&self, id: &str) -> Option<f64> {
         self.ratio.filter(|_| !is_added(id))
+    }
+}
+
+/// The `since` cell: `+0.120 **moved**`, `-0.010`, or empty.
+fn show_since(m: Option<(f64, Option<bool>)>) -> String {
+    match m {
+        Some((d, Some(true))) => format!("{} **moved**", signed(d)),
+        Some((d, _)) => signed(d),
+        None => String::new(),
+    }
+}
+
+/// A change with its sign.
+fn signed(d: f64) -> String {
+    if d >= 0.0 {
+        format!("+{}", num(d))
+    } else {
+        num(d)
     }
 }
 
@@ -430,13 +534,15 @@ mod tests {
     fn a_figure_that_misses_a_microsecond_target_with_a_passing_ratio_is_missed() {
         let f = r#"[{"figure":"shield.random_fault_us","value":23.92,"unit":"µs","baseline":40.0,"ratio":0.598,"target":"<= 6","note":""},
                     {"figure":"pkcs11.cbc_256_added_us","value":2.45,"unit":"us","baseline":16.7,"ratio":-14.09,"target":"<= 2 us added","note":""}]"#;
-        let md = markdown(&[("shield.json".into(), f.into())]).expect("sheet");
+        let md = markdown(&[("shield.json".into(), f.into())], &[]).expect("sheet");
         assert!(
-            md.contains("| `shield.random_fault_us` | 23.92 µs | 0.598 | value <= 6 µs | **missed** | value 23.92 µs is above 6 µs | 1 |"),
+            md.contains("| `shield.random_fault_us` | 23.92 µs | 0.598 |  | value <= 6 µs | **missed** | value 23.92 µs is above 6 µs |  | 1 |"),
             "{md}"
         );
         assert!(
-            md.contains("| `pkcs11.cbc_256_added_us` | 2.45 µs |  | value <= 2 µs | **missed** |"),
+            md.contains(
+                "| `pkcs11.cbc_256_added_us` | 2.45 µs |  |  | value <= 2 µs | **missed** |"
+            ),
             "an added figure shows no ratio: {md}"
         );
         assert!(!md.contains("-14.09"), "{md}");
@@ -450,14 +556,17 @@ mod tests {
                        {"figure":"x.b","value":3.25,"unit":"us","baseline":null,"ratio":null,"note":""},
                        {"figure":"y.c","value":1.5,"unit":"s","baseline":null,"ratio":null,"target":"reported","note":""}]}"#;
         let b = r#"[{"figure":"x.a_vs_plain","value":1.0,"unit":"s","baseline":1.0,"ratio":0.9,"target":">= 0.85","note":""}]"#;
-        let md =
-            markdown(&[("a.json".into(), a.into()), ("b.json".into(), b.into())]).expect("sheet");
+        let md = markdown(
+            &[("a.json".into(), a.into()), ("b.json".into(), b.into())],
+            &[],
+        )
+        .expect("sheet");
         assert!(
             md.starts_with("**3 figures: 1 with a target, 1 met, 0 missed; 2 only reported.**"),
             "{md}"
         );
         assert!(
-            md.contains("| `x.a_vs_plain` | 1 s | 0.900 | ratio >= 0.85 | met | ratio 0.900 is above 0.85 | 2 |"),
+            md.contains("| `x.a_vs_plain` | 1 s | 0.900 |  | ratio >= 0.85 | met | ratio 0.900 is above 0.85 |  | 2 |"),
             "{md}"
         );
         let (x, y) = (md.find("#### x").expect("x"), md.find("#### y").expect("y"));
@@ -465,13 +574,52 @@ mod tests {
             md.find("### Targets").expect("targets") < x && x < y,
             "{md}"
         );
-        assert!(md.contains("| `x.b` | 3.25 µs |  | 1 |"), "{md}");
+        assert!(md.contains("| `x.b` | 3.25 µs |  |  |  | 1 |"), "{md}");
         assert!(
             md.contains("1. `a.json`: 2026-11-26 10:00 (Small size), at abc, on M"),
             "{md}"
         );
-        assert!(markdown(&[("c".into(), "{}".into())]).is_err());
-        assert!(markdown(&[("d".into(), "nope".into())]).is_err());
+        assert!(markdown(&[("c".into(), "{}".into())], &[]).is_err());
+        assert!(markdown(&[("d".into(), "nope".into())], &[]).is_err());
+    }
+
+    /// Issue 33, item 5: the rounds and their spread are shown, and a
+    /// figure that moved by more than its spread since the previous
+    /// measurement is named; one that moved within it is not.
+    #[test]
+    fn rounds_spread_and_moves_beyond_the_spread_are_shown() {
+        let now = r#"[{"figure":"s.a_vs_plain","value":1.0,"unit":"s","baseline":1.0,"ratio":0.91,"target":">= 0.9","note":"","spread":{"rounds":3,"low":0.89,"high":0.93}},
+                      {"figure":"s.b_vs_plain","value":1.0,"unit":"s","baseline":1.0,"ratio":0.80,"target":">= 0.9","note":"","spread":{"rounds":3,"low":0.78,"high":0.84}},
+                      {"figure":"s.c","value":7.0,"unit":"ms","baseline":null,"ratio":null,"note":""}]"#;
+        let then = r#"[{"figure":"s.a_vs_plain","value":1.0,"unit":"s","baseline":1.0,"ratio":0.74,"target":">= 0.9","note":""},
+                       {"figure":"s.b_vs_plain","value":1.0,"unit":"s","baseline":1.0,"ratio":0.79,"target":">= 0.9","note":""}]"#;
+        let md = markdown(
+            &[("n.json".into(), now.into())],
+            &[("p.json".into(), then.into())],
+        )
+        .expect("sheet");
+        assert!(
+            md.contains("| `s.a_vs_plain` | 1 s | 0.910 | 3 (0.890-0.930) | ratio >= 0.9 | met | ratio 0.910 is above 0.9 | +0.170 **moved** | 1 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| ratio 0.800 is below 0.9 | +0.010 | 1 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Moved by more than their spread since the previous measurement: `s.a_vs_plain` (+0.170)."),
+            "{md}"
+        );
+        assert!(
+            md.contains("0 of the 2 targets are decided by fewer or unknown rounds"),
+            "{md}"
+        );
+        assert!(md.contains("| `s.c` | 7 ms |  |  |  | 1 |"), "{md}");
+        let Some(sp) = crate::report::Spread::of(&[0.9, 0.7, 0.8]) else {
+            panic!("a spread of three rounds");
+        };
+        assert_eq!((sp.rounds, sp.low, sp.high), (3, 0.7, 0.9));
+        assert!(crate::report::Spread::of(&[]).is_none());
     }
 
     #[test]

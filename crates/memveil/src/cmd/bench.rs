@@ -60,18 +60,27 @@ pub struct Args {
     /// this output (scripts/figures.sh).
     #[arg(long, value_name = "JSON", num_args = 1.., verbatim_doc_comment, conflicts_with_all = ["only", "json", "out"])]
     sheet: Vec<PathBuf>,
+    /// With --sheet: the files these measured again replaced, to say which
+    /// figures moved by more than their rounds' spread
+    #[arg(long, value_name = "JSON", num_args = 1.., requires = "sheet")]
+    previous: Vec<PathBuf>,
 }
 
 /// Runs `memveil bench`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     if !args.sheet.is_empty() {
-        let mut files = Vec::new();
-        for p in &args.sheet {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            files.push((p.display().to_string(), text));
-        }
-        let md = memveil_bench::sheet::markdown(&files).map_err(anyhow::Error::msg)?;
+        let read = |paths: &[PathBuf]| -> anyhow::Result<Vec<(String, String)>> {
+            paths
+                .iter()
+                .map(|p| {
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("reading {}", p.display()))
+                        .map(|text| (p.display().to_string(), text))
+                })
+                .collect()
+        };
+        let md = memveil_bench::sheet::markdown(&read(&args.sheet)?, &read(&args.previous)?)
+            .map_err(anyhow::Error::msg)?;
         print!("{md}");
         return Ok(0);
     }
