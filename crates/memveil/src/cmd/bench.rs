@@ -60,8 +60,7 @@ pub struct Args {
     /// this output (scripts/figures.sh).
     #[arg(long, value_name = "JSON", num_args = 1.., verbatim_doc_comment, conflicts_with_all = ["only", "json", "out"])]
     sheet: Vec<PathBuf>,
-    /// With --sheet: the files these measured again replaced, to say which
-    /// figures moved by more than their rounds' spread
+    /// With --sheet: the files they replaced (names moves beyond the spread)
     #[arg(long, value_name = "JSON", num_args = 1.., requires = "sheet")]
     previous: Vec<PathBuf>,
 }
