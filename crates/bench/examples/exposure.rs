@@ -5,9 +5,9 @@
 //! `cargo run --release -p memveil-bench --example exposure -- PERIOD [memveil run FLAGS...]`
 //! where PERIOD is `idle`, `continuous` or milliseconds; `plain` as the
 //! first flag runs it without memveil (the positive control).
-//! `... --example exposure -- server SECONDS [plain | memveil run FLAGS...]`
+//! `... --example exposure -- server[:RUN_PAGES] SECONDS [plain | memveil run FLAGS...]`
 //! runs the cold server of `shield.server_cold_coverage` instead (1 GiB, 5%
-//! hot) for SECONDS.
+//! hot in runs of RUN_PAGES pages, 16 by default) for SECONDS.
 use std::ffi::OsStr;
 use std::time::Duration;
 
@@ -15,7 +15,15 @@ use memveil_bench::shield::suite::{compile_canary, exposure};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let server = args.first().map(String::as_str) == Some("server");
+    let server = args
+        .first()
+        .and_then(|a| a.strip_prefix("server"))
+        .and_then(|rest| match rest.strip_prefix(':') {
+            Some(n) => n.parse::<u32>().ok(),
+            None => rest.is_empty().then_some(16),
+        });
+    let run_pages = server.unwrap_or(16);
+    let server = server.is_some();
     let args = if server { &args[1..] } else { &args[..] };
     let period = match args.first().map(String::as_str) {
         Some("idle") => exposure::Period::Once,
@@ -54,7 +62,7 @@ fn main() {
     }
     if server {
         let secs = args.first().and_then(|s| s.parse().ok()).unwrap_or(10);
-        let got = exposure::serve(&exe, &wrap, 1024, 50, Duration::from_secs(secs));
+        let got = exposure::serve(&exe, &wrap, 1024, 50, run_pages, Duration::from_secs(secs));
         let _ = std::fs::remove_dir_all(&dir);
         match got {
             Ok(s) => println!("{s:?}"),

@@ -2807,7 +2807,7 @@ fn a_cold_server_heap_is_swept_while_it_serves_with_a_positive_control() {
     let dir = TempDir::new("coldserver");
     let exe = compile_coldserver(&dir.0).expect("coldserver");
     let run = Duration::from_secs(4);
-    let plain = exposure::serve(&exe, &[], 64, 50, run).expect("plain server");
+    let plain = exposure::serve(&exe, &[], 64, 50, 16, run).expect("plain server");
     assert!(
         plain.coverage < 0.01 && plain.rate > 0.0,
         "positive control: the plain server's heap is all present: {plain:?}"
@@ -2816,7 +2816,7 @@ fn a_cold_server_heap_is_swept_while_it_serves_with_a_positive_control() {
         .iter()
         .map(std::ffi::OsStr::new)
         .collect();
-    let prot = exposure::serve(&exe, &wrap, 64, 50, run).expect("protected server");
+    let prot = exposure::serve(&exe, &wrap, 64, 50, 16, run).expect("protected server");
     // 95% of the 64 MiB is cold: most of it leaves within the run.
     assert!(
         prot.coverage_at_end > 0.8 && prot.rate > 0.0,

@@ -488,9 +488,10 @@ impl State {
             EVICTED => sweep::level_of(word),
             _ => 0,
         };
-        // Known quiet: it stayed out QUIET_MS or more, so it follows its own
-        // (shortest) period whatever its block does (a secret read once a
-        // second next to a hot array); a page back sooner follows its block.
+        // Known quiet: it stayed out QUIET_MS or more, so it leaves again
+        // QUICK_MS after it came in, whatever its block does (a secret read
+        // once a second next to a hot array); a page back sooner follows its
+        // block.
         let own = match s & STATE_MASK {
             EVICTED if s & SWEPT != 0 => {
                 sweep::since(now_ms, sweep::tick_of(word)) >= sweep::QUIET_MS

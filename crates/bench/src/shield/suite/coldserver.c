@@ -7,7 +7,8 @@
  * again. Each request picks a hot record (64 bytes) at random, reads it,
  * and updates its counter word.
  *
- * Usage: coldserver HEAP_MIB HOT_PERMILLE RUN_MS
+ * Usage: coldserver HEAP_MIB HOT_PERMILLE RUN_MS [RUN_PAGES]
+ * (RUN_PAGES: pages per hot run, 16 by default; 1 scatters the hot pages.)
  * Prints "coldserver HEAP_ADDR HEAP_BYTES" at start, "ready" once the heap
  * is written (the server is up: RUN_MS are counted from here), and
  * "done REQUESTS ELAPSED_MS" at the end (stdout, flushed). A sampler
@@ -18,7 +19,6 @@
 #include <string.h>
 #include <time.h>
 
-#define RUN_PAGES 16
 
 static uint64_t now_ms(void) {
     struct timespec t;
@@ -35,14 +35,19 @@ static uint64_t next(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: coldserver HEAP_MIB HOT_PERMILLE RUN_MS\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: coldserver HEAP_MIB HOT_PERMILLE RUN_MS [RUN_PAGES]\n");
+        return 2;
+    }
+    size_t run_pages = argc == 5 ? (size_t)atol(argv[4]) : 16;
+    if (run_pages == 0 || run_pages > 4096) {
+        fprintf(stderr, "coldserver: RUN_PAGES must be 1-4096\n");
         return 2;
     }
     size_t heap_bytes = (size_t)atol(argv[1]) << 20;
     long permille = atol(argv[2]);
     uint64_t run = (uint64_t)atol(argv[3]);
-    size_t pages = heap_bytes / 4096, runs = pages / RUN_PAGES;
+    size_t pages = heap_bytes / 4096, runs = pages / run_pages;
     size_t hot = runs * (size_t)permille / 1000;
     if (permille <= 0 || permille > 1000 || hot == 0) {
         fprintf(stderr, "coldserver: HOT_PERMILLE must leave at least one hot run\n");
@@ -74,7 +79,7 @@ int main(int argc, char **argv) {
     for (;;) {
         for (int k = 0; k < 4096; k++) {
             uint64_t r = next();
-            size_t page = (size_t)hot_runs[r % hot] * RUN_PAGES + (r >> 32) % RUN_PAGES;
+            size_t page = (size_t)hot_runs[r % hot] * run_pages + (r >> 32) % run_pages;
             uint64_t *rec = (uint64_t *)(heap + page * 4096 + ((r >> 48) % 64) * 64);
             uint64_t h = rec[0] ^ rec[1] ^ rec[2] ^ rec[3] ^ rec[4] ^ rec[5] ^ rec[6];
             rec[7] += 1 + (h & 1);

@@ -324,9 +324,9 @@ pub struct Served {
 const SERVE_SAMPLE: Duration = Duration::from_millis(500);
 
 /// Runs the cold server (`exe`, `coldserver.c`) under `wrap`, or plainly
-/// when `wrap` is empty: a `heap_mib` heap, `permille` of it hot, serving
-/// for `run` once its dataset is written; samples its heap's page-table
-/// entries every [`SERVE_SAMPLE`] meanwhile.
+/// when `wrap` is empty: a `heap_mib` heap, `permille` of it hot in runs of
+/// `run_pages` pages, serving for `run` once its dataset is written; samples
+/// its heap's page-table entries every [`SERVE_SAMPLE`] meanwhile.
 ///
 /// # Errors
 /// The server could not start, said nothing, or ended without "done"; the
@@ -336,6 +336,7 @@ pub fn serve(
     wrap: &[&std::ffi::OsStr],
     heap_mib: u32,
     permille: u32,
+    run_pages: u32,
     run: Duration,
 ) -> Result<Served, String> {
     let mut p = Launched::start(
@@ -345,6 +346,7 @@ pub fn serve(
             heap_mib.to_string(),
             permille.to_string(),
             run.as_millis().to_string(),
+            run_pages.to_string(),
         ],
     )?;
     let start = Duration::from_secs(60);
@@ -413,6 +415,10 @@ pub fn serve(
         ramp_s,
     })
 }
+
+/// Pages per run of the cold server's hot pages (what an allocator hands
+/// out together).
+const RUN_PAGES: u32 = 16;
 
 /// Rounds of every exposure figure: each figure is their median, with the
 /// spread (lowest-highest) in its note.
@@ -635,10 +641,10 @@ pub fn server_part(opts: &crate::BenchOpts) -> Result<crate::Section, crate::Ben
             for first in [true, false] {
                 if first == plain_first {
                     say("plainly");
-                    plain = Some(serve(&exe, &[], heap_mib, permille, plain_run)?);
+                    plain = Some(serve(&exe, &[], heap_mib, permille, RUN_PAGES, plain_run)?);
                 } else {
                     say("under memveil run at its defaults");
-                    shield = Some(serve(&exe, &wrap, heap_mib, permille, run)?);
+                    shield = Some(serve(&exe, &wrap, heap_mib, permille, RUN_PAGES, run)?);
                 }
             }
             if let (Some(p), Some(s)) = (plain, shield) {
