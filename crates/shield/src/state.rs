@@ -690,7 +690,7 @@ impl State {
                 break;
             }
             let period = sweep::period_ms(level);
-            while let Some((at, addr)) = q.peek() {
+            while let Some(&Reverse((at, addr))) = q.peek() {
                 if at + period > now_ms {
                     break;
                 }

@@ -33,7 +33,7 @@
 //! first, and the wait is reported (`sweep_lag_ms`).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 /// Periods: level `l` sweeps a page `BASE_PERIOD_MS << l` ms after it
 /// came in.
@@ -379,45 +379,8 @@ impl Pending {
     }
 }
 
-/// The pages queued at one level, by arrival: one bucket of addresses per
-/// ms, the earliest ms first, each bucket in the order its pages came (a
-/// chunk's pages, found at its registration, in address order). A binary
-/// heap of every page took a quarter of the sweep's CPU in a cold start of
-/// 1 GiB (its pops walk a 4 MiB heap); a bucket costs a lookup among the
-/// few thousand ms queued, and a pop at the front.
-#[derive(Debug, Default)]
-pub(crate) struct Arrivals {
-    /// Never holds an empty bucket.
-    buckets: BTreeMap<u64, VecDeque<usize>>,
-}
-
-impl Arrivals {
-    /// Queues the page at `addr`, come in at `at_ms`.
-    pub(crate) fn push(&mut self, at_ms: u64, addr: usize) {
-        self.buckets.entry(at_ms).or_default().push_back(addr);
-    }
-
-    /// The first page queued: `(arrival in ms, address)`.
-    pub(crate) fn peek(&self) -> Option<(u64, usize)> {
-        let (&at, b) = self.buckets.first_key_value()?;
-        Some((at, *b.front()?))
-    }
-
-    /// Takes the first page queued off the queue.
-    pub(crate) fn pop(&mut self) -> Option<(u64, usize)> {
-        let mut e = self.buckets.first_entry()?;
-        let at = *e.key();
-        let addr = e.get_mut().pop_front();
-        if e.get().is_empty() {
-            e.remove();
-        }
-        addr.map(|a| (at, a))
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
-    }
-}
+/// A queued page: `(arrival in ms, page address)`, earliest first.
+pub(crate) type Entry = Reverse<(u64, usize)>;
 
 /// The sweep: resident pages waiting for their period to end, one queue per
 /// level ordered by arrival (the first is due first), and the budget.
@@ -425,7 +388,7 @@ impl Arrivals {
 pub(crate) struct Sweep {
     /// An entry whose page has left or come in again since (another tick in
     /// its time word) is stale and skipped.
-    pub(crate) queues: [Arrivals; LEVELS],
+    pub(crate) queues: [BinaryHeap<Entry>; LEVELS],
     /// Pages known quiet (their time word's learned bit), by when they are
     /// due: `(due, address, arrival)`. Swept before any level's pages: they
     /// are the cheapest (they stay out) and the most worth it.
@@ -447,7 +410,7 @@ pub(crate) struct Sweep {
 impl Sweep {
     pub(crate) fn new(budget: Budget, now_ms: u64) -> Self {
         Self {
-            queues: std::array::from_fn(|_| Arrivals::default()),
+            queues: std::array::from_fn(|_| BinaryHeap::new()),
             quiet: BinaryHeap::new(),
             credit: Credit::new(budget.fraction, now_ms),
             pending: Pending::default(),
@@ -476,7 +439,7 @@ impl Sweep {
             self.quiet
                 .push(Reverse((due_ms(at_ms, level, true), addr, at_ms)));
         } else {
-            self.queues[usize::from(level.min(TOP))].push(at_ms, addr);
+            self.queues[usize::from(level.min(TOP))].push(Reverse((at_ms, addr)));
         }
     }
 
@@ -486,7 +449,7 @@ impl Sweep {
         self.queues
             .iter()
             .zip(0u8..)
-            .filter_map(|(q, l)| q.peek().map(|(t, _)| t + period_ms(l)))
+            .filter_map(|(q, l)| q.peek().map(|Reverse((t, _))| t + period_ms(l)))
             .chain(self.quiet.peek().map(|Reverse((due, _, _))| *due))
             .min()
             .map(|due| due.saturating_sub(now_ms))
@@ -619,37 +582,6 @@ mod tests {
         s.arrived(0x3000, 90, 0, true); // quiet: due at 90 + QUICK_MS
         assert_eq!(s.next_due_ms(90), Some(QUICK_MS));
         assert_eq!(s.next_due_ms(100), Some(0));
-    }
-
-    #[test]
-    fn arrivals_come_out_earliest_ms_first_and_in_their_order_within_one() {
-        let mut q = Arrivals::default();
-        assert!(q.is_empty() && q.peek().is_none() && q.pop().is_none());
-        for (at, a) in [
-            (20, 0x5000),
-            (10, 0x3000),
-            (10, 0x1000),
-            (30, 0x2000),
-            (10, 0x4000),
-        ] {
-            q.push(at, a);
-        }
-        assert_eq!(q.peek(), Some((10, 0x3000)));
-        let mut out = Vec::new();
-        while let Some(e) = q.pop() {
-            out.push(e);
-        }
-        assert_eq!(
-            out,
-            [
-                (10, 0x3000),
-                (10, 0x1000),
-                (10, 0x4000),
-                (20, 0x5000),
-                (30, 0x2000)
-            ]
-        );
-        assert!(q.is_empty());
     }
 
     #[test]
