@@ -634,8 +634,8 @@ impl State {
     /// vouched for, and for a page known quiet that times the quiet pages'
     /// [`Sweep::quiet_share`] over its floor); sorted by address so that
     /// neighbours leave in one move. Returns them, and how long the most
-    /// overdue page left
-    /// waiting for the budget has been due (ms; 0 when none waited).
+    /// overdue page left waiting for the budget has been due (ms; 0 when
+    /// none waited).
     pub(crate) fn due(
         &mut self,
         max: usize,
