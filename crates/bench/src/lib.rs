@@ -1,6 +1,7 @@
 //! memveil's benchmark suite: the workloads of every part and the report.
 //!
-//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`, `disk`, `probe`, and `workloads`,
+//! Each part (`cipher`, `engine`, `vault`, `pkcs11`, `rng`, `shield`, `exposure`, `disk`, `probe`, and `workloads`
+//! and `coldserver`,
 //! which only `--only` runs) has a module with
 //! `run(&BenchOpts) -> Result<Section, BenchError>`. Every figure is measured
 //! against a baseline taken in the same run, because the machines this runs on
@@ -106,12 +107,14 @@ pub enum BenchError {
 
 /// The parts a run without `--only` runs, in run order.
 pub const PARTS: &[&str] = &[
-    "cipher", "engine", "vault", "pkcs11", "rng", "shield", "disk", "probe",
+    "cipher", "engine", "vault", "pkcs11", "rng", "shield", "exposure", "disk", "probe",
 ];
 
 /// Parts only `--only` runs: `workloads` (the articles' workloads with real
-/// tools, plain against `memveil run`: about 10 minutes at the default size).
-pub const EXTRA_PARTS: &[&str] = &["workloads"];
+/// tools, plain against `memveil run`: about 10 minutes at the default size)
+/// and `coldserver` (a server with a 1 GiB cold heap, plain against `memveil
+/// run`: about 7 minutes).
+pub const EXTRA_PARTS: &[&str] = &["workloads", "coldserver"];
 
 /// Runs one part by name.
 ///
@@ -125,6 +128,8 @@ pub fn run_part(name: &str, opts: &BenchOpts) -> Result<Section, BenchError> {
         "pkcs11" => pkcs11::run(opts),
         "rng" => rng::run(opts),
         "shield" => shield::run(opts),
+        "exposure" => shield::suite::exposure::part(opts),
+        "coldserver" => shield::suite::exposure::server_part(opts),
         "disk" => disk::run(opts),
         "probe" => probe::run(opts),
         "workloads" => workloads::run(opts),

@@ -464,6 +464,12 @@ impl State {
                 let away = sweep::since(now_ms, sweep::tick_of(word));
                 if let Some(sw) = self.sweep.as_mut() {
                     sw.pending.back(now_ms.saturating_sub(away), now_ms);
+                    if sweep::is_learned(word) && away < sweep::QUIET_MS {
+                        // Its quick sweep bought a fault: the next quiet
+                        // pages' sweeps reserve more, and this one follows
+                        // its level (not known quiet any more).
+                        sw.quiet_back += 1;
+                    }
                 }
                 let level = sweep::relevel(sweep::level_of(word), away);
                 // Back sooner than its period: its block is in use at least
@@ -482,9 +488,10 @@ impl State {
             EVICTED => sweep::level_of(word),
             _ => 0,
         };
-        // Known quiet: it stayed out QUIET_MS or more, so it follows its own
-        // (shortest) period whatever its block does (a secret read once a
-        // second next to a hot array); a page back sooner follows its block.
+        // Known quiet: it stayed out QUIET_MS or more, so it leaves again
+        // QUICK_MS after it came in, whatever its block does (a secret read
+        // once a second next to a hot array); a page back sooner follows its
+        // block.
         let own = match s & STATE_MASK {
             EVICTED if s & SWEPT != 0 => {
                 sweep::since(now_ms, sweep::tick_of(word)) >= sweep::QUIET_MS
@@ -503,7 +510,7 @@ impl State {
         self.resident += 1;
         if let Some(sw) = self.sweep.as_mut() {
             sw.arrived(addr, now_ms, level, own);
-            self.wake_at = self.wake_at.min(now_ms + sweep::period_ms(level));
+            self.wake_at = self.wake_at.min(sweep::due_ms(now_ms, level, own));
         }
         if bounded {
             if s & GHOST != 0 {
@@ -623,9 +630,12 @@ impl State {
     /// Picks up to `max` resident pages whose sweep period has ended,
     /// shortest periods first (the pages least likely to come straight
     /// back), while the budget has room for what their faults back would
-    /// cost, `fault_ns` each; sorted by address so that neighbours leave in
-    /// one move. Returns them, and how long the most overdue page left
-    /// waiting for the budget has been due (ms; 0 when none waited).
+    /// cost, `fault_ns` each (`quiet_ns` for a page its block's probe
+    /// vouched for, and for a page known quiet that times the quiet pages'
+    /// [`Sweep::quiet_share`] over its floor); sorted by address so that
+    /// neighbours leave in one move. Returns them, and how long the most
+    /// overdue page left waiting for the budget has been due (ms; 0 when
+    /// none waited).
     pub(crate) fn due(
         &mut self,
         max: usize,
@@ -639,7 +649,9 @@ impl State {
         let held = sw.pending.reserved(now_ms);
         let mut reserved = held;
         let mut victims = Vec::new();
-        // Known quiet pages first.
+        // Known quiet pages first, each reserving the share of its fault
+        // that the quiet pages' quick sweeps have cost so far.
+        let quick_ns = quiet_ns / sweep::QUIET_BACK_FLOOR * sw.quiet_share();
         let mut spent = false;
         while let Some(&Reverse((due, addr, at))) = sw.quiet.peek() {
             if due > now_ms || victims.len() >= max {
@@ -661,12 +673,13 @@ impl State {
                 sw.quiet.pop();
                 continue;
             }
-            if sw.credit.room(reserved + quiet_ns) < 0.0 {
+            if sw.credit.room(reserved + quick_ns) < 0.0 {
                 spent = true;
                 break;
             }
-            reserved += quiet_ns;
+            reserved += quick_ns;
             sw.quiet.pop();
+            sw.quiet_swept += 1;
             self.ranges[pos].set_state(i, st | CHOSEN);
             victims.push((pos, i));
         }
@@ -1053,12 +1066,82 @@ mod tests {
         assert_eq!(sweep(&mut st, 25), [0]);
         st.mark_resident(0, 0, EVICTED | SWEPT, 26);
         // Page 5 is swept and stays out 60 ms (quiet: learned, level 0);
-        // back at 200, it leaves again 25 ms later whatever its block does.
+        // back at 200, it leaves again QUICK_MS later whatever its block
+        // does.
         st.mark_evicted(0, 5, true, 140);
         st.mark_resident(0, 5, EVICTED | SWEPT, 200);
         assert!(sweep::is_learned(st.ranges[0].time(5)));
         // (page 0, the block's level-1 probe, was due at 76)
-        assert_eq!(sweep(&mut st, 225), [0, 5]);
+        assert_eq!(sweep(&mut st, 200 + sweep::QUICK_MS), [0, 5]);
         assert_eq!(st.ranges[0].state(5) & STATE_MASK, EVICTED);
+    }
+
+    #[test]
+    fn a_quiet_page_leaves_quick_ms_after_each_read_not_its_period() {
+        let mut st = state(64);
+        // Every page but the secret's (5) out for good.
+        for i in (0..64).filter(|&i| i != 5) {
+            st.mark_evicted(0, i, true, 0);
+        }
+        st.mark_evicted(0, 5, true, 0);
+        // Read every 100 ms: each read brings it in, and it leaves
+        // QUICK_MS later (the old policy kept it the shortest period,
+        // 25 ms: plaintext a quarter of the time).
+        let mut plain_ms = 0;
+        for k in 1..=20u64 {
+            let read = k * 100;
+            assert_eq!(st.ranges[0].state(5) & STATE_MASK, EVICTED, "read {k}");
+            st.mark_resident(0, 5, EVICTED | SWEPT, read);
+            let mut t = read;
+            while st.ranges[0].state(5) & STATE_MASK == RESIDENT {
+                assert!(t < read + 100, "still plaintext at the next read");
+                sweep(&mut st, t);
+                t += 1;
+            }
+            plain_ms += t - 1 - read;
+        }
+        assert_eq!(plain_ms, 20 * sweep::QUICK_MS, "plaintext QUICK_MS a read");
+        let sw = st.sweep.as_ref().expect("sweep");
+        assert_eq!((sw.quiet_swept, sw.quiet_back), (20, 0));
+        assert!((sw.quiet_share() - sweep::QUIET_BACK_FLOOR).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_quiet_page_in_a_burst_pays_one_more_fault_a_quiet_spell_at_most() {
+        let mut st = state(64);
+        for i in 0..64 {
+            st.mark_evicted(0, i, true, 0);
+        }
+        // Page 5 is used in bursts every 200 ms, touched every ms for
+        // 30 ms: each burst finds it out (one fault, as before), its quick
+        // sweep costs one more, and then it follows its level for the rest
+        // of the burst.
+        let mut faults = 0;
+        for k in 1..=10u64 {
+            let start = k * 200;
+            for t in start..start + 30 {
+                sweep(&mut st, t);
+                if st.ranges[0].state(5) & STATE_MASK == EVICTED {
+                    st.mark_resident(0, 5, EVICTED | SWEPT, t);
+                    faults += 1;
+                }
+            }
+            for t in start + 30..start + 200 {
+                sweep(&mut st, t);
+            }
+        }
+        assert!(faults <= 2 * 10, "{faults} faults in 10 bursts");
+        // Those extra faults raise what a quiet sweep reserves.
+        let sw = st.sweep.as_ref().expect("sweep");
+        assert!(
+            sw.quiet_back >= 1,
+            "{} quick sweeps came back",
+            sw.quiet_back
+        );
+        assert!(
+            sw.quiet_share() > sweep::QUIET_BACK_FLOOR,
+            "share {}",
+            sw.quiet_share()
+        );
     }
 }

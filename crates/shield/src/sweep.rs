@@ -14,11 +14,12 @@
 //! only way left: it is swept (evicted) once it has been resident for its
 //! period, and a page that faults back sooner than that period was in use,
 //! so its period doubles ([`relevel`]); one that stays out [`QUIET_MS`] or
-//! more goes back to the shortest. Periods run from [`BASE_PERIOD_MS`]
-//! (25 ms) to `BASE_PERIOD_MS << (LEVELS - 1)` (12.8 s). A secret the
-//! program touches once a second keeps the shortest period and is
-//! ciphertext about 97% of the time; a hot page climbs to the longest
-//! period and costs one fault every 12.8 s. Blocks of [`HINT_PAGES`] pages
+//! more goes back to the shortest and is known quiet: each time it comes
+//! back it leaves again [`QUICK_MS`] later. Periods run from
+//! [`BASE_PERIOD_MS`] (25 ms) to `BASE_PERIOD_MS << (LEVELS - 1)` (12.8 s).
+//! A secret the program reads every 100 ms or more rarely is therefore
+//! plaintext a few ms per read; a hot page climbs to the longest period
+//! and costs one fault every 12.8 s. Blocks of [`HINT_PAGES`] pages
 //! learn from one probe page, so a hot array pays one fault per block and
 //! level rather than one per page.
 //!
@@ -93,6 +94,32 @@ pub(crate) fn period_ms(level: u8) -> u64 {
 /// A page that stays out this long (ms) once swept is cheap to sweep at the
 /// shortest period: at most one fault per this long.
 pub(crate) const QUIET_MS: u64 = 50;
+
+/// How soon a page known quiet is swept again once it comes back, in ms:
+/// what brought it back (a read of a key, a request touching a record) is
+/// over within this, and one more fault per quiet spell is all it can cost
+/// when it is not ([`relevel`] then takes it out of the quiet pages). With
+/// the shortest period instead, a secret read every 100 ms stayed
+/// plaintext a quarter of the time (`shield.canary_100ms_encrypted_fraction`
+/// 0.74), one read every second 2-3%.
+pub(crate) const QUICK_MS: u64 = 2;
+
+/// Share of a sweep's fault cost reserved for a page known quiet before
+/// its quick sweeps have a history ([`Sweep::quiet_share`]), and the least
+/// after: a quiet page comes back once per quiet spell at most.
+pub(crate) const QUIET_BACK_FLOOR: f64 = 0.05;
+
+/// When a page that came in at `at_ms` at `level` is due: [`QUICK_MS`]
+/// after it for a page known quiet (`quiet`) at the shortest level, its
+/// level's period otherwise.
+pub(crate) fn due_ms(at_ms: u64, level: u8, quiet: bool) -> u64 {
+    at_ms
+        + if quiet && level == 0 {
+            QUICK_MS
+        } else {
+            period_ms(level)
+        }
+}
 
 /// The level of a page that was swept at `level` and came back `away_ms`
 /// later: the shortest period when it stayed out [`QUIET_MS`] or more
@@ -374,6 +401,10 @@ pub(crate) struct Sweep {
     /// When chunks were last given back to the kernel for a spent budget
     /// (ms).
     pub(crate) released_at: u64,
+    /// Pages known quiet swept so far, and how many of them came back
+    /// sooner than [`QUIET_MS`] (their quick sweep bought a fault).
+    pub(crate) quiet_swept: u64,
+    pub(crate) quiet_back: u64,
 }
 
 impl Sweep {
@@ -385,7 +416,20 @@ impl Sweep {
             pending: Pending::default(),
             reserving: 0.0,
             released_at: 0,
+            quiet_swept: 0,
+            quiet_back: 0,
         }
+    }
+
+    /// The share of a page's fault cost a quiet page's sweep reserves: the
+    /// share of quiet pages swept so far that came back sooner than
+    /// [`QUIET_MS`] (at least [`QUIET_BACK_FLOOR`]; the floor until 20
+    /// sweeps say otherwise).
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn quiet_share(&self) -> f64 {
+        let share =
+            (self.quiet_back as f64 + QUIET_BACK_FLOOR * 20.0) / (self.quiet_swept as f64 + 20.0);
+        share.clamp(QUIET_BACK_FLOOR, 1.0)
     }
 
     /// Queues a page that came in at `at_ms` at `level` (`quiet`: known
@@ -393,7 +437,7 @@ impl Sweep {
     pub(crate) fn arrived(&mut self, addr: usize, at_ms: u64, level: u8, quiet: bool) {
         if quiet {
             self.quiet
-                .push(Reverse((at_ms + period_ms(level), addr, at_ms)));
+                .push(Reverse((due_ms(at_ms, level, true), addr, at_ms)));
         } else {
             self.queues[usize::from(level.min(TOP))].push(Reverse((at_ms, addr)));
         }
@@ -535,7 +579,39 @@ mod tests {
         assert_eq!(s.next_due_ms(100), Some(25));
         assert_eq!(s.next_due_ms(130), Some(0));
         assert_eq!(s.longest_period_ms(), 200);
-        s.arrived(0x3000, 90, 0, true); // quiet: due at 115
-        assert_eq!(s.next_due_ms(100), Some(15));
+        s.arrived(0x3000, 90, 0, true); // quiet: due at 90 + QUICK_MS
+        assert_eq!(s.next_due_ms(90), Some(QUICK_MS));
+        assert_eq!(s.next_due_ms(100), Some(0));
+    }
+
+    #[test]
+    fn a_quiet_page_is_due_quick_ms_after_it_came_back() {
+        const {
+            assert!(
+                QUICK_MS <= 5,
+                "a read every 100 ms must be >= 95% ciphertext"
+            );
+        }
+        assert_eq!(due_ms(1_000, 0, true), 1_000 + QUICK_MS);
+        // Not known quiet, or known quiet at a level of its own: its period.
+        assert_eq!(due_ms(1_000, 0, false), 1_025);
+        assert_eq!(due_ms(1_000, 2, true), 1_100);
+        let mut s = Sweep::new(Budget::percent(10, 8_000), 0);
+        s.arrived(0x1000, 500, 0, true);
+        assert_eq!(s.next_due_ms(500), Some(QUICK_MS));
+    }
+
+    #[test]
+    fn a_quiet_sweep_reserves_the_share_of_quick_sweeps_that_came_back() {
+        let mut s = Sweep::new(Budget::percent(10, 8_000), 0);
+        // No history: the floor.
+        assert!((s.quiet_share() - QUIET_BACK_FLOOR).abs() < 1e-9);
+        // All 200 came straight back: nearly the whole fault.
+        s.quiet_swept = 200;
+        s.quiet_back = 200;
+        assert!(s.quiet_share() > 0.9);
+        // One in a hundred: the floor.
+        s.quiet_back = 2;
+        assert!((s.quiet_share() - QUIET_BACK_FLOOR).abs() < 1e-9);
     }
 }

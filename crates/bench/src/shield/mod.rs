@@ -154,14 +154,6 @@ fn suite_part(
             suite::fork_figure(opts, &memveil, &dir).map(|f| vec![f]),
         ),
     ];
-    let mut exposure_md = String::new();
-    if let Err(e) = suite::exposure::figures(opts, &memveil, &dir, figs, &mut exposure_md) {
-        opts.say(&format!("shield: canary (exposure) FAILED: {e}"));
-        let _ = writeln!(
-            exposure_md,
-            "\n**exposure figures failed**: {e}. shield.canary_* missing.\n"
-        );
-    }
     for (what, ids, got) in extra {
         match got {
             Ok(f) => figs.extend(f),
@@ -174,7 +166,6 @@ fn suite_part(
     let _ = std::fs::remove_dir_all(&dir);
     // Measured after the programs, under the load they ran in.
     let plain_fault = plain_fault_us().ok();
-    md.push_str(&exposure_md);
     match result {
         Ok((rows, missing)) => {
             suite::report(&rows, &missing, redis, plain_fault, figs, md);

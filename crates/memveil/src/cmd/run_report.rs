@@ -82,8 +82,8 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
     }
     if g.budget.is_some() {
         parts.push(format!(
-            "pages idle past their sweep period (25 ms for a page used rarely, {} ms now for the \
-             pages in most constant use) leave as ciphertext: {} pages swept, {} of them came back; \
+            "pages idle past their sweep period (2 ms after each use for a page used rarely, {} ms \
+             now for the pages in most constant use) leave as ciphertext: {} pages swept, {} of them came back; \
              due pages waited up to {} ms for the budget",
             s.max_period_ms.max(25),
             s.swept,

@@ -81,8 +81,12 @@ impl Inner {
         };
         // Half, until 64 sweeps say otherwise.
         let back = (g(&c.swept_back) as f64 + 32.0) / (g(&c.swept) as f64 + 64.0);
-        // A page known quiet comes back once per quiet spell at most.
-        (per_page * back.clamp(0.05, 1.0), per_page * 0.05)
+        // A page known quiet comes back once per quiet spell at most (its
+        // quick sweeps' history scales this up: `State::due`).
+        (
+            per_page * back.clamp(0.05, 1.0),
+            per_page * crate::sweep::QUIET_BACK_FLOOR,
+        )
     }
 
     /// One step of the sweep: up to [`SWEEP_BATCH`] pages whose period has

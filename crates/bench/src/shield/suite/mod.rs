@@ -36,6 +36,15 @@ pub mod exposure;
 pub fn compile_canary(dir: &Path) -> Result<PathBuf, String> {
     compile(dir, "canary", include_str!("canary.c"))
 }
+
+/// Compiles the cold server of `shield.server_cold_coverage`
+/// ([`exposure::serve`]) in `dir`.
+///
+/// # Errors
+/// No C compiler, or it failed (the message says which).
+pub fn compile_coldserver(dir: &Path) -> Result<PathBuf, String> {
+    compile(dir, "coldserver", include_str!("coldserver.c"))
+}
 use crate::{BenchError, BenchOpts, Figure};
 
 /// How a program is run (the suite's and the workloads part's modes).
