@@ -703,7 +703,10 @@ pub unsafe extern "C" fn calloc(n: usize, m: usize) -> *mut c_void {
         return enomem();
     };
     let p = alloc(total, 16);
-    if !p.is_null() {
+    // Whole pages of the page half read as zeros already (never touched, or
+    // discarded when freed: what `mmap` hands out too); writing them would
+    // fault every page in for nothing (python3's large `bytearray`s).
+    if !p.is_null() && read_header(p as usize).1 != LARGE_MARK {
         // SAFETY: `p` has at least `total` writable bytes.
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, total) };
     }
