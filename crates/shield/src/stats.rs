@@ -318,7 +318,7 @@ impl Snapshot {
         (self.data_page_ms > 0).then(|| self.plaintext_page_ms as f64 / self.data_page_ms as f64)
     }
 
-    /// What faults and sweeps cost the processes, as a share of their time
+    /// What the shield cost the processes (`cost_ns`), as a share of their time
     /// under the shield (`None` before the watchdogs measured any).
     #[must_use]
     pub fn cost_fraction(&self) -> Option<f64> {

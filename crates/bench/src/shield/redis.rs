@@ -240,8 +240,8 @@ fn read_stats(path: &Path) -> (Option<f64>, String, Vec<(f64, f64)>) {
         })
         .unwrap_or_default();
     let line = format!(
-        "{} pages protected, {} resident + {} evicted at exit, {} faults, {} evictions, guarantee {}, faults and \
-         sweeps cost {}",
+        "{} pages protected, {} resident + {} evicted at exit, {} faults, {} evictions, guarantee {}, the shield \
+         cost {}",
         n("pages_protected"),
         n("resident_pages"),
         n("evicted_pages"),

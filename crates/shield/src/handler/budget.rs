@@ -119,7 +119,7 @@ impl Inner {
     /// What sweeping a page is expected to cost, in ns: the share of swept
     /// pages that came back so far (a half to start with; at least 1 in 20:
     /// a page may come back later) times what the pages brought in so far cost each (hand-offs
-    /// and handler time over pages: a fault that continues a sequential scan
+    /// and the handler's CPU over pages: a fault that continues a sequential scan
     /// brings a run of them; a whole fault per page before there is
     /// history).
     #[allow(clippy::cast_precision_loss)]
@@ -129,10 +129,12 @@ impl Inner {
         let faults = g(&c.handoffs);
         let pages = g(&c.faults_in) + g(&c.readahead) + g(&c.zero_fills) + g(&c.prefill);
         let floor = self.budget.map_or(0, |b| b.fault_ns) as f64;
+        // The handler's CPU, as `cost_ns` counts it (its thread clock).
+        let handler = g(&c.handler_ns).max(self.cpu.handler_ns());
         let per_page = if faults < 16 || pages == 0 {
             floor + 3_000.0
         } else {
-            (floor * faults as f64 + g(&c.handler_ns) as f64) / pages as f64
+            (floor * faults as f64 + handler as f64) / pages as f64
         };
         // Half, until 64 sweeps say otherwise.
         let back = (g(&c.swept_back) as f64 + 32.0) / (g(&c.swept) as f64 + 64.0);

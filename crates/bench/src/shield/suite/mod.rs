@@ -143,7 +143,7 @@ struct RunStats {
     max_window: u64,
     /// Plaintext over pages holding data, weighted by time.
     time_fraction: Option<f64>,
-    /// What faults and sweeps cost, as a share of the processes' time.
+    /// What the shield cost, as a share of the processes' time (the summary's).
     cost_fraction: Option<f64>,
 }
 
