@@ -2678,6 +2678,75 @@ fn under_the_default_budget_an_idle_secret_leaves_and_the_summary_names_the_guar
 }
 
 #[test]
+fn a_growing_large_buffer_is_resized_in_place_not_copied_and_wiped() {
+    let Some((_dir, exe)) = c_test("realloc_grow", "realloc_grow", &[]) else {
+        return;
+    };
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--"])
+            .arg(&exe),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(o.status), 0, "{}", text(&o.stderr));
+    // Each move was a copy of the whole buffer, a wipe of the old pages on
+    // the program's thread and their faults again on reuse (python3's JSON
+    // writer and lists grow this way).
+    assert_eq!(
+        text(&o.stdout).trim(),
+        "moved 0 mremap_in_place 1",
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+/// Allocates, fills and frees 8 MiB buffers (python3's large blocks are
+/// whole pages of the region: each free wipes its pages on the program's
+/// thread before the frames go back to the kernel).
+const FREE_HEAVY: &str = "import sys\n\
+for i in range(int(sys.argv[1])):\n    \
+b = bytearray(8 << 20); b[::4096] = bytes([i % 251 + 1]) * len(b[::4096]); del b\n\
+print('done')\n";
+
+#[test]
+fn the_summary_cost_counts_the_shield_threads_and_the_wipes_of_freed_memory() {
+    if !have("cost_counts", &["python3"]) || !root("cost_counts") {
+        return;
+    }
+    preload_built();
+    let dir = TempDir::new("cost");
+    let stats = dir.path("cost.json");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--max-overhead", "1", "--stats-json"])
+            .arg(&stats)
+            .arg("--")
+            .arg(python3())
+            .args(["-c", FREE_HEAVY, "64"]),
+        b"",
+        Duration::from_secs(120),
+    );
+    assert_eq!(code(o.status), 0, "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim(), "done");
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    let n = |k: &str| j[k].as_u64().unwrap_or(0);
+    // 64 x 8 MiB wiped on the program's thread: counted, and in the cost.
+    assert!(n("program_ns") > 0 && n("shield_cpu_ns") > 0, "{j}");
+    assert!(
+        n("cost_ns") >= n("program_ns") + n("shield_cpu_ns") + n("handoffs") * n("fault_floor_ns"),
+        "the cost leaves out a part: {j}"
+    );
+    let line = text(&o.stderr);
+    assert!(
+        line.contains("ms on the program's threads wiping what it freed")
+            && line.contains("ms its threads' CPU"),
+        "the summary does not say what the cost holds: {line}"
+    );
+}
+
+#[test]
 fn the_budget_and_a_bound_together_the_bound_wins_and_bad_budgets_are_refused() {
     let Some((dir, exe)) = c_test("budget_bound", "idle_secret", &[]) else {
         return;

@@ -167,6 +167,12 @@ pub struct Counters {
     /// (see [`age_bucket`]): how much larger a window would have had to be
     /// to keep it.
     pub refault_ages: [AtomicU64; AGE_BUCKETS],
+    /// CPU time of the shield's own threads (handler, watchdog, zero
+    /// filler), from their thread CPU clocks (ns).
+    pub shield_cpu_ns: AtomicU64,
+    /// Time the shield's calls took on the program's threads (discards,
+    /// which wipe freed pages; the allocator's notes of memory in use), ns.
+    pub program_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -287,6 +293,10 @@ pub struct Snapshot {
     /// Decrypting faults by how long ago their page left the window (see
     /// [`age_bucket`]).
     pub refault_ages: [u64; AGE_BUCKETS],
+    /// CPU time of the shield's own threads (ns).
+    pub shield_cpu_ns: u64,
+    /// Time the shield's calls took on the program's threads (ns).
+    pub program_ns: u64,
 }
 
 impl Snapshot {
@@ -308,7 +318,7 @@ impl Snapshot {
         (self.data_page_ms > 0).then(|| self.plaintext_page_ms as f64 / self.data_page_ms as f64)
     }
 
-    /// What faults and sweeps cost the processes, as a share of their time
+    /// What the shield cost the processes (`cost_ns`), as a share of their time
     /// under the shield (`None` before the watchdogs measured any).
     #[must_use]
     pub fn cost_fraction(&self) -> Option<f64> {
@@ -400,6 +410,8 @@ impl Snapshot {
         for (a, b) in self.refault_ages.iter_mut().zip(o.refault_ages) {
             *a += b;
         }
+        self.shield_cpu_ns += o.shield_cpu_ns;
+        self.program_ns += o.program_ns;
     }
 }
 
@@ -463,6 +475,8 @@ impl Counters {
             alive_ms: g(&self.alive_ms),
             back_away_ms: g(&self.back_away_ms),
             refault_ages: std::array::from_fn(|k| g(&self.refault_ages[k])),
+            shield_cpu_ns: g(&self.shield_cpu_ns),
+            program_ns: g(&self.program_ns),
         }
     }
 }

@@ -539,6 +539,32 @@ pub fn gettid() -> u32 {
     u32::try_from(unsafe { libc::gettid() }).unwrap_or(0)
 }
 
+/// CPU time thread `tid` of this process has used so far, in ns: its
+/// thread CPU clock (`clock_gettime(2)` on the clock id Linux derives from
+/// a thread id, `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`), readable from
+/// any thread of the same process, the thread itself included.
+///
+/// # Errors
+/// EINVAL when no thread `tid` of this process exists (it exited).
+pub fn thread_cpu_ns(tid: u32) -> io::Result<u64> {
+    let tid = i32::try_from(tid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "thread id out of range"))?;
+    // CPUCLOCK_PERTHREAD_MASK (4) | CPUCLOCK_SCHED (2), the complement of
+    // the id shifted past them (include/linux/posix-timers_types.h).
+    let clock: libc::clockid_t = ((!tid) << 3) | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    Ok(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
+}
+
 /// Scheduling classes a thread of ours may be given (`sched_setscheduler(2)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SchedPolicy {
@@ -589,6 +615,29 @@ pub fn abort_on_panic() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_cpu_ns_reads_another_threads_work_and_refuses_a_gone_one() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let mut x = 0u64;
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(30) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            tx.send(gettid()).expect("send");
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().expect("tid");
+        let busy = thread_cpu_ns(tid).expect("a live thread's clock");
+        let me = thread_cpu_ns(gettid()).expect("our own clock");
+        assert!(busy >= 10_000_000, "the spinning thread used {busy} ns");
+        assert!(me > 0);
+        done_tx.send(()).expect("send");
+        t.join().expect("join");
+        assert!(thread_cpu_ns(tid).is_err(), "an exited thread has no clock");
+    }
 
     #[test]
     fn signal_group_reaches_a_grandchild_and_refuses_our_group_and_everyone() {

@@ -33,13 +33,16 @@ pub struct Args {
     /// minutes).
     #[arg(long, value_name = "PART", verbatim_doc_comment)]
     only: Vec<String>,
-    /// With --only workloads: run only this workload (repeatable)
+    /// With --only workloads or shield: run only this workload (repeatable)
     ///
     /// With `--only workloads`: run only this workload (repeatable; without it
     /// all of them and the cipher table). Workloads: fio_randread,
     /// fio_randwrite, iperf3, hpl, redis, nginx_tls, tesseract, stream,
     /// tenants18 (18 copies of a python3 job at once, as 18 tenants of their
-    /// own KeyIDs of a vault started for it).
+    /// own KeyIDs of a vault started for it). With `--only shield`: run only
+    /// these pieces of the shield part: faults (in-process fault costs),
+    /// redis, suite (the program suite; with redis for its geometric mean),
+    /// nginx, fork, canary (the exposure figures).
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     workload: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run

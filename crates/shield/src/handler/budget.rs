@@ -49,22 +49,77 @@ impl Inner {
         self.guard_wake.notify_all();
     }
 
-    /// What faults and sweeps have cost the program so far, in ns: the
-    /// handler's time, a hand-off ([`Budget::fault_ns`]) per fault it took,
-    /// and the sweep's own time.
+    /// What the shield has cost the program so far, in ns: the CPU time of
+    /// the shield's threads (the handler, the watchdog's sweeps and scans,
+    /// the zero pool's filler: their thread clocks, wake-ups and system
+    /// calls included; never less than their timed sections), a hand-off
+    /// ([`Budget::fault_ns`]) per fault the handler took (what the faulting
+    /// thread loses beyond the handler's CPU), and the shield's work on the
+    /// program's own threads (discards, which wipe freed pages; the
+    /// allocator's notes). The budget's bucket drains by this, and the
+    /// summary reports it.
     pub(crate) fn cost_ns(&self) -> u64 {
+        self.cost_parts().0
+    }
+
+    /// [`Inner::cost_ns`], and the CPU time of the shield's threads in it.
+    fn cost_parts(&self) -> (u64, u64) {
         let c = self.stats.counters();
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let floor = self.budget.map_or(0, |b| b.fault_ns);
-        c.handler_ns
-            .load(Ordering::Relaxed)
-            .saturating_add(c.handoffs.load(Ordering::Relaxed).saturating_mul(floor))
-            .saturating_add(c.sweep_ns.load(Ordering::Relaxed))
+        let threads = self.cpu.total_ns();
+        let timed = g(&c.handler_ns).saturating_add(g(&c.sweep_ns));
+        let total = g(&c.handoffs)
+            .saturating_mul(floor)
+            .saturating_add(threads.max(timed))
+            .saturating_add(g(&c.program_ns));
+        (total, threads)
+    }
+
+    /// Counts the time since `t0` as the shield's work on a thread of the
+    /// program ([`crate::Counters::program_ns`]).
+    pub(crate) fn program_time(&self, t0: Instant) {
+        self.stats
+            .counters()
+            .program_ns
+            .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+    }
+
+    /// Adds the plaintext and data pages since the last call, times the
+    /// milliseconds passed, to the statistics (the time-weighted plaintext
+    /// fraction), counts those milliseconds as the process's time under the
+    /// shield, and publishes what the shield has cost so far. Called by the
+    /// watchdog every tick and once more as the process exits
+    /// ([`crate::Shield::flush_stats`]); whichever call moves `alive_ms`
+    /// first adds the interval, so none is counted twice.
+    pub(crate) fn integrate(&self) {
+        let c = self.stats.counters();
+        let now = self.lock_free_now_ms();
+        let was = c.alive_ms.load(Ordering::Acquire);
+        if now > was
+            && c.alive_ms
+                .compare_exchange(was, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let ms = now - was;
+            let resident = c.resident.load(Ordering::Relaxed);
+            let data = resident + c.evicted.load(Ordering::Relaxed);
+            c.plaintext_page_ms
+                .fetch_add(resident.saturating_mul(ms), Ordering::Relaxed);
+            c.data_page_ms
+                .fetch_add(data.saturating_mul(ms), Ordering::Relaxed);
+        }
+        // Every part only grows: the largest of each published belong to the
+        // same (latest) reading.
+        let (cost, threads) = self.cost_parts();
+        c.cost_ns.fetch_max(cost, Ordering::Relaxed);
+        c.shield_cpu_ns.fetch_max(threads, Ordering::Relaxed);
     }
 
     /// What sweeping a page is expected to cost, in ns: the share of swept
     /// pages that came back so far (a half to start with; at least 1 in 20:
     /// a page may come back later) times what the pages brought in so far cost each (hand-offs
-    /// and handler time over pages: a fault that continues a sequential scan
+    /// and the handler's CPU over pages: a fault that continues a sequential scan
     /// brings a run of them; a whole fault per page before there is
     /// history).
     #[allow(clippy::cast_precision_loss)]
@@ -74,10 +129,12 @@ impl Inner {
         let faults = g(&c.handoffs);
         let pages = g(&c.faults_in) + g(&c.readahead) + g(&c.zero_fills) + g(&c.prefill);
         let floor = self.budget.map_or(0, |b| b.fault_ns) as f64;
+        // The handler's CPU, as `cost_ns` counts it (its thread clock).
+        let handler = g(&c.handler_ns).max(self.cpu.handler_ns());
         let per_page = if faults < 16 || pages == 0 {
             floor + 3_000.0
         } else {
-            (floor * faults as f64 + g(&c.handler_ns) as f64) / pages as f64
+            (floor * faults as f64 + handler as f64) / pages as f64
         };
         // Half, until 64 sweeps say otherwise.
         let back = (g(&c.swept_back) as f64 + 32.0) / (g(&c.swept) as f64 + 64.0);

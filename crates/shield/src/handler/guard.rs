@@ -65,6 +65,7 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
         hook();
     }
     let _ = memveil_sys::process::set_thread_name("memveil-guard");
+    inner.cpu.enter(crate::cpu::Worker::Guard);
     let c = inner.stats.counters();
     // SCHED_IDLE only when the handler can be brought back from it.
     let idle = idle && may_leave_idle();
@@ -81,7 +82,6 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
         None
     };
     let mut next_scan = Instant::now();
-    let mut integrated = Instant::now();
     loop {
         // When this thread wakes next, for the handler to poke it sooner
         // when a page comes in due before that (see `Inner::poke_guard`).
@@ -93,7 +93,7 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
             break;
         }
         let now = Instant::now();
-        integrate(inner, &mut integrated);
+        inner.integrate();
         let progress = inner.progress.load(Ordering::Acquire);
         if idle {
             let stuck = progress == last && (progress % 2 == 1 || inner.uffd.pending());
@@ -178,27 +178,6 @@ fn sweep(inner: &Inner) -> Duration {
         }
     }
     SWEEP_MIN
-}
-
-/// Adds the plaintext and data pages since the last call, times the time
-/// passed, to the statistics (the time-weighted plaintext fraction), and
-/// publishes what faults and sweeps have cost so far.
-fn integrate(inner: &Inner, last: &mut Instant) {
-    let now = Instant::now();
-    let ms = u64::try_from(now.duration_since(*last).as_millis()).unwrap_or(0);
-    if ms == 0 {
-        return;
-    }
-    *last = now;
-    let c = inner.stats.counters();
-    let resident = c.resident.load(Ordering::Relaxed);
-    let data = resident + c.evicted.load(Ordering::Relaxed);
-    c.plaintext_page_ms
-        .fetch_add(resident.saturating_mul(ms), Ordering::Relaxed);
-    c.data_page_ms
-        .fetch_add(data.saturating_mul(ms), Ordering::Relaxed);
-    c.alive_ms.fetch_add(ms, Ordering::Relaxed);
-    c.cost_ns.store(inner.cost_ns(), Ordering::Relaxed);
 }
 
 /// Sleeps up to `d`; returns whether the shield is stopping.

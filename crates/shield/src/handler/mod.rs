@@ -68,6 +68,8 @@ pub(crate) struct Inner {
     pub(crate) lazy: bool,
     /// The handler thread's id, for the watchdog.
     pub(crate) handler_tid: AtomicU32,
+    /// The CPU time of the shield's threads (the budget counts it).
+    pub(crate) cpu: crate::cpu::ShieldCpu,
     /// The watchdog's view of progress: incremented when the handler takes
     /// a batch of faults in hand and again when it has woken their threads,
     /// so it is odd while a batch is in hand.
@@ -277,6 +279,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         budget: cfg.budget,
         lazy: !bounded,
         handler_tid: AtomicU32::new(0),
+        cpu: crate::cpu::ShieldCpu::default(),
         progress: AtomicU64::new(0),
         guard_stop: Mutex::new(false),
         guard_wake: Condvar::new(),
@@ -310,9 +313,13 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
     };
     // No filler, no pool: `front` on a pool nobody fills stays empty.
     let zeros = inner.zeros.as_ref().and_then(|z| {
-        let z = Arc::clone(z);
+        let (z, i) = (Arc::clone(z), Arc::clone(&inner));
         let stack = HandlerStack::new().ok()?;
-        stack_thread::spawn(stack, move || z.fill()).ok()
+        stack_thread::spawn(stack, move || {
+            i.cpu.enter(crate::cpu::Worker::Zeros);
+            z.fill();
+        })
+        .ok()
     });
     inner.stats.counters().pool_pages.store(
         if zeros.is_some() {
@@ -378,6 +385,7 @@ impl Inner {
         }
         self.handler_tid
             .store(memveil_sys::process::gettid(), Ordering::Release);
+        self.cpu.enter(crate::cpu::Worker::Handler);
         let _ = memveil_sys::process::set_thread_name("memveil-fault");
         let mut on = self.handler_cpu;
         if let Some(cpu) = on {
