@@ -67,14 +67,22 @@ fn handler_runs_idle_and_is_made_normal_when_starved() {
     let buf = buf as *mut u8;
     // The watchdog makes the handler idle within a period (later if the
     // machine is busy: each rescue backs off 1, 2, 4 s...).
+    // On a busy machine (other programs on every CPU) the watchdog may
+    // rescue the handler again moments after it went idle: a rescue counts
+    // as having been idle, and the snapshot that saw either is the one
+    // compared with below.
     sweep(buf, 256, 1);
     let t = Instant::now();
-    while s.stats().handler_idle == 0 && t.elapsed() < Duration::from_secs(30) {
+    let mut before = s.stats();
+    while before.handler_idle == 0
+        && before.idle_rescues == 0
+        && t.elapsed() < Duration::from_secs(30)
+    {
         sweep(buf, 256, 2);
+        before = s.stats();
     }
-    let before = s.stats();
-    assert_eq!(
-        before.handler_idle, 1,
+    assert!(
+        before.handler_idle == 1 || before.idle_rescues > 0,
         "the handler never went idle: {before:?}"
     );
     // Contended: a busy thread of normal priority on every CPU, and this

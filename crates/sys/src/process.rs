@@ -565,6 +565,21 @@ pub fn thread_cpu_ns(tid: u32) -> io::Result<u64> {
     Ok(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
+/// Time thread `tid` of this process has spent runnable but waiting for a
+/// CPU, in ns: the second field of `/proc/self/task/TID/schedstat`
+/// (`run_delay`). `None` when the kernel keeps no such statistics
+/// (`CONFIG_SCHED_INFO` off) or the thread is gone.
+#[must_use]
+pub fn run_delay_ns(tid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    parse_run_delay(&text)
+}
+
+/// The `run_delay` field of a `schedstat` line (`on-CPU run-delay slices`).
+fn parse_run_delay(text: &str) -> Option<u64> {
+    text.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
 /// Scheduling classes a thread of ours may be given (`sched_setscheduler(2)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SchedPolicy {
@@ -615,6 +630,23 @@ pub fn abort_on_panic() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_delay_is_the_second_schedstat_field_and_grows_for_a_waiting_thread() {
+        assert_eq!(parse_run_delay("5313 2784 17\n"), Some(2784));
+        assert_eq!(parse_run_delay("5313\n"), None);
+        assert_eq!(parse_run_delay("a b c"), None);
+        // SAFETY: gettid takes no arguments.
+        let tid = u32::try_from(unsafe { libc::gettid() }).unwrap_or(0);
+        if std::path::Path::new("/proc/self/schedstat").exists() {
+            assert!(run_delay_ns(tid).is_some(), "schedstat of this thread");
+        } else {
+            println!(
+                "SKIP: no schedstat (CONFIG_SCHED_INFO off): the watchdog keeps its progress rule"
+            );
+        }
+        assert_eq!(run_delay_ns(u32::MAX), None);
+    }
 
     #[test]
     fn thread_cpu_ns_reads_another_threads_work_and_refuses_a_gone_one() {

@@ -16,9 +16,12 @@
 //! hogs, against 23-42 µs for a normal handler; a test saw a handler
 //! preempted in the middle of a batch wait 21 s). Every [`BUSY_PERIOD`] the
 //! watchdog checks whether the handler, since the last look, neither
-//! finished the batch in hand nor read a fault that waits; if so it returns
-//! the handler to the normal policy and tries `SCHED_IDLE` again only after
-//! a back-off that doubles each time (1 s to 64 s). It never waits for the
+//! finished the batch in hand nor read a fault that waits, or, with work
+//! waiting for it, spent more than half of that time runnable but off the
+//! CPU (its `run_delay` in schedstat: behind busy threads a `SCHED_IDLE`
+//! thread still gets a sliver, enough to finish a batch now and then); if
+//! so it returns the handler to the normal policy and tries `SCHED_IDLE`
+//! again only after a back-off that doubles each time (1 s to 64 s). It never waits for the
 //! shield's lock, which a starved handler may hold.
 //!
 //! Once a second it also ages an adaptive window (`policy::Window::tick`)
@@ -38,7 +41,7 @@ use std::time::{Duration, Instant};
 use memveil_sys::process::SchedPolicy;
 
 use super::{set_handler_policy, Inner};
-use crate::START_HOOK;
+use crate::{nanos, START_HOOK};
 
 /// Between two scans for chunks to register (lazily registered ranges).
 const SCAN_PERIOD: Duration = Duration::from_millis(50);
@@ -76,6 +79,8 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
     let mut next_tick = Instant::now() + TICK;
     let mut last = inner.progress.load(Ordering::Relaxed);
     let mut period = BUSY_PERIOD;
+    // The handler's run delay at the last look that read it, and when.
+    let mut last_delay: Option<(u64, Instant)> = None;
     let mut scratch = if inner.lazy {
         memveil_sys::uffd::DirectMap::new(16 * 1024).ok()
     } else {
@@ -96,11 +101,30 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
         inner.integrate();
         let progress = inner.progress.load(Ordering::Acquire);
         if idle {
-            let stuck = progress == last && (progress % 2 == 1 || inner.uffd.pending());
+            let waiting = progress % 2 == 1 || inner.uffd.pending();
+            // How long the handler waited for a CPU since the last look,
+            // read only while work waits for it (its schedstat).
+            let delay = (is_idle && waiting)
+                .then(|| {
+                    memveil_sys::process::run_delay_ns(inner.handler_tid.load(Ordering::Acquire))
+                })
+                .flatten();
+            let queued = match (delay, last_delay) {
+                (Some(d), Some((l, at))) => {
+                    Some(d.saturating_sub(l) * 2 > nanos(now.duration_since(at)))
+                }
+                _ => None,
+            };
+            last_delay = delay.map(|d| (d, now));
+            let stuck = progress == last && waiting || queued == Some(true);
             if is_idle && stuck {
                 // For a whole period the handler neither finished the batch
-                // in hand nor read a fault that waits: starved behind other
-                // threads on its CPU.
+                // in hand nor read a fault that waits, or, with work waiting
+                // for it, spent more than half the time since the last look
+                // runnable but off the CPU (a SCHED_IDLE thread behind busy
+                // ones still gets a sliver, enough to finish a batch now and
+                // then: "no progress" alone missed it, and every fault then
+                // waited for the busy threads): starved.
                 if set_handler_policy(inner, SchedPolicy::Normal).is_ok() {
                     is_idle = false;
                     c.handler_idle.store(0, Ordering::Relaxed);
