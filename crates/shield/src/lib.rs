@@ -43,6 +43,7 @@
 //! past its bound.
 
 mod handler;
+pub mod host;
 mod pagekey;
 mod policy;
 mod shared;
@@ -158,6 +159,10 @@ pub struct Config {
     /// --keyid`): the heap under that KeyID and the shared memory use it
     /// instead of fresh random keys.
     pub page_key: Option<std::sync::Arc<PageKey>>,
+    /// The host's ledger ([`host`]), open on this descriptor (`memveil run`
+    /// leaves it to the program): the sweep then draws on the host's budget
+    /// too. `None`: this process's own budget only.
+    pub host_fd: Option<i32>,
 }
 
 /// Where the fault handler thread runs.
@@ -197,6 +202,7 @@ impl Default for Config {
             readahead: true,
             zero_pool: true,
             page_key: None,
+            host_fd: None,
         }
     }
 }
