@@ -373,3 +373,54 @@ fn rng(w: &mut Writer, r: Option<&RngCounters>) {
         r.uptime_s,
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shield_is_exported_per_program_and_for_the_host() {
+        let p = ShieldProgram {
+            pid: 42,
+            user: "alice".into(),
+            command: "python3 -c \"x\"\nprint(1)".into(),
+            keyid: Some(5),
+            guarantee: "budget 10%".into(),
+            protected: true,
+            heap_bytes: 4096,
+            ciphertext_fraction: Some(0.75),
+            cost_fraction: Some(0.04),
+            faults: 7,
+            budget_met: Some(false),
+            on_host_budget: true,
+        };
+        let unprotected = ShieldProgram {
+            pid: 43,
+            protected: false,
+            ..ShieldProgram::default()
+        };
+        let h = ShieldHost {
+            budget_fraction: Some(0.05),
+            spent_fraction: Some(0.01),
+            programs: vec![p, unprotected],
+        };
+        let mut w = Writer::new();
+        shield(&mut w, &h);
+        let t = w.finish();
+        let l = r#"{pid="42",user="alice",command="python3 -c \"x\"\nprint(1)",keyid="5",guarantee="budget 10%"}"#;
+        for want in [
+            "memveil_shield_programs 2".to_owned(),
+            "memveil_shield_host_budget_fraction 0.05".to_owned(),
+            "memveil_shield_host_budget_programs 1".to_owned(),
+            format!("memveil_shield_program_budget_met{l} 0"),
+            format!("memveil_shield_program_ciphertext_fraction{l} 0.75"),
+            format!("memveil_shield_program_faults_total{l} 7"),
+            r#"memveil_shield_program_protected{pid="43",user="",command="",keyid="",guarantee=""} 0"#
+                .to_owned(),
+        ] {
+            assert!(t.contains(&want), "{want} missing from\n{t}");
+        }
+        // No budget measured: no sample rather than a made-up one.
+        assert!(!t.contains(r#"memveil_shield_program_budget_met{pid="43""#));
+    }
+}
