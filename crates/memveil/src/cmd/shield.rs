@@ -36,6 +36,28 @@ Examples:
 
 See docs/shield.md.";
 
+/// `memveil shield status --help`, after the options.
+const STATUS_EXAMPLES: &str = "\
+Programs are listed from /run/memveil/shield/runs/ (MEMVEIL_SHIELD_DIR/runs): only live
+ones whose entry belongs to the user they run as; entries of runs that are gone are
+removed where this user may.
+
+Examples:
+  memveil shield status                 # a table, and the host line first
+  memveil shield status --json          # host and programs as JSON
+
+See docs/shield.md, \"One budget per host\".";
+
+/// `memveil shield budget --help`, after the options.
+const BUDGET_EXAMPLES: &str = "\
+Examples:
+  memveil shield budget                 # the budget now and what was spent of it
+  memveil shield budget 5%              # 5% of the host's CPU time (the default)
+  memveil shield budget 0.5%            # a tenth of that
+  memveil shield budget off             # every run on its own budget only
+
+See docs/shield.md, \"One budget per host\".";
+
 /// Flags of `memveil shield`.
 #[derive(clap::Args)]
 #[command(after_long_help = AFTER_LONG_HELP)]
@@ -54,7 +76,7 @@ enum Sub {
     /// it (share of its time), faults, whether its budget was met, and
     /// whether it draws on the host's budget; then the host's budget, what
     /// was spent of it over the last second, and the programs it covers.
-    #[command(verbatim_doc_comment)]
+    #[command(verbatim_doc_comment, after_long_help = STATUS_EXAMPLES)]
     Status {
         /// JSON instead of a table
         #[arg(long)]
@@ -68,7 +90,7 @@ enum Sub {
     /// default: 5% of the host, at least 100 ms of CPU per second) or 0.5%;
     /// "off" leaves every memveil run on its own budget alone. Each program
     /// also keeps its own --max-overhead, which bounds its own slowdown.
-    #[command(verbatim_doc_comment)]
+    #[command(verbatim_doc_comment, after_long_help = BUDGET_EXAMPLES)]
     Budget {
         /// PERCENT of the host's CPU time (more than 0, at most 100), or off
         #[arg(value_name = "PERCENT|off", value_parser = host::parse_host_budget)]
