@@ -548,8 +548,11 @@ impl Ledger {
                 && p.compare_exchange(held, pid, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
-                self.slot(k, 1)
-                    .store(u64::from(NO_BID) << 56, Ordering::Release);
+                // Stamped now: a slot just taken is not stale.
+                self.slot(k, 1).store(
+                    (u64::from(NO_BID) << 56) | (now_ms & STAMP_MASK),
+                    Ordering::Release,
+                );
                 self.slot(k, 2).store(0, Ordering::Relaxed);
                 return true;
             }
