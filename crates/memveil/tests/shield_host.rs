@@ -174,11 +174,13 @@ fn concurrent_runs_share_one_host_budget_positive_control_without_it() {
         "positive control: on their own budgets the two runs spend more than the tiny host \
          budget ({off_rate} against {rate} ns/s)"
     );
-    // The bucket's cap, its most debt and start-up cost the sweep cannot
-    // hold back: within three times the budget.
+    // The bucket's cap, its most debt and what the sweep cannot hold back
+    // (the scans' and the handler's own time, inflated by preemption on a
+    // loaded machine): 1.1-1.5 times the budget measured here, within four.
     assert!(
-        on_rate < 3.0 * rate,
-        "two runs spent {on_rate} ns/s against a host budget of {rate}"
+        on_rate < 4.0 * rate && on_rate < off_rate / 4.0,
+        "two runs spent {on_rate} ns/s against a host budget of {rate} ({off_rate} on their \
+         own budgets)"
     );
     assert!(on_swept < off_swept, "{on_swept} swept against {off_swept}");
     // The summary says which budget it drew on.
