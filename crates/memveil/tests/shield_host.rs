@@ -356,3 +356,64 @@ fn status_lists_the_runs_alive_and_not_the_dead_or_forged() {
     );
     assert!(!t.contains("forged"), "{t}");
 }
+
+/// `GET /metrics` from `addr` (host:port).
+fn scrape(addr: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+#[test]
+fn the_exporter_under_its_seccomp_filter_publishes_every_protected_program() {
+    if !can_run("the_exporter_publishes_every_protected_program") {
+        return;
+    }
+    let d = TempDir::new("exporter");
+    ok(&d.0, &["shield", "budget", "5%"]);
+    let mut kids = Children::default();
+    let mut serve = memveil(&d.0, &["probe", "--serve", "127.0.0.1:0", "--no-vault"]);
+    serve.stdout(Stdio::piped()).stderr(Stdio::null());
+    kids.0.push(serve.spawn().expect("probe --serve"));
+    let out = kids.0[0].stdout.take().expect("stdout");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).expect("line");
+    // "memveil probe: serving http://127.0.0.1:PORT/metrics"
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let json = d.0.join("s.json");
+    kids.0
+        .push(workload(&d.0, &json, "20").spawn().expect("memveil run"));
+    let pid = kids.0[1].id();
+    let until = Instant::now() + Duration::from_secs(15);
+    let want = format!("memveil_shield_program_protected{{pid=\"{pid}\"");
+    let body = loop {
+        let b = scrape(&addr);
+        if b.contains(&want) || Instant::now() > until {
+            break b;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Before the filter allowed lseek, reading the registry killed the
+    // scrape's thread (SIGSYS): no answer at all.
+    assert!(body.contains("memveil_shield_programs 1"), "{body}");
+    assert!(body.contains(&want), "{body}");
+    assert!(
+        body.contains("memveil_shield_host_budget_fraction 0.05"),
+        "{body}"
+    );
+    assert!(
+        body.contains("memveil_shield_host_budget_programs 1"),
+        "{body}"
+    );
+}
