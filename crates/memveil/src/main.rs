@@ -16,6 +16,7 @@ and examples).
 Examples:
   memveil probe                                   # what this host offers, with evidence
   memveil run -- python3 job.py                   # a program's heap kept as ciphertext
+  memveil shield status                           # every protected program on the host
   memveil vault serve &                           # the key vault
   memveil key program --keyid 5 --mode random     # a host KeyID, held by the vault
   memveil bench --only engine                     # one part's figures
@@ -55,6 +56,8 @@ enum Command {
     Keyfind(cmd::keyfind::Args),
     /// Run an unmodified program with its heap kept as ciphertext outside a plaintext window.
     Run(cmd::run::Args),
+    /// The host's shield: every protected program, and the budget they share.
+    Shield(cmd::shield::Args),
     /// Run the benchmark suite and write a report.
     Bench(cmd::bench::Args),
     /// Write the man pages and shell completions (scripts/package.sh).
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Command::Disk(a) => cmd::disk::run(a),
         Command::Keyfind(a) => cmd::keyfind::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Shield(a) => cmd::shield::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::PackageFiles(a) => {
             cmd::package_files::run(&a, <Cli as clap::CommandFactory>::command())

@@ -35,4 +35,7 @@ pub const PROBE_SERVE: &[Syscall] = syscalls![
     SYS_userfaultfd,
     SYS_prlimit64,
     SYS_geteuid,
+    // `memveil shield status`'s files (the registry, the ledger): the
+    // standard library's reads ask for the position.
+    SYS_lseek,
 ];

@@ -30,6 +30,7 @@
 //! `memveil run --keyid`) with `MEMVEIL_SHIELD_SUPERVISOR` (the pid of that
 //! `memveil run`: its end stops the process, exit 123),
 //! `MEMVEIL_SHIELD_STATS_DIR` (one `PID.stats` file per process),
+//! `MEMVEIL_SHIELD_HOST_FD` (the inherited ledger of the host's budget),
 //! `MEMVEIL_SHIELD_SPIN_US`, `MEMVEIL_SHIELD_REGION_GIB`,
 //! `MEMVEIL_SHIELD_ACCEPT_UNWIPED=1`, `MEMVEIL_SHIELD_FORCE_WP=1`,
 //! `MEMVEIL_SHIELD_FOLLOW=0` (the fault handler stays on the CPU the
@@ -1445,6 +1446,9 @@ fn config() -> Result<(Config, u16), String> {
         accept_unwiped_free: env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") == Some(1),
         force_write_protect: env_usize(c"MEMVEIL_SHIELD_FORCE_WP") == Some(1),
         zero_pool: env_usize(c"MEMVEIL_SHIELD_ZERO_POOL") != Some(0),
+        // The host's budget ledger memveil run left open (docs/shield.md,
+        // "One budget per host").
+        host_fd: env_usize(c"MEMVEIL_SHIELD_HOST_FD").and_then(|fd| i32::try_from(fd).ok()),
         handler_cpu: if env_usize(c"MEMVEIL_SHIELD_FOLLOW") == Some(0) {
             HandlerCpu::Current
         } else {

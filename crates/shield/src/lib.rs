@@ -44,6 +44,7 @@
 
 mod cpu;
 mod handler;
+pub mod host;
 mod pagekey;
 mod policy;
 mod shared;
@@ -159,6 +160,10 @@ pub struct Config {
     /// --keyid`): the heap under that KeyID and the shared memory use it
     /// instead of fresh random keys.
     pub page_key: Option<std::sync::Arc<PageKey>>,
+    /// The host's ledger ([`host`]), open on this descriptor (`memveil run`
+    /// leaves it to the program): the sweep then draws on the host's budget
+    /// too. `None`: this process's own budget only.
+    pub host_fd: Option<i32>,
 }
 
 /// Where the fault handler thread runs.
@@ -198,6 +203,7 @@ impl Default for Config {
             readahead: true,
             zero_pool: true,
             page_key: None,
+            host_fd: None,
         }
     }
 }

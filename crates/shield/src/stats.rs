@@ -173,6 +173,13 @@ pub struct Counters {
     /// Time the shield's calls took on the program's threads (discards,
     /// which wipe freed pages; the allocator's notes of memory in use), ns.
     pub program_ns: AtomicU64,
+    /// 1 when the process draws on the host's budget (the ledger of
+    /// `memveil run`), 0 when on its own budget only.
+    pub host_joined: AtomicU64,
+    /// Sweep steps held back because the host's budget was spent.
+    pub host_waits: AtomicU64,
+    /// Sweep steps held back for another program's colder pages.
+    pub host_colder: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -297,6 +304,12 @@ pub struct Snapshot {
     pub shield_cpu_ns: u64,
     /// Time the shield's calls took on the program's threads (ns).
     pub program_ns: u64,
+    /// Processes drawing on the host's budget.
+    pub host_joined: u64,
+    /// Sweep steps held back because the host's budget was spent.
+    pub host_waits: u64,
+    /// Sweep steps held back for another program's colder pages.
+    pub host_colder: u64,
 }
 
 impl Snapshot {
@@ -412,6 +425,9 @@ impl Snapshot {
         }
         self.shield_cpu_ns += o.shield_cpu_ns;
         self.program_ns += o.program_ns;
+        self.host_joined += o.host_joined;
+        self.host_waits += o.host_waits;
+        self.host_colder += o.host_colder;
     }
 }
 
@@ -477,6 +493,9 @@ impl Counters {
             refault_ages: std::array::from_fn(|k| g(&self.refault_ages[k])),
             shield_cpu_ns: g(&self.shield_cpu_ns),
             program_ns: g(&self.program_ns),
+            host_joined: g(&self.host_joined),
+            host_waits: g(&self.host_waits),
+            host_colder: g(&self.host_colder),
         }
     }
 }
@@ -576,16 +595,43 @@ impl StatsFile {
     /// # Errors
     /// Opening or mapping it, or a file that is not a shield's.
     pub fn read(path: &Path) -> io::Result<Snapshot> {
-        let f = File::open(path)?;
-        // Read-only mapping: the atomics are only loaded.
-        let s = Self::map(&f, libc::PROT_READ)?;
-        if s.counters().magic.load(Ordering::Relaxed) != MAGIC {
+        // Read, not mapped: a file its owner truncates meanwhile (any user
+        // may own one, `memveil shield status` reads them all) cannot
+        // fault the reader.
+        let mut bytes = vec![0u8; FILE_LEN];
+        let mut f = File::open(path)?;
+        let mut n = 0;
+        while n < FILE_LEN {
+            match io::Read::read(&mut f, &mut bytes[n..])? {
+                0 => break,
+                k => n += k,
+            }
+        }
+        if n < std::mem::size_of::<Counters>() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a shield statistics file (too short)",
+            ));
+        }
+        let c = Counters::default();
+        let words = std::mem::size_of::<Counters>() / 8;
+        // SAFETY: Counters is repr(C) and made of AtomicU64 alone (fields
+        // and an array of them), so it is `words` AtomicU64 in a row,
+        // borrowed while `c` lives.
+        let slots =
+            unsafe { std::slice::from_raw_parts((&raw const c).cast::<AtomicU64>(), words) };
+        for (w, b) in slots.iter().zip(bytes.chunks_exact(8)) {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(b);
+            w.store(u64::from_ne_bytes(v), Ordering::Relaxed);
+        }
+        if c.magic.load(Ordering::Relaxed) != MAGIC {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "not a shield statistics file (bad magic)",
             ));
         }
-        Ok(s.snapshot())
+        Ok(c.snapshot())
     }
 
     /// Sums the statistics files in `dir` (one per protected process).

@@ -32,6 +32,7 @@ use std::fmt::Write as _;
 use std::hash::Hasher as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::procs::{exited_within, in_path};
@@ -677,6 +678,7 @@ fn tenants18(plan: Plan, dir: &Path) -> Result<Workload, String> {
     if !python.is_file() {
         return Err("/usr/bin/python3 not found: apt-get install python3".into());
     }
+    *TENANTS_SIDE.lock().unwrap_or_else(PoisonError::into_inner) = (Vec::new(), Vec::new());
     let script = dir.join("workload.py");
     std::fs::write(&script, crate::shield::suite::PYTHON)
         .map_err(|e| format!("{}: {e}", script.display()))?;
@@ -701,6 +703,20 @@ fn tenants18(plan: Plan, dir: &Path) -> Result<Workload, String> {
                 None => None,
             };
             let t = Instant::now();
+            // The shield's threads' CPU time, read from outside while the
+            // tenants run (not the shield's own counters), and the status
+            // command's time with all of them listed.
+            // In the default mode only (reading the threads' times of
+            // programs under --window 4096 slowed them by a third): its
+            // cost, about 1% of one CPU, counts against the protected run.
+            let sampler = (r.mode == Mode::Default).then(|| {
+                let memveil = r.memveil().map(Path::to_path_buf);
+                let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let s = std::sync::Arc::clone(&stop);
+                let first = std::process::id();
+                let h = std::thread::spawn(move || shield_threads_cpu(&s, memveil.as_deref(), first));
+                (stop, h)
+            });
             let children: Vec<Child> = (1..=TENANTS)
                 .map(|keyid| {
                     let id = keyid.to_string();
@@ -736,6 +752,17 @@ fn tenants18(plan: Plan, dir: &Path) -> Result<Workload, String> {
                 })
                 .collect::<Result<_, _>>()?;
             let secs = t.elapsed().as_secs_f64();
+            if let Some((stop, h)) = sampler {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                if let Ok((cpu_s, status_ms)) = h.join() {
+                    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+                    #[allow(clippy::cast_precision_loss)]
+                    let fraction = cpu_s / (secs * cpus as f64);
+                    let mut side = TENANTS_SIDE.lock().unwrap_or_else(PoisonError::into_inner);
+                    side.0.push(fraction);
+                    side.1.extend(status_ms);
+                }
+            }
             if outs.iter().any(|o| *o != outs[0]) {
                 return Err("the tenants' outputs differ".into());
             }
@@ -745,6 +772,171 @@ fn tenants18(plan: Plan, dir: &Path) -> Result<Workload, String> {
             })
         }),
     })
+}
+
+/// What tenants18 measures besides its throughput, per protected round:
+/// the shield's threads' share of the host's CPU time, and how long
+/// `memveil shield status` took with the tenants running (ms).
+static TENANTS_SIDE: Mutex<(Vec<f64>, Vec<f64>)> = Mutex::new((Vec::new(), Vec::new()));
+
+/// `workloads.tenants18_shield_cpu_fraction` and `shield.status_ms`, from
+/// what the protected rounds of tenants18 measured.
+fn tenants_side(figs: &mut Vec<Figure>) {
+    let (mut cpu, mut status) = {
+        let side = TENANTS_SIDE.lock().unwrap_or_else(PoisonError::into_inner);
+        (side.0.clone(), side.1.clone())
+    };
+    let budget = memveil_shield::host::default_rate() as f64
+        / (memveil_shield::host::host_cpus() as f64 * 1e9);
+    if !cpu.is_empty() {
+        let note = format!(
+            "the shield's threads' CPU time (memveil-fault, memveil-guard, memveil-zeros: their time \
+             on a CPU from /proc/PID/task/TID/schedstat, read every 50 ms from outside) over the host's \
+             ({} CPUs x the wall time) while the 18 tenants run at memveil run's defaults; median \
+             of {} rounds ({}); the host's budget: {budget:.3} (hand-offs are the faulting \
+             threads' time, not counted here)",
+            memveil_shield::host::host_cpus(),
+            cpu.len(),
+            range(&cpu)
+        );
+        figs.push(
+            Figure::plain(
+                "workloads.tenants18_shield_cpu_fraction",
+                median(&mut cpu),
+                "fraction",
+                &note,
+            )
+            .target(&format!("<= {budget:.3}")),
+        );
+    }
+    if !status.is_empty() {
+        let note = format!(
+            "`memveil shield status --json` (a new process) with the 18 tenants running and listed; \
+             median of {} calls ({} ms)",
+            status.len(),
+            range(&status)
+        );
+        figs.push(
+            Figure::plain("shield.status_ms", median(&mut status), "ms", &note).target("<= 100"),
+        );
+    }
+}
+
+/// The shield's threads (`memveil-fault`, `memveil-guard`,
+/// `memveil-zeros`) of the python3 processes started after process
+/// `first`: their CPU time (seconds) summed over every such thread seen
+/// until `stop` (read from `/proc/PID/task/TID/schedstat` every
+/// 50 ms; a thread's last 50 ms before it ends may be missed), and, with
+/// `memveil`, the times `memveil shield status --json` took twice a round
+/// while at least 18 programs were listed (ms).
+fn shield_threads_cpu(
+    stop: &std::sync::atomic::AtomicBool,
+    memveil: Option<&Path>,
+    first: u32,
+) -> (f64, Vec<f64>) {
+    let mut seen: std::collections::HashMap<(u32, u32), u64> = std::collections::HashMap::new();
+    // Processes known not to be python3 (yet: a pid checked before its
+    // exec is looked at again).
+    let mut python: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
+    let mut status_ms = Vec::new();
+    let mut looks = 0u32;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for (pid, tid, ticks) in shield_threads(first, &mut python) {
+            seen.insert((pid, tid), ticks);
+        }
+        looks += 1;
+        if let (Some(m), true) = (memveil, looks == 10 || looks == 20) {
+            let t = Instant::now();
+            let out = Command::new(m)
+                .args(["shield", "status", "--json"])
+                .output();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let listed = out
+                .ok()
+                .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+                .and_then(|v| v["programs"].as_array().map(Vec::len))
+                .unwrap_or(0);
+            if listed >= usize::from(TENANTS) {
+                status_ms.push(ms);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let cpu = seen.values().sum::<u64>() as f64 / 1e9;
+    (cpu, status_ms)
+}
+
+/// The shield threads of python3 processes with a pid above `first` now:
+/// (pid, tid, ns on a CPU).
+fn shield_threads(
+    first: u32,
+    python: &mut std::collections::HashMap<u32, bool>,
+) -> Vec<(u32, u32, u64)> {
+    let mut v = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return v;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid <= first || python.get(&pid) == Some(&false) {
+            continue;
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = python.entry(pid) {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            let is = match comm.trim() {
+                "python3" => true,
+                // Not yet exec'd: looked at again.
+                "memveil" | "timeout" if pid_young(&p.path()) => continue,
+                _ => false,
+            };
+            e.insert(is);
+            if !is {
+                continue;
+            }
+        }
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+                continue;
+            };
+            let (Some(a), Some(b)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            if !matches!(
+                &stat[a + 1..b],
+                "memveil-fault" | "memveil-guard" | "memveil-zeros"
+            ) {
+                continue;
+            }
+            // Its time on a CPU in ns (schedstat's first field); where the
+            // kernel has none, utime + stime (fields 14 and 15, the 12th and
+            // 13th after ')') in ticks of 10 ms.
+            let ns = std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|x| x.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or_else(|| {
+                    let f: Vec<&str> = stat[b + 1..].split_whitespace().collect();
+                    let tick = |i: usize| f.get(i).and_then(|u| u.parse::<u64>().ok());
+                    (tick(11).unwrap_or(0) + tick(12).unwrap_or(0)) * 10_000_000
+                });
+            v.push((pid, tid, ns));
+        }
+    }
+    v
+}
+
+/// Whether the process at `/proc/PID` has only one thread (a `memveil
+/// run` or `timeout` that may still exec the program).
+fn pid_young(proc_dir: &Path) -> bool {
+    std::fs::read_dir(proc_dir.join("task")).is_ok_and(|t| t.count() <= 1)
 }
 
 /// A vault of this run with KeyIDs 1..=18 programmed random.
@@ -974,11 +1166,16 @@ fn report(
                 &note,
             );
             f.ratio = Some(ratio);
-            // Issue 26's target for the tenants at memveil run's defaults.
-            if suffix.is_empty() && r.name == "tenants18" {
-                f = f.target(">= 0.80");
+            // Issue 33's target for the tenants at memveil run's defaults
+            // (issue 26's was 0.80).
+            let tenants = suffix.is_empty() && r.name == "tenants18";
+            if tenants {
+                f = f.target(">= 0.90");
             }
             figs.push(f);
+            if tenants {
+                tenants_side(figs);
+            }
             cells.push(format!(
                 "{value:.4} | {ratio:.3} | {}",
                 range(&r.per_round(mode))

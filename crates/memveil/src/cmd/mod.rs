@@ -14,6 +14,7 @@ pub mod run_calibrate;
 pub mod run_cgroup;
 pub mod run_keyid;
 pub mod run_report;
+pub mod shield;
 pub mod vault;
 
 /// A daemon's seccomp lock-down once it is started: `list` (besides

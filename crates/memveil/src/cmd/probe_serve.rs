@@ -70,10 +70,12 @@ impl Sources {
             .rng
             .as_deref()
             .map(|p| self.logged(1, p, rng_counters(p)));
+        let shield = super::super::shield::fleet_view();
         fleet::exposition(&fleet::Scrape {
             report: &c.report,
             vault: vault.as_ref(),
             rng: rng.as_ref(),
+            shield: Some(&shield),
             facts_time: c.unix_time,
             facts_seconds: c.seconds,
         })

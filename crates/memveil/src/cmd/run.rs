@@ -500,6 +500,12 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     // Before --user gives up root: the cgroup's files are opened and its
     // guardian started as the operator.
     let mut cgroup = run_cgroup::setup(&a.command[0].to_string_lossy());
+    // The host's budget and registry, opened and made as the operator too.
+    let host_budget = match a.budget() {
+        Some(_) => super::shield::join_host(),
+        None => Err("a plaintext bound alone (no cost budget to share)".to_owned()),
+    };
+    let runs = super::shield::runs_dir();
     if let Some(name) = &a.user {
         switch_user(name)?;
         // The loader skips a preload library it cannot read, with a mere
@@ -533,19 +539,54 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
              the kernel wipes them), or use --shared-memory refuse"
         );
     }
-    let stats_dir = std::env::temp_dir().join(format!(
-        "memveil-run-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0)
-    ));
-    // The program's own (created by the user it runs as), private to it.
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&stats_dir)
-        .with_context(|| format!("creating {}", stats_dir.display()))?;
+    // The run's entry in the host's registry (made by the user it runs as,
+    // readable by all: `memveil shield status`) is its statistics
+    // directory; where there is none, a private temporary one.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let info = super::shield::RunJson {
+        pid: std::process::id(),
+        start_ticks: super::shield::proc_start(std::process::id()).map_or(0, |s| s.0),
+        command: a
+            .command
+            .iter()
+            .map(|c| c.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+        keyid: a.keyid,
+        guarantee: a.guarantee().label(),
+        budget_percent: a.budget(),
+        start_unix: now.as_secs(),
+        host_budget: match &host_budget {
+            Ok((_, v)) => {
+                format!("joined {}", super::shield::ledger_path().display())
+                    + &format!(" ({} ns of CPU per s)", v.rate_ns_per_s)
+            }
+            Err(e) => format!("own budget only: {e}"),
+        },
+    };
+    let listed = runs.and_then(|r| super::shield::register(&r, &info));
+    let stats_dir = match &listed {
+        Ok(d) => d.clone(),
+        Err(_) => {
+            let d = std::env::temp_dir().join(format!(
+                "memveil-run-{}-{}",
+                std::process::id(),
+                now.subsec_nanos()
+            ));
+            // The program's own (created by the user it runs as), private to it.
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&d)
+                .with_context(|| format!("creating {}", d.display()))?;
+            d
+        }
+    };
+    let shared = Host {
+        budget: host_budget,
+        listed: listed.map(|_| ()),
+    };
     let keep = match a.allocator {
         Allocator::Auto => own_allocator(&elf.needed).map(str::to_owned),
         Allocator::Memveil => None,
@@ -557,6 +598,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         &stats_dir,
         json_out,
         host.as_ref(),
+        &shared,
         &mut cgroup,
     );
     if let Ok(cg) = cgroup {
@@ -598,8 +640,73 @@ fn switch_user(name: &str) -> anyhow::Result<()> {
     })
 }
 
+/// The host's shield as this run found it: the budget it draws on (the
+/// ledger, open, with the budget it named) or why not, and whether it is
+/// listed in the registry (`memveil shield status`) or why not.
+struct Host {
+    budget: Result<(std::fs::File, memveil_shield::host::LedgerView), String>,
+    listed: Result<(), String>,
+}
+
+impl Host {
+    /// The summary's `host:` line.
+    fn line(&self, s: &memveil_shield::Snapshot) -> String {
+        let budget = match &self.budget {
+            Ok((_, v)) if s.host_joined > 0 => format!(
+                "drew on the host's budget ({}: {}) and its own{}; held back {} sweep step(s) for \
+                 the host and {} for colder pages of other programs",
+                super::shield::ledger_path().display(),
+                host_rate(v),
+                if s.host_joined < s.processes {
+                    format!(" ({} of {} processes)", s.host_joined, s.processes)
+                } else {
+                    String::new()
+                },
+                s.host_waits,
+                s.host_colder
+            ),
+            Ok(_) => "own budget only: no process joined the host's budget (see the \
+                      memveil-shield messages above)"
+                .to_owned(),
+            Err(why) => format!("own budget only: {why}"),
+        };
+        let listed = match &self.listed {
+            Ok(()) => "listed in `memveil shield status`".to_owned(),
+            Err(why) => format!("not listed in `memveil shield status`: {why}"),
+        };
+        format!("host: {budget}; {listed}")
+    }
+
+    /// `--stats-json`'s `host_budget`.
+    fn json(&self, s: &memveil_shield::Snapshot) -> serde_json::Value {
+        serde_json::json!({
+            "joined": self.budget.is_ok() && s.host_joined > 0,
+            "processes_joined": s.host_joined,
+            "ledger": super::shield::ledger_path(),
+            "budget_ns_per_s": self.budget.as_ref().ok().map(|(_, v)| v.rate_ns_per_s),
+            "why_not": self.budget.as_ref().err(),
+            "host_waits": s.host_waits,
+            "host_colder": s.host_colder,
+            "listed": self.listed.is_ok(),
+            "why_not_listed": self.listed.as_ref().err(),
+        })
+    }
+}
+
+/// A host budget in words.
+fn host_rate(v: &memveil_shield::host::LedgerView) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let ms = v.rate_ns_per_s as f64 / 1e6;
+    format!(
+        "{ms:.1} ms of CPU per s, {:.1}% of {} CPUs",
+        v.budget_fraction() * 100.0,
+        v.cpus
+    )
+}
+
 /// Runs the program with the preload (after `keep`, the program's own
 /// allocator library, when given) and reports.
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     a: &Args,
     preload: &Path,
@@ -607,6 +714,7 @@ fn supervise(
     stats_dir: &Path,
     json_out: Option<std::fs::File>,
     host: Option<&HostKeyId>,
+    shared: &Host,
     cgroup: &mut Result<ProgramCgroup, String>,
 ) -> anyhow::Result<u8> {
     let mut ld = OsString::new();
@@ -661,6 +769,14 @@ fn supervise(
     match a.max_plaintext {
         Some(b) => cmd.env("MEMVEIL_SHIELD_MAX_PLAINTEXT", b.to_arg()),
         None => cmd.env_remove("MEMVEIL_SHIELD_MAX_PLAINTEXT"),
+    };
+    // The host's budget (nothing inherited from an outer memveil run).
+    match &shared.budget {
+        Ok((f, _)) => cmd.env(
+            "MEMVEIL_SHIELD_HOST_FD",
+            std::os::fd::AsRawFd::as_raw_fd(f).to_string(),
+        ),
+        Err(_) => cmd.env_remove("MEMVEIL_SHIELD_HOST_FD"),
     };
     match a.budget() {
         Some(p) => {
@@ -855,6 +971,7 @@ fn supervise(
             )
         );
         eprintln!("memveil run: {}", guarantee_line(&a.guarantee(), &s));
+        eprintln!("memveil run: {}", shared.line(&s));
         if let Some(line) = advice(&a.guarantee(), &s, started.elapsed().as_secs_f64()) {
             eprintln!("memveil run: {line}");
         }
@@ -892,6 +1009,7 @@ fn supervise(
         j["host_keyid"] = host.map_or(serde_json::Value::Null, HostKeyId::json);
         j["stopped_key_gone"] = key_gone.clone().into();
         j["cgroup"] = run_cgroup::json(cgroup, left);
+        j["host_budget"] = shared.json(&s);
         j["exit_code"] = code.into();
         j["seconds"] = started.elapsed().as_secs_f64().into();
         j["samples"] = samples.into();

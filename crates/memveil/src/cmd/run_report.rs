@@ -30,6 +30,14 @@ impl Guarantee {
         }
     }
 
+    /// A short label: `budget 10%`, `bound`, `bound+budget 10%`.
+    pub(super) fn label(&self) -> String {
+        match self.budget {
+            Some(p) => format!("{} {p}%", self.name()),
+            None => self.name().to_owned(),
+        }
+    }
+
     /// The name `--stats-json` gives it.
     pub(super) fn name(&self) -> &'static str {
         match (self.budget.is_some(), self.bound().is_some()) {

@@ -10,12 +10,18 @@ use std::time::Instant;
 use memveil_sys::uffd;
 
 use super::Inner;
+use crate::host::Hold;
 use crate::state::{State, CHUNK_PAGES};
+use crate::sweep::Sweep;
 use crate::{nanos, PAGE};
 
 /// Most pages one sweep step evicts under the lock (well under 0.1 ms: the
 /// handler waits for the lock meanwhile).
 pub(crate) const SWEEP_BATCH: usize = 64;
+
+/// How soon a sweep held back for another program's colder pages looks
+/// again (ms; bids live [`crate::host::BID_MS`]).
+const HOST_COLDER_WAIT_MS: u64 = 50;
 
 /// Zero fills in a registered chunk that make it worth giving back when the
 /// budget is spent (see [`Inner::release_quiet_chunks`]).
@@ -30,6 +36,8 @@ pub(crate) struct SweepStep {
     pub(crate) waiting: bool,
     /// Milliseconds until the next queued page is due.
     pub(crate) next_due_ms: Option<u64>,
+    /// Held back for the host's budget: look again in this many ms.
+    pub(crate) host_wait_ms: Option<u64>,
 }
 
 impl Inner {
@@ -157,8 +165,11 @@ impl Inner {
             return SweepStep::default();
         };
         sw.credit.refill(now, cost);
+        let hold = self.host_hold(sw, now, cost);
         let (victims, lag) = if st.frozen {
             (Vec::new(), 0)
+        } else if let Some((_, lag)) = hold {
+            (Vec::new(), lag)
         } else {
             st.due(SWEEP_BATCH, now, fault_ns, quiet_ns)
         };
@@ -166,10 +177,10 @@ impl Inner {
         // In debt: the chunks that hold no ciphertext go back to the kernel
         // (their first touches, which would be hand-offs, cost what plain
         // page faults cost), at most every scan period.
-        let debt = st
-            .sweep
-            .as_ref()
-            .is_some_and(|sw| sw.credit.room(0.0) < 0.0 && now >= sw.released_at + 50);
+        let host_debt = matches!(hold, Some((Hold::Spent(_), _)));
+        let debt = st.sweep.as_ref().is_some_and(|sw| {
+            (sw.credit.room(0.0) < 0.0 || host_debt) && now >= sw.released_at + 50
+        });
         if self.lazy && debt {
             self.release_quiet_chunks(st);
             if let Some(sw) = st.sweep.as_mut() {
@@ -197,9 +208,32 @@ impl Inner {
         c.sweep_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
         SweepStep {
             more: victims.len() == SWEEP_BATCH,
-            waiting: lag > 0,
+            waiting: lag > 0 || hold.is_some(),
             next_due_ms: st.sweep.as_ref().and_then(|s| s.next_due_ms(now)),
+            host_wait_ms: hold.map(|(h, _)| match h {
+                Hold::Spent(ms) => ms,
+                Hold::Colder => HOST_COLDER_WAIT_MS,
+            }),
         }
+    }
+
+    /// Draws what the shield has cost so far from the host's budget,
+    /// publishes its coldest due class, and says whether the sweep must
+    /// wait for the host (and how long its first due page has waited).
+    fn host_hold(&self, sw: &Sweep, now: u64, cost: u64) -> Option<(Hold, u64)> {
+        let host = self.host.as_ref()?;
+        let mine = crate::host::coldest_due(sw, now);
+        let mut h = host.lock().unwrap_or_else(PoisonError::into_inner);
+        let hold = h.step(cost, mine.map(|m| m.0));
+        self.host_open.store(h.open(), Ordering::Relaxed);
+        drop(h);
+        let hold = hold?;
+        let c = self.stats.counters();
+        match hold {
+            Hold::Spent(_) => c.host_waits.fetch_add(1, Ordering::Relaxed),
+            Hold::Colder => c.host_colder.fetch_add(1, Ordering::Relaxed),
+        };
+        Some((hold, mine.map_or(0, |m| m.1)))
     }
 
     /// Scans the chunks of lazily registered ranges not registered yet:
@@ -263,7 +297,7 @@ impl Inner {
             let afford = st.sweep.as_mut().is_some_and(|sw| {
                 sw.credit.refill(now, cost);
                 sw.credit.room(0.0) > 0.0
-            });
+            }) && self.host_open.load(Ordering::Relaxed);
             for k in (0..n).step_by(CHUNK_PAGES) {
                 let c = (i + k) / CHUNK_PAGES;
                 let Some(ch) = st.ranges[pos].chunks.as_mut() else {

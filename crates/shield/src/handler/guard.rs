@@ -194,6 +194,9 @@ fn sweep(inner: &Inner) -> Duration {
         };
         let step = inner.sweep_step(&mut st);
         drop(st);
+        if let Some(ms) = step.host_wait_ms {
+            return Duration::from_millis(ms);
+        }
         if step.waiting {
             return SWEEP_WAIT;
         }

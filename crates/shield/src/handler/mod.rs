@@ -84,6 +84,12 @@ pub(crate) struct Inner {
     pub(crate) poked: AtomicBool,
     /// When the shield started (for `guard_at`, without the lock).
     epoch: Instant,
+    /// This shield's share of the host's budget (`Config::host_fd`); only
+    /// the watchdog takes the lock.
+    pub(crate) host: Option<Mutex<crate::host::HostShare>>,
+    /// Whether the host's bucket had room at the last sweep step (the
+    /// scan registers chunks only then).
+    pub(crate) host_open: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -235,6 +241,27 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         Ordering::Relaxed,
     );
     let adaptive = window.adaptive();
+    // The host's budget, with a budget of its own only. A ledger that
+    // cannot be mapped (garbage, another kind of file) leaves the process
+    // on its own budget, and says so.
+    let host = cfg.budget.and(cfg.host_fd).and_then(|fd| {
+        // SAFETY: the descriptor is the inherited ledger's (memveil run's
+        // MEMVEIL_SHIELD_HOST_FD), open for the life of the process; it is
+        // only borrowed for the mapping.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        match crate::host::HostShare::join(fd) {
+            Ok(h) => Some(Mutex::new(h)),
+            Err(e) => {
+                eprintln!(
+                    "memveil-shield: cannot join the host's budget ({e}): this process keeps its \
+                     own budget only"
+                );
+                None
+            }
+        }
+    });
+    c.host_joined
+        .store(u64::from(host.is_some()), Ordering::Relaxed);
     // Best effort: without the pool, never-written pages are copied in.
     let zeros = (cfg.zero_pool && mechanism == Mechanism::Move && many_cpus)
         .then(ZeroPool::new)
@@ -286,6 +313,8 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         guard_at: AtomicU64::new(u64::MAX),
         poked: AtomicBool::new(false),
         epoch,
+        host,
+        host_open: AtomicBool::new(true),
     });
     let worker = Arc::clone(&inner);
     // A thread started directly on its stack runs our code first: no
