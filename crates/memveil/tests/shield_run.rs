@@ -2799,18 +2799,26 @@ fn the_budget_and_a_bound_together_the_bound_wins_and_bad_budgets_are_refused() 
     );
 }
 
-#[test]
-fn exposure_of_an_idle_secret_measured_from_outside_with_a_positive_control() {
+/// The canary plainly (the positive control: the sampler finds its secret
+/// in every sample) and under `memveil run` at the defaults, reading its
+/// secret at `period`; `None` after a skip line.
+fn canary_plain_and_protected(
+    name: &str,
+    period: memveil_bench::shield::suite::exposure::Period,
+    run: Duration,
+) -> Option<(
+    memveil_bench::shield::suite::exposure::Exposure,
+    memveil_bench::shield::suite::exposure::Exposure,
+)> {
     use memveil_bench::shield::suite::{compile_canary, exposure};
-    if !have("exposure", &["cc"]) || !root("exposure") {
-        return;
+    if !have(name, &["cc"]) || !root(name) {
+        return None;
     }
     preload_built();
-    let dir = TempDir::new("exposure");
+    let dir = TempDir::new(name);
     let exe = compile_canary(&dir.0).expect("canary");
-    let (warm, run) = (Duration::from_secs(2), Duration::from_secs(3));
-    let plain =
-        exposure::measure(&exe, &[], 64, exposure::Period::Once, warm, run).expect("plain canary");
+    let warm = Duration::from_secs(2);
+    let plain = exposure::measure(&exe, &[], 64, period, warm, run).expect("plain canary");
     assert!(plain.samples > 20, "{plain:?}");
     assert_eq!(
         plain.plaintext, plain.samples,
@@ -2820,8 +2828,18 @@ fn exposure_of_an_idle_secret_measured_from_outside_with_a_positive_control() {
         .iter()
         .map(std::ffi::OsStr::new)
         .collect();
-    let prot = exposure::measure(&exe, &wrap, 64, exposure::Period::Once, warm, run)
-        .expect("protected canary");
+    let prot = exposure::measure(&exe, &wrap, 64, period, warm, run).expect("protected canary");
+    Some((plain, prot))
+}
+
+#[test]
+fn exposure_of_an_idle_secret_measured_from_outside_with_a_positive_control() {
+    use memveil_bench::shield::suite::exposure::Period;
+    let Some((_, prot)) =
+        canary_plain_and_protected("exposure", Period::Once, Duration::from_secs(3))
+    else {
+        return;
+    };
     // The secret is written 2 s in and never read again: at the defaults it
     // leaves within the first sampling fraction (0.998 in the bench's 10 s;
     // lenient here for a loaded CI machine).
@@ -2835,25 +2853,14 @@ fn exposure_of_an_idle_secret_measured_from_outside_with_a_positive_control() {
 
 #[test]
 fn a_secret_read_every_100_ms_is_plaintext_only_moments_after_each_read() {
-    use memveil_bench::shield::suite::{compile_canary, exposure};
-    if !have("exposure_100ms", &["cc"]) || !root("exposure_100ms") {
+    use memveil_bench::shield::suite::exposure::Period;
+    let Some((_, prot)) = canary_plain_and_protected(
+        "exposure_100ms",
+        Period::EveryMs(100),
+        Duration::from_secs(4),
+    ) else {
         return;
-    }
-    preload_built();
-    let dir = TempDir::new("exposure_100ms");
-    let exe = compile_canary(&dir.0).expect("canary");
-    let (warm, run) = (Duration::from_secs(2), Duration::from_secs(4));
-    let period = exposure::Period::EveryMs(100);
-    let plain = exposure::measure(&exe, &[], 64, period, warm, run).expect("plain canary");
-    assert_eq!(
-        plain.plaintext, plain.samples,
-        "positive control: the sampler must find the plain canary's secret every time: {plain:?}"
-    );
-    let wrap: Vec<&std::ffi::OsStr> = [MEMVEIL, "run", "--quiet", "--region-gib", "1", "--"]
-        .iter()
-        .map(std::ffi::OsStr::new)
-        .collect();
-    let prot = exposure::measure(&exe, &wrap, 64, period, warm, run).expect("protected canary");
+    };
     assert!(prot.secret_reads >= 30, "{prot:?}");
     // A known quiet page leaves QUICK_MS after each read: ciphertext about
     // 0.97 of the time at the defaults (0.74 when it stayed the shortest

@@ -306,7 +306,7 @@ fn present_fraction(pagemap: &File, entries: &mut [u8], heap: u64) -> Option<f64
 pub struct Served {
     /// Requests served per second from "ready" to "done".
     pub rate: f64,
-    /// Mean over the pagemap samples (every [`SERVE_SAMPLE`], from "ready"
+    /// Mean over the pagemap samples (every `SERVE_SAMPLE`, from "ready"
     /// on) of the heap's pages missing from the page tables: its
     /// time-weighted ciphertext fraction under `memveil run`.
     pub coverage: f64,
@@ -326,7 +326,7 @@ const SERVE_SAMPLE: Duration = Duration::from_millis(500);
 /// Runs the cold server (`exe`, `coldserver.c`) under `wrap`, or plainly
 /// when `wrap` is empty: a `heap_mib` heap, `permille` of it hot in runs of
 /// `run_pages` pages, serving for `run` once its dataset is written; samples
-/// its heap's page-table entries every [`SERVE_SAMPLE`] meanwhile.
+/// its heap's page-table entries every `SERVE_SAMPLE` meanwhile.
 ///
 /// # Errors
 /// The server could not start, said nothing, or ended without "done"; the
@@ -447,7 +447,7 @@ fn wrap_default(memveil: &Path) -> Vec<&std::ffi::OsStr> {
 /// The `exposure` part (`memveil bench --only exposure`): the canary with a
 /// 256 MiB heap at the defaults, its secret read never again, every second,
 /// every 100 ms and continuously, and plainly as the positive control, in
-/// [`ROUNDS`] rounds.
+/// `ROUNDS` rounds.
 ///
 /// # Errors
 /// No `memveil` executable beside this one, no C compiler, or a canary run
@@ -608,7 +608,7 @@ fn canaries(
 /// The `coldserver` part (`memveil bench --only coldserver`,
 /// `shield.server_cold_coverage`): a long-running server with a 1 GiB heap
 /// of which 5% is hot, plainly and under `memveil run` at its defaults, in
-/// [`ROUNDS`] rounds that rotate which goes first: the time-weighted
+/// `ROUNDS` rounds that rotate which goes first: the time-weighted
 /// ciphertext fraction of its heap (seen in its page tables from outside)
 /// and its request rate against the plain run's.
 ///
