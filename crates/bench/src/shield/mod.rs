@@ -226,9 +226,10 @@ fn redis_figures(
             .plaintext
             .map_or_else(|| "n/a".to_owned(), |p| format!("{p:.3}"));
         let (mid, spread) = (r.median_ratio(), r.spread());
-        for (op, p, s, ratio, spread) in [
-            ("set", r.plain.0, r.shield.0, mid.0, spread.0),
-            ("get", r.plain.1, r.shield.1, mid.1, spread.1),
+        let (set_rounds, get_rounds): (Vec<f64>, Vec<f64>) = r.per_round.iter().copied().unzip();
+        for (op, p, s, ratio, spread, rounds) in [
+            ("set", r.plain.0, r.shield.0, mid.0, spread.0, &set_rounds),
+            ("get", r.plain.1, r.shield.1, mid.1, spread.1, &get_rounds),
         ] {
             let mut note = format!(
                 "redis-benchmark {} on a Unix socket: {} requests/s, redis-server under `memveil run` ({}) vs \
@@ -265,7 +266,8 @@ fn redis_figures(
                     &note,
                 )
                 .with_ratio(ratio)
-                .target(target),
+                .target(target)
+                .rounds(rounds),
             );
         }
         if r.setting.starts_with("large") {

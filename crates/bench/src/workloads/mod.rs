@@ -782,7 +782,7 @@ static TENANTS_SIDE: Mutex<(Vec<f64>, Vec<f64>)> = Mutex::new((Vec::new(), Vec::
 /// `workloads.tenants18_shield_cpu_fraction` and `shield.status_ms`, from
 /// what the protected rounds of tenants18 measured.
 fn tenants_side(figs: &mut Vec<Figure>) {
-    let (mut cpu, mut status) = {
+    let (mut cpu, status) = {
         let side = TENANTS_SIDE.lock().unwrap_or_else(PoisonError::into_inner);
         (side.0.clone(), side.1.clone())
     };
@@ -806,7 +806,8 @@ fn tenants_side(figs: &mut Vec<Figure>) {
                 "fraction",
                 &note,
             )
-            .target(&format!("<= {budget:.3}")),
+            .target(&format!("<= {budget:.3}"))
+            .rounds(&cpu),
         );
     }
     if !status.is_empty() {
@@ -817,7 +818,9 @@ fn tenants_side(figs: &mut Vec<Figure>) {
             range(&status)
         );
         figs.push(
-            Figure::plain("shield.status_ms", median(&mut status), "ms", &note).target("<= 100"),
+            Figure::plain("shield.status_ms", median(&mut status.clone()), "ms", &note)
+                .target("<= 100")
+                .rounds(&status),
         );
     }
 }
@@ -1166,6 +1169,7 @@ fn report(
                 &note,
             );
             f.ratio = Some(ratio);
+            f = f.rounds(&r.per_round(mode));
             // Issue 33's target for the tenants at memveil run's defaults
             // (issue 26's was 0.80).
             let tenants = suffix.is_empty() && r.name == "tenants18";

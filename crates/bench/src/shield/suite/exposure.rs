@@ -587,7 +587,8 @@ fn canaries(
                 "fraction",
                 &note,
             )
-            .target(target),
+            .target(target)
+            .rounds(&fracs),
         );
     }
     if !heap.is_empty() {
@@ -693,7 +694,8 @@ pub fn server_part(opts: &crate::BenchOpts) -> Result<crate::Section, crate::Ben
                 run.as_secs()
             ),
         )
-        .target(">= 0.90"),
+        .target(">= 0.90")
+        .rounds(&cover),
         crate::Figure::plain(
             "shield.server_cold_throughput_vs_plain",
             r,
@@ -705,7 +707,8 @@ pub fn server_part(opts: &crate::BenchOpts) -> Result<crate::Section, crate::Ben
                 plain_run.as_secs()
             ),
         )
-        .target(">= 0.95"),
+        .target(">= 0.95")
+        .rounds(&ratio),
     ];
     let mut md = String::new();
     let _ = write!(

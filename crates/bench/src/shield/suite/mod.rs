@@ -899,7 +899,8 @@ pub(crate) fn report(
             ),
         )
         .with_ratio(g)
-        .target(">= 0.90"),
+        .target(">= 0.90")
+        .rounds(&g_rounds),
     );
     figs.push(
         Figure::plain(
@@ -912,7 +913,8 @@ pub(crate) fn report(
                 spread(&min_rounds)
             ),
         )
-        .target(">= 0.80"),
+        .target(">= 0.80")
+        .rounds(&min_rounds),
     );
     figs.push(
         Figure::plain(
@@ -929,7 +931,8 @@ pub(crate) fn report(
             ),
         )
         .with_ratio(go)
-        .target(">= 0.97"),
+        .target(">= 0.97")
+        .rounds(&go_rounds),
     );
     figs.push(
         Figure::plain(
