@@ -30,23 +30,27 @@ impl ShieldCpu {
     /// CPU time of the shield's threads so far, in ns. A thread whose clock
     /// cannot be read (it exited) keeps its last reading.
     pub(crate) fn total_ns(&self) -> u64 {
-        let mut sum = 0u64;
-        for (tid, seen) in self.tids.iter().zip(&self.seen) {
-            let tid = tid.load(Ordering::Acquire);
-            if tid != 0 {
-                if let Ok(ns) = memveil_sys::process::thread_cpu_ns(tid) {
-                    seen.fetch_max(ns, Ordering::Relaxed);
-                }
-            }
-            sum = sum.saturating_add(seen.load(Ordering::Relaxed));
-        }
-        sum
+        (0..self.tids.len())
+            .map(|k| self.read(k))
+            .fold(0, u64::saturating_add)
     }
 
-    /// The handler's CPU time so far, in ns (0 before it started).
+    /// The handler's CPU time so far, in ns (0 before it started): its
+    /// clock alone.
     pub(crate) fn handler_ns(&self) -> u64 {
-        let _ = self.total_ns();
-        self.seen[Worker::Handler as usize].load(Ordering::Relaxed)
+        self.read(Worker::Handler as usize)
+    }
+
+    /// Thread `k`'s CPU time so far (its last reading if its clock cannot
+    /// be read now).
+    fn read(&self, k: usize) -> u64 {
+        let tid = self.tids[k].load(Ordering::Acquire);
+        if tid != 0 {
+            if let Ok(ns) = memveil_sys::process::thread_cpu_ns(tid) {
+                self.seen[k].fetch_max(ns, Ordering::Relaxed);
+            }
+        }
+        self.seen[k].load(Ordering::Relaxed)
     }
 }
 

@@ -156,15 +156,7 @@ pub fn monotonic_ns() -> u64 {
 
 /// Whether process `pid` exists (of any user).
 fn alive(pid: u64) -> bool {
-    let Ok(p) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if p <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks the process exists; no memory touched.
-    let r = unsafe { libc::kill(p, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    i32::try_from(pid).is_ok_and(memveil_sys::ipc::pid_alive)
 }
 
 /// The cap of a bucket filled at `rate` ns per second.
