@@ -20,6 +20,10 @@ pub(crate) fn exited_within(child: &mut std::process::Child, within: Duration) -
     false
 }
 
+/// The file name of the shield's loader of Go and static programs (what
+/// `/proc/PID/exe` names for a program `memveil run` started through it).
+pub(crate) const SHIELD_LOADER: &str = "memveil-shield-loader";
+
 /// Where the `memveil` executable is: this executable when it is `memveil`,
 /// else a `memveil` beside it.
 pub(crate) fn memveil_exe() -> Option<PathBuf> {

@@ -22,6 +22,7 @@ use inproc::{in_process, pinned, plain_fault_us};
 use redis::{redis_rows, redis_tools, RedisRow};
 use suite::RedisLarge;
 
+pub mod etcd;
 mod inproc;
 pub mod redis;
 pub mod suite;
@@ -37,9 +38,10 @@ pub(crate) fn err(msg: impl Into<String>) -> BenchError {
 
 /// The shield part's pieces, which `memveil bench --only shield --workload
 /// NAME` runs alone (all of them without `--workload`): the in-process
-/// fault costs, redis, the program suite, nginx TLS and the fork figure
-/// (the canary's exposure figures are a part of their own, `exposure`).
-const PIECES: [&str; 5] = ["faults", "redis", "suite", "nginx", "fork"];
+/// fault costs, redis, the program suite, nginx TLS, the fork figure, Go
+/// and static programs (with the Go canary) and etcd (the canary's
+/// exposure figures are a part of their own, `exposure`).
+const PIECES: [&str; 7] = ["faults", "redis", "suite", "nginx", "fork", "go", "etcd"];
 
 /// Whether piece `name` of the shield part runs.
 fn piece(opts: &BenchOpts, name: &str) -> bool {
@@ -180,6 +182,28 @@ fn suite_part(
             "fork figure",
             "shield.fork_ms_per_gib",
             suite::fork_figure(opts, &memveil, &dir).map(|f| vec![f]),
+        ));
+    }
+    if piece(opts, "go") {
+        let got = std::fs::create_dir_all(dir.join("go"))
+            .map_err(|e| format!("{}: {e}", dir.display()))
+            .and_then(|()| {
+                let mut f = Vec::new();
+                suite::gostatic::run(opts, &memveil, &dir.join("go"), &mut f, md)
+                    .map_err(|e| e.to_string())?;
+                Ok(f)
+            });
+        extra.push((
+            "Go and static program figures",
+            "shield.go_*, shield.static_c_vs_plain",
+            got,
+        ));
+    }
+    if piece(opts, "etcd") {
+        extra.push((
+            "etcd figures",
+            "shield.etcd_*",
+            etcd::figures(opts, &memveil, md),
         ));
     }
     for (what, ids, got) in extra {

@@ -111,7 +111,8 @@ fn parse_layout(line: &str) -> Option<Layout> {
 }
 
 /// The process that runs `canary` (`exe`): `child` itself, or under
-/// `memveil run` the child of it that runs `exe` (memveil run also starts a
+/// `memveil run` the child of it that runs `exe`, directly or through the
+/// shield's loader (Go and static programs; memveil run also starts a
 /// guardian process for its cgroup).
 fn canary_pid(child: &Child, wrapped: bool, exe: &Path) -> Option<u32> {
     if !wrapped {
@@ -121,7 +122,13 @@ fn canary_pid(child: &Child, wrapped: bool, exe: &Path) -> Option<u32> {
     let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).ok()?;
     kids.split_whitespace()
         .filter_map(|p| p.parse::<u32>().ok())
-        .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == want))
+        .find(|p| {
+            std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| {
+                e == want
+                    || e.file_name()
+                        .is_some_and(|n| n == crate::procs::SHIELD_LOADER)
+            })
+        })
 }
 
 /// Kills the child (and its process group's canary) on every way out.
@@ -422,7 +429,7 @@ const RUN_PAGES: u32 = 16;
 
 /// Rounds of every exposure figure: each figure is their median, with the
 /// spread (lowest-highest) in its note.
-const ROUNDS: usize = 3;
+pub(crate) const ROUNDS: usize = 3;
 
 /// The median of `v` and its spread as text (`lowest-highest`).
 fn median_spread(v: &[f64], digits: usize) -> (f64, String) {
@@ -435,7 +442,7 @@ fn median_spread(v: &[f64], digits: usize) -> (f64, String) {
     (m, format!("{lo:.digits$}-{hi:.digits$}"))
 }
 
-fn wrap_default(memveil: &Path) -> Vec<&std::ffi::OsStr> {
+pub(crate) fn wrap_default(memveil: &Path) -> Vec<&std::ffi::OsStr> {
     vec![
         memveil.as_os_str(),
         "run".as_ref(),

@@ -27,6 +27,7 @@ use crate::procs::in_path;
 use crate::timing::median;
 
 pub mod exposure;
+pub mod gostatic;
 
 /// Compiles the canary program of the exposure figures ([`exposure`]) in
 /// `dir`.
@@ -571,6 +572,21 @@ pub(crate) fn run(
     dir: &Path,
 ) -> Result<(Vec<Row>, Vec<String>), BenchError> {
     let (progs, missing) = programs(opts, dir)?;
+    Ok((
+        run_programs(opts, memveil, dir, &progs, &Mode::SUITE)?,
+        missing,
+    ))
+}
+
+/// Runs `progs` in `modes` (plain first in the list, the others compared
+/// with it) for [`ROUNDS`] rounds that rotate which mode goes first.
+fn run_programs(
+    opts: &BenchOpts,
+    memveil: &Path,
+    dir: &Path,
+    progs: &[Program],
+    modes: &[Mode],
+) -> Result<Vec<Row>, BenchError> {
     let mut rows = Vec::new();
     for (k, p) in progs.iter().enumerate() {
         let mut times: [Vec<f64>; MODES] = Default::default();
@@ -581,8 +597,8 @@ pub(crate) fn run(
         'rounds: for round in 0..ROUNDS {
             // Rotate which mode goes first, so a drift in the machine's load
             // favours none.
-            let mut order = Mode::SUITE;
-            order.rotate_left((k + round) % Mode::SUITE.len());
+            let mut order = modes.to_vec();
+            order.rotate_left((k + round) % modes.len());
             let mut got: [Option<Outcome>; MODES] = Default::default();
             for mode in order.into_iter().filter(|m| round == 0 || !m.slow()) {
                 opts.say(&format!(
@@ -605,7 +621,7 @@ pub(crate) fn run(
                 ));
                 break;
             }
-            for m in &Mode::SUITE[1..] {
+            for m in modes.iter().filter(|m| **m != Mode::Plain) {
                 let Some(o) = &got[m.index()] else { continue };
                 if o.code != plain_code || o.out_hash != plain_hash {
                     problem = Some(format!(
@@ -619,7 +635,7 @@ pub(crate) fn run(
                     break 'rounds;
                 }
             }
-            for m in Mode::SUITE {
+            for m in modes {
                 let Some(o) = got[m.index()].take() else {
                     continue;
                 };
@@ -644,7 +660,7 @@ pub(crate) fn run(
             let _ = std::fs::remove_file(f);
         }
     }
-    Ok((rows, missing))
+    Ok(rows)
 }
 
 /// The geometric mean (0 when any is 0 or there is none).

@@ -1,0 +1,254 @@
+//! etcd (Debian's etcd-server, a Go program) under `memveil run` (issue 34):
+//! etcdctl's put, get and txn answer as they do plainly, a secret value's
+//! bytes are absent from the server's anonymous memory once it is idle (the
+//! same scan finds them in the plain server: the positive control), and the
+//! server stops cleanly on SIGTERM with its data intact on disk.
+//!
+//! The database file etcd maps (bbolt's `member/snap/db`) is the data on
+//! disk, shared with the page cache: it is not anonymous memory and not
+//! the shield's to protect (memveil disk is), so the scan leaves file
+//! mappings out on both sides.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use memveil_bench::shield::etcd::{clean_stop, Server};
+use memveil_testkit::{skip, Need};
+
+const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
+
+fn which(prog: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+}
+
+/// A directory removed with everything in it when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn random_hex() -> String {
+    let mut b = [0u8; 24];
+    File::open("/dev/urandom")
+        .and_then(|f| f.read_exact_at(&mut b, 0))
+        .expect("read /dev/urandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Runs etcdctl against the server; its trimmed standard output.
+fn etcdctl(port: u16, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write as _;
+    let mut c = Command::new("etcdctl");
+    c.env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("etcdctl");
+    if let Some(s) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(s.as_bytes())
+            .expect("etcdctl stdin");
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("etcdctl");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The process running etcd: `pid` itself (plain) or the child of `memveil
+/// run` that does (the program itself or the shield's loader running it).
+fn etcd_pid(pid: u32, protected: bool) -> u32 {
+    if !protected {
+        return pid;
+    }
+    let kids =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    kids.split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| {
+                e.file_name()
+                    .is_some_and(|n| n == "etcd" || n == "memveil-shield-loader")
+            })
+        })
+        .expect("etcd's process under memveil run")
+}
+
+/// Occurrences of `needle` in the anonymous (not file-backed) readable
+/// mappings of `pid`, page by page where a chunk cannot be read (an evicted
+/// page reads as an error from another process), and how many pages were
+/// read.
+fn anonymous_hits(pid: u32, needle: &[u8]) -> (usize, u64) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mem = File::open(format!("/proc/{pid}/mem")).expect("/proc/PID/mem");
+    let (mut hits, mut pages) = (0, 0u64);
+    let mut buf = vec![0u8; 1 << 20];
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let anonymous = f.len() < 6 || f[5] == "[heap]" || f[5] == "[stack]";
+        if f.len() < 2 || !f[1].starts_with('r') || !anonymous {
+            continue;
+        }
+        let Some((a, b)) = f[0].split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            continue;
+        };
+        let mut at = a;
+        while at < b {
+            let n = usize::try_from((b - at).min(1 << 20)).expect("chunk");
+            let chunk = &mut buf[..n];
+            if mem.read_exact_at(chunk, at).is_ok() {
+                hits += memchr::memmem::find_iter(chunk, needle).count();
+                pages += (n / 4096) as u64;
+            } else {
+                for (k, page) in chunk.chunks_mut(4096).enumerate() {
+                    if mem.read_exact_at(page, at + (k * 4096) as u64).is_ok() {
+                        hits += memchr::memmem::find_iter(page, needle).count();
+                        pages += 1;
+                    }
+                }
+            }
+            at += n as u64;
+        }
+    }
+    (hits, pages)
+}
+
+/// One server's life: the workload, the scan once idle, the stop, the data
+/// read back by a plain server. The secret's hits in anonymous memory.
+fn one_server(dir: &Path, protected: bool) -> usize {
+    let tag = if protected { "protected" } else { "plain" };
+    let data = dir.join(format!("data-{tag}"));
+    let log = dir.join(format!("etcd-{tag}.log"));
+    let wrap: Vec<&std::ffi::OsStr> = if protected {
+        vec![
+            MEMVEIL.as_ref(),
+            "run".as_ref(),
+            "--quiet".as_ref(),
+            "--".as_ref(),
+        ]
+    } else {
+        Vec::new()
+    };
+    let server = Server::start(&wrap, &data, &log).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    let port = server.port;
+    let secret = random_hex();
+    assert_eq!(etcdctl(port, &["put", "secret/key", &secret], None), "OK");
+    assert_eq!(
+        etcdctl(port, &["get", "secret/key", "--print-value-only"], None),
+        secret,
+        "{tag}: get"
+    );
+    for i in 0..50 {
+        assert_eq!(
+            etcdctl(
+                port,
+                &["put", &format!("other/{i:02}"), &format!("v{i}")],
+                None
+            ),
+            "OK"
+        );
+    }
+    assert_eq!(
+        etcdctl(port, &["get", "other/", "--prefix", "--keys-only"], None)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count(),
+        50,
+        "{tag}: the keys under other/"
+    );
+    let txn = "value(\"other/07\") = \"v7\"\n\nput other/flag yes\n\nput other/flag no\n\n";
+    let answer = etcdctl(port, &["txn"], Some(txn));
+    assert!(answer.starts_with("SUCCESS"), "{tag}: txn said {answer:?}");
+    assert_eq!(
+        etcdctl(port, &["get", "other/flag", "--print-value-only"], None),
+        "yes",
+        "{tag}: the txn's branch"
+    );
+    // Idle: the shield's sweep has the time its budget needs for a heap of
+    // this size (tens of MiB).
+    std::thread::sleep(Duration::from_secs(8));
+    let (hits, pages) = anonymous_hits(etcd_pid(server.pid(), protected), secret.as_bytes());
+    eprintln!("{tag}: {hits} hit(s) of the secret in {pages} readable anonymous pages");
+    let st = server.stop();
+    assert!(
+        st.is_some_and(clean_stop),
+        "{tag}: etcd did not stop cleanly on SIGTERM ({st:?})"
+    );
+    // The data on disk, read back by a plain server.
+    let again = Server::start(&[], &data, &dir.join(format!("etcd-{tag}-again.log")))
+        .unwrap_or_else(|e| panic!("{tag}: restarting on its data: {e}"));
+    assert_eq!(
+        etcdctl(
+            again.port,
+            &["get", "secret/key", "--print-value-only"],
+            None
+        ),
+        secret,
+        "{tag}: the value on disk after the stop"
+    );
+    assert_eq!(
+        etcdctl(
+            again.port,
+            &["get", "other/flag", "--print-value-only"],
+            None
+        ),
+        "yes"
+    );
+    drop(again);
+    hits
+}
+
+#[test]
+fn etcd_answers_as_plainly_keeps_a_secret_value_out_of_its_heap_and_stops_cleanly() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        skip(
+            Need::Root,
+            "memveil run needs userfaultfd for kernel-side faults",
+        );
+        return;
+    }
+    for tool in ["etcd", "etcdctl"] {
+        if which(tool).is_none() {
+            skip(
+                Need::Installed(if tool == "etcd" { "etcd-server" } else { "etcd-client" }),
+                format!("{tool} not found (scripts/install.sh --deps installs etcd-server and etcd-client)"),
+            );
+            return;
+        }
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("memveil-etcd-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).expect("temp dir");
+    let plain = one_server(&dir.0, false);
+    assert!(
+        plain > 0,
+        "positive control failed: the plain etcd's anonymous memory does not hold the secret value, so the \
+         protected scan would prove nothing"
+    );
+    let protected = one_server(&dir.0, true);
+    assert_eq!(
+        protected, 0,
+        "the secret value is readable in the protected etcd's anonymous memory once idle"
+    );
+}
