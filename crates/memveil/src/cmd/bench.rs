@@ -42,7 +42,8 @@ pub struct Args {
     /// own KeyIDs of a vault started for it). With `--only shield`: run only
     /// these pieces of the shield part: faults (in-process fault costs),
     /// redis, suite (the program suite; with redis for its geometric mean),
-    /// nginx, fork, canary (the exposure figures).
+    /// nginx, fork, go (Go and static programs, the Go canary, the per-fault
+    /// and per-mmap cost of the loader's path), etcd.
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     workload: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run

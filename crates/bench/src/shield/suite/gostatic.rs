@@ -152,7 +152,155 @@ pub(crate) fn run(
     let rows = run_programs(opts, memveil, dir, &progs, &[Mode::Plain, Mode::Default])?;
     report(&rows, &missing, figs, md);
     canary(opts, memveil, dir, figs, md);
+    match path_cost(opts, memveil, dir) {
+        Ok(f) => figs.extend(f),
+        Err(e) => {
+            let _ = writeln!(md, "\n**path cost figures failed**: {e}.");
+        }
+    }
     Ok(())
+}
+
+/// What one `pathcost` run printed: ns per random access, ns per mmap
+/// cycle, and the run's fault count (protected runs).
+struct PathCost {
+    access_ns: f64,
+    mmap_ns: f64,
+    faults: u64,
+}
+
+/// Runs `pathcost` (`exe`), plainly or under `memveil run --window 4096`.
+fn path_run(
+    exe: &Path,
+    memveil: Option<&Path>,
+    dir: &Path,
+    args: &[String],
+) -> Result<PathCost, String> {
+    let json = dir.join("pathcost.json");
+    let _ = std::fs::remove_file(&json);
+    let mut c = match memveil {
+        Some(m) => {
+            let mut c = Command::new(m);
+            c.args(["run", "--quiet", "--window", "4096", "--stats-json"])
+                .arg(&json)
+                .arg("--")
+                .arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let out = c
+        .args(args)
+        .output()
+        .map_err(|e| format!("running {}: {e}", exe.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let num = |k: usize| f.get(k).and_then(|v| v.parse::<f64>().ok());
+    let (Some(access_ns), Some(mmap_ns)) = (num(1), num(3)) else {
+        return Err(format!(
+            "pathcost ({}) said {:?}: {}",
+            out.status,
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    };
+    let faults = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|j| j.get("faults").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0);
+    Ok(PathCost {
+        access_ns,
+        mmap_ns,
+        faults,
+    })
+}
+
+/// `shield.loader_random_fault_us` beside `shield.preload_random_fault_us`
+/// and `shield.loader_mmap_us`: the same C program (`pathcost.c`) built
+/// dynamically (the preload's path) and static (the loader's), reading one
+/// byte of a random page of a 256 MiB heap through a fixed window of 4096
+/// pages (15 of 16 reads fault), and mapping, touching and unmapping
+/// 64 KiB; each against the plain run of the same build in the same round.
+fn path_cost(opts: &BenchOpts, memveil: &Path, dir: &Path) -> Result<Vec<Figure>, String> {
+    let src = include_str!("pathcost.c");
+    let dynamic = super::compile(dir, "pathcost", src)?;
+    let file = dir.join("pathcost.c");
+    let fixed = dir.join("pathcost-static");
+    let out = Command::new("cc")
+        .args(["-O2", "-static", "-o"])
+        .arg(&fixed)
+        .arg(&file)
+        .output()
+        .map_err(|e| format!("cc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cc -static failed (the C library's static archive, libc6-dev): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let (mib, accesses, mmaps) = (256u32, opts.pick(200_000u32, 1_000_000), 2000u32);
+    let args = [mib.to_string(), accesses.to_string(), mmaps.to_string()];
+    let pages = f64::from(mib) * 256.0;
+    // Uniform reads through a window of 4096 pages: the share that faults.
+    let miss = 1.0 - 4096.0 / pages;
+    let (mut pre, mut load, mut mm, mut mm_plain) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        opts.say(&format!(
+            "shield go: path cost round {}/{ROUNDS}",
+            round + 1
+        ));
+        let plain_dyn = path_run(&dynamic, None, dir, &args)?;
+        let plain_static = path_run(&fixed, None, dir, &args)?;
+        let p = path_run(&dynamic, Some(memveil), dir, &args)?;
+        let l = path_run(&fixed, Some(memveil), dir, &args)?;
+        if p.faults == 0 || l.faults == 0 {
+            return Err("a protected run reported no faults (no --stats-json?)".into());
+        }
+        pre.push((p.access_ns - plain_dyn.access_ns) / miss / 1000.0);
+        load.push((l.access_ns - plain_static.access_ns) / miss / 1000.0);
+        mm.push(l.mmap_ns / 1000.0);
+        mm_plain.push(plain_static.mmap_ns / 1000.0);
+    }
+    let m = |v: &[f64]| median(&mut v.to_vec());
+    let note = |path: &str| {
+        format!(
+            "µs per fault of a random read of a 256 MiB heap through a fixed window of 4096 pages ({path}): the read's              time under `memveil run --window 4096` minus the plain run's of the same build, over the share of reads              that fault ({miss:.3}); median of {ROUNDS} rounds"
+        )
+    };
+    Ok(vec![
+        Figure::plain(
+            "shield.preload_random_fault_us",
+            m(&pre),
+            "µs",
+            &format!("{}; spread {}", note("dynamic build: the preload"), spread(&pre)),
+        )
+        .rounds(&pre),
+        Figure::vs(
+            "shield.loader_random_fault_us",
+            m(&load),
+            m(&pre),
+            "µs",
+            &format!(
+                "{}; beside the preload's (the baseline) measured in the same rounds; spread {}",
+                note("static build: the loader"),
+                spread(&load)
+            ),
+        )
+        .rounds(&load),
+        Figure::vs(
+            "shield.loader_mmap_us",
+            m(&mm),
+            m(&mm_plain),
+            "µs",
+            &format!(
+                "an anonymous 64 KiB mmap, a write to each of its 16 pages and munmap by a static program under                  `memveil run` (each call served by the loader's agent through a seccomp notification) against the                  same program plain; median of {ROUNDS} rounds, spread {}",
+                spread(&mm)
+            ),
+        )
+        .rounds(&mm),
+    ])
 }
 
 fn report(rows: &[Row], missing: &[String], figs: &mut Vec<Figure>, md: &mut String) {
