@@ -1,0 +1,133 @@
+//! `memveil-shield-loader PROGRAM ARGS...`: runs a statically linked
+//! program (Go, musl, glibc `-static`, static-pie) with its anonymous memory
+//! under memveil-shield, where the preload library cannot reach (it needs a
+//! dynamic loader and a C allocator to replace).
+//!
+//! The loader is the process: it maps the program's segments, reserves the
+//! protected region and starts the shield (settings from the same
+//! `MEMVEIL_SHIELD_*` environment the preload reads) and an agent thread,
+//! installs a seccomp filter on its main thread that turns the program's
+//! `mmap`, `munmap`, `mremap`, `brk`, `madvise`, `mprotect` and forks into
+//! notifications the agent serves from the region, then builds the initial
+//! stack an `execve` would have and jumps to the program's entry. Every
+//! thread the loader starts keeps every signal blocked (a process-directed
+//! signal delivered to a thread Go did not create kills a Go program);
+//! threads the program starts inherit the filter.
+//!
+//! It refuses: dynamically linked programs (the preload is for them), and
+//! forks of the program (`clone` without `CLONE_VM`: the child would read
+//! zeros where pages are evicted; fails with EAGAIN and a line on stderr).
+//! Not covered: the program's `.data`/`.bss`, the initial thread's stack,
+//! memory of programs it executes (they inherit the filter, whose calls are
+//! let through), and `/proc/self/exe` names the loader. If the shield cannot
+//! start the program is not run: exit status 125 and the reason on stderr.
+
+use std::ffi::{c_char, c_int, CStr, CString, OsStr};
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::PathBuf;
+
+mod agent;
+mod elf;
+mod enter;
+mod filter;
+mod load;
+
+/// The exit status when the loader cannot run the program protected.
+const REFUSED: c_int = 125;
+
+fn die(msg: &str) -> ! {
+    eprintln!("memveil-shield-loader: {msg}");
+    std::process::exit(REFUSED)
+}
+
+/// `PROGRAM` as `execvp` finds it: a name without a slash through PATH.
+fn resolve(program: &OsStr) -> Option<PathBuf> {
+    if program.as_bytes().contains(&b'/') {
+        return Some(PathBuf::from(program));
+    }
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, initialised by sigfillset/pthread_sigmask.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    }
+}
+
+/// Starts the agent thread (inheriting the blocked mask), which waits for
+/// the listener.
+fn start_agent(
+    serve: &'static dyn agent::Serve,
+    program: String,
+) -> std::sync::mpsc::Sender<std::os::fd::OwnedFd> {
+    let (tx, rx) = std::sync::mpsc::channel::<std::os::fd::OwnedFd>();
+    let spawned = std::thread::Builder::new()
+        .name("memveil-agent".into())
+        .spawn(move || {
+            let Ok(listener) = rx.recv() else { return };
+            let e = agent::serve(&listener, serve, &program);
+            // The program's memory calls would wait forever: end it loudly.
+            eprintln!("memveil-shield-loader: the agent cannot serve {program} any more: {e}");
+            std::process::abort();
+        });
+    if let Err(e) = spawned {
+        die(&format!("cannot start the agent thread: {e}"));
+    }
+    tx
+}
+
+/// Loads and enters the program `argv[1]` (see the crate's documentation).
+///
+/// # Safety
+/// `argv` and `envp` are the vectors the kernel gave this process (as C's
+/// `main` receives them), `argc` the number of `argv`'s entries; called on
+/// the initial thread, once, before any other thread exists.
+pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c_char) -> ! {
+    if argc < 2 {
+        eprintln!("usage: memveil-shield-loader PROGRAM [ARGS...] (started by `memveil run`)");
+        std::process::exit(2);
+    }
+    // SAFETY: argv[1] exists (argc >= 2) and is a NUL-terminated string.
+    let program = unsafe { CStr::from_ptr(*argv.add(1)) };
+    let name = OsStr::from_bytes(program.to_bytes());
+    let Some(path) = resolve(name) else {
+        die(&format!(
+            "{}: command not found in PATH",
+            name.to_string_lossy()
+        ));
+    };
+    let shown = path.display().to_string();
+    let mask = block_all_signals();
+    let loaded = load::load(&path).unwrap_or_else(|e| die(&e));
+    let serve: &'static dyn agent::Serve = &agent::PassThrough;
+    let tx = start_agent(serve, shown.clone());
+    let (listener, nnp) = filter::install()
+        .unwrap_or_else(|e| die(&format!("cannot install the seccomp filter: {e}")));
+    if nnp {
+        eprintln!(
+            "memveil-shield-loader: no_new_privs set (the filter needs it without \
+             CAP_SYS_ADMIN): setuid programs {shown} runs gain no privileges"
+        );
+    }
+    if tx.send(listener).is_err() {
+        die("the agent thread ended before it started serving");
+    }
+    let execfn: &'static CStr = Box::leak(
+        CString::new(path.as_os_str().as_bytes())
+            .unwrap_or_default()
+            .into_boxed_c_str(),
+    );
+    // SAFETY: the vectors the kernel gave this process; argv has argc >= 2 entries.
+    let words = unsafe { enter::initial_stack(argv, 1, envp, &loaded, execfn) };
+    enter::unregister_rseq();
+    // SAFETY: the entry of the program just mapped, and its initial stack.
+    unsafe { enter::jump(&words, loaded.entry(), &mask) }
+}
