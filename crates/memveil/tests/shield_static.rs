@@ -191,10 +191,7 @@ fn go() -> Option<PathBuf> {
 /// None (after saying why) without a Go toolchain.
 fn build_go(dir: &TempDir, name: &str) -> Option<PathBuf> {
     let Some(go) = go() else {
-        skip(
-            Need::Installed("go"),
-            "no Go toolchain (Debian: golang-go)",
-        );
+        skip(Need::Installed("go"), "no Go toolchain (Debian: golang-go)");
         return None;
     };
     let src = dir.path(&format!("go-{name}"));
@@ -391,28 +388,47 @@ fn secret_leaves_the_window(exe: &Path, what: &str) {
         prot.pages, prot.unreadable, prot.stderr
     );
     assert!(
-        prot.stderr.contains("is statically linked: it runs through memveil-shield-loader")
+        prot.stderr
+            .contains("is statically linked: it runs through memveil-shield-loader")
             && prot.stderr.contains("not covered"),
         "{what}: the limits are not named at start: {}",
         prot.stderr
     );
 }
 
-/// `exe ARGS` plainly and under `memveil run` (a small window, so pages
-/// leave and come back): the same stdout and exit status; the protected
-/// run's statistics show evictions.
-fn same_output(exe: &Path, args: &[&str], env: &[(&str, &str)], what: &str) -> String {
-    let dir = TempDir::new(&format!("same-{what}"));
+/// `exe ARGS` plainly: its stdout.
+fn plain_output(exe: &Path, args: &[&str], env: &[(&str, &str)], what: &str) -> String {
     let plain = run(
         Command::new(exe).args(args).envs(env.iter().copied()),
         b"",
         Duration::from_secs(120),
     );
-    assert!(plain.status.success(), "{what} plainly: {}", text(&plain.stderr));
+    assert!(
+        plain.status.success(),
+        "{what} plainly: {}",
+        text(&plain.stderr)
+    );
+    text(&plain.stdout)
+}
+
+/// `exe ARGS` under `memveil run --window WINDOW` (small enough that pages
+/// leave and come back): its stdout equals `want` and it exits 0; the
+/// statistics show evictions and faults through the loader.
+fn protected_output_is(
+    exe: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    window: u32,
+    want: &str,
+    what: &str,
+) {
+    let dir = TempDir::new(&format!("same-{what}"));
     let stats = dir.path("stats.json");
     let prot = run(
         Command::new(MEMVEIL)
-            .args(["run", "--window", "64", "--region-gib", "4", "--stats-json"])
+            .args(["run", "--region-gib", "4", "--window"])
+            .arg(window.to_string())
+            .arg("--stats-json")
             .arg(&stats)
             .arg("--")
             .arg(exe)
@@ -423,7 +439,7 @@ fn same_output(exe: &Path, args: &[&str], env: &[(&str, &str)], what: &str) -> S
     );
     assert_eq!(
         text(&prot.stdout),
-        text(&plain.stdout),
+        want,
         "{what}: output differs protected ({:?}); stderr: {}",
         prot.status,
         text(&prot.stderr)
@@ -436,7 +452,6 @@ fn same_output(exe: &Path, args: &[&str], env: &[(&str, &str)], what: &str) -> S
         j["evictions"].as_u64().unwrap_or(0) > 0 && j["faults"].as_u64().unwrap_or(0) > 0,
         "{what}: nothing was evicted and faulted back: {j}"
     );
-    text(&plain.stdout)
 }
 
 // ------------------------------------------------------------- C ---------
@@ -448,7 +463,7 @@ fn glibc_static_idle_secret_leaves_the_window() {
     }
     loader_built();
     let dir = TempDir::new("glibc-secret");
-    let Some(exe) = compile_static(&dir, "cc", "idle_secret") else {
+    let Some(exe) = compile_static(&dir, "cc", "static_secret") else {
         return;
     };
     secret_leaves_the_window(&exe, "glibc -static");
@@ -461,7 +476,7 @@ fn musl_static_idle_secret_leaves_the_window() {
     }
     loader_built();
     let dir = TempDir::new("musl-secret");
-    let Some(exe) = compile_static(&dir, "musl-gcc", "idle_secret") else {
+    let Some(exe) = compile_static(&dir, "musl-gcc", "static_secret") else {
         return;
     };
     secret_leaves_the_window(&exe, "musl -static");
@@ -478,8 +493,9 @@ fn static_c_heap_churn_same_output_glibc_and_musl() {
         let Some(exe) = compile_static(&dir, cc, "static_churn") else {
             continue;
         };
-        let out = same_output(&exe, &["40"], &[], cc);
-        assert!(out.starts_with("churn 40 "), "{out}");
+        let want = plain_output(&exe, &["40"], &[], cc);
+        assert!(want.starts_with("churn 40 "), "{want}");
+        protected_output_is(&exe, &["40"], &[], 64, &want, cc);
     }
 }
 
@@ -508,10 +524,19 @@ fn go_gc_stress_same_checksum_20_runs_in_a_row() {
     let Some(exe) = build_go(&dir, "gcstress") else {
         return;
     };
-    let first = same_output(&exe, &["12"], &[("GOGC", "25")], "gcstress");
-    for i in 1..20 {
-        let again = same_output(&exe, &["12"], &[("GOGC", "25")], "gcstress");
-        assert_eq!(again, first, "run {i} of 20 differs");
+    let env = [("GOGC", "25")];
+    let want = plain_output(&exe, &["12"], &env, "gcstress");
+    assert!(want.starts_with("gcstress 12 "), "{want}");
+    for i in 0..20 {
+        // A 4 MiB window: thousands of evictions and faults a run.
+        protected_output_is(
+            &exe,
+            &["12"],
+            &env,
+            1024,
+            &want,
+            &format!("gcstress run {i}"),
+        );
     }
 }
 
@@ -531,4 +556,53 @@ fn a_dynamic_program_is_refused_by_via_loader_and_runs_through_the_preload() {
         "{}",
         text(&o.stderr)
     );
+}
+
+#[test]
+fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
+    if !root("static_fork") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("fork");
+    let Some(exe) = compile_static(&dir, "cc", "static_fork") else {
+        return;
+    };
+    // Positive control: plainly the fork succeeds.
+    let plain = plain_output(&exe, &[], &[], "static_fork");
+    assert!(plain.contains("fork ok"), "{plain}");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--"])
+            .arg(&exe),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        text(&o.stdout),
+        "own filter works\nmalloc after it 7\nfork refused EAGAIN\nspawned\nspawn exit 0\n",
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("refused a fork of") && text(&o.stderr).contains("EAGAIN"),
+        "the refusal is not explained: {}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn go_os_exec_signals_and_preemption_work() {
+    if !root("go_exec") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("go-exec");
+    let Some(exe) = build_go(&dir, "exec") else {
+        return;
+    };
+    let want = plain_output(&exe, &[], &[], "go exec");
+    assert!(want.contains("child 4\nsignal ok"), "{want}");
+    protected_output_is(&exe, &[], &[], 64, &want, "go exec");
 }

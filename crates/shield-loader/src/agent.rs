@@ -43,50 +43,6 @@ pub trait Serve: Sync {
     fn fork_allowed(&self) -> bool;
 }
 
-/// Serves nothing: every call is performed by the kernel as it would be
-/// without the loader (the program runs unprotected; used by tests of the
-/// loader itself).
-pub struct PassThrough;
-
-impl Serve for PassThrough {
-    fn mmap(
-        &self,
-        _: usize,
-        _: usize,
-        _: c_int,
-        _: c_int,
-        _: c_int,
-        _: usize,
-    ) -> Option<Result<usize, Errno>> {
-        None
-    }
-    fn munmap(&self, _: usize, _: usize) -> Option<Result<(), Errno>> {
-        None
-    }
-    fn madvise(&self, _: usize, _: usize, _: c_int) -> Option<Result<(), Errno>> {
-        None
-    }
-    fn mprotect(&self, _: usize, _: usize, _: c_int) -> Option<Result<(), Errno>> {
-        None
-    }
-    fn mremap(
-        &self,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: c_int,
-        _: usize,
-    ) -> Option<Result<usize, Errno>> {
-        None
-    }
-    fn brk(&self, _: usize) -> Option<usize> {
-        None
-    }
-    fn fork_allowed(&self) -> bool {
-        true
-    }
-}
-
 fn addr(a: u64) -> usize {
     usize::try_from(a).unwrap_or(usize::MAX)
 }

@@ -26,11 +26,97 @@ use std::ffi::{c_char, c_int, CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 
+use memveil_shield::region::{Errno, MapOpts, Region};
+
 mod agent;
 mod elf;
 mod enter;
 mod filter;
 mod load;
+
+/// Where the region is reserved when that address is free: the Go
+/// runtime's first arena hint on amd64, so that its heap arenas land in the
+/// region where it asks for them.
+const GO_ARENA_HINT: usize = 0xc0_0000_0000;
+
+/// The program's memory calls, served from the protected region.
+struct Protected {
+    region: Region,
+}
+
+impl agent::Serve for Protected {
+    fn mmap(
+        &self,
+        addr: usize,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        _off: usize,
+    ) -> Option<Result<usize, Errno>> {
+        // Go reserves PROT_NONE and maps over it; it asks for its arenas at
+        // hints and checks where they landed.
+        let opts = MapOpts {
+            any_prot: true,
+            honor_hint: true,
+        };
+        self.region.mmap(addr, len, prot, flags, fd, opts)
+    }
+    fn munmap(&self, addr: usize, len: usize) -> Option<Result<(), Errno>> {
+        self.region.munmap(addr, len)
+    }
+    fn madvise(&self, addr: usize, len: usize, advice: c_int) -> Option<Result<(), Errno>> {
+        self.region.madvise(addr, len, advice)
+    }
+    fn mprotect(&self, addr: usize, len: usize, prot: c_int) -> Option<Result<(), Errno>> {
+        self.region.mprotect(addr, len, prot)
+    }
+    fn mremap(
+        &self,
+        old: usize,
+        old_len: usize,
+        new_len: usize,
+        flags: c_int,
+        new_addr: usize,
+    ) -> Option<Result<usize, Errno>> {
+        self.region.mremap(old, old_len, new_len, flags, new_addr)
+    }
+    fn brk(&self, addr: usize) -> Option<usize> {
+        Some(self.region.brk(addr))
+    }
+    fn fork_allowed(&self) -> bool {
+        false
+    }
+}
+
+/// Reserves the region, starts the shield from the environment (the same
+/// settings the preload reads) and hands it the whole region. On the main
+/// thread with every signal blocked: the shield's threads inherit the mask.
+fn protect() -> Result<&'static Protected, String> {
+    let len = memveil_shield::start::region_len();
+    let region = Region::reserve(len, 0, Some(GO_ARENA_HINT)).map_err(|e| {
+        format!(
+            "cannot reserve the protected region ({} GiB): {e}",
+            len >> 30
+        )
+    })?;
+    let (_, keyid) = memveil_shield::start::config()?;
+    let shield = memveil_shield::start::from_env()?;
+    let (base, end) = region.bounds();
+    // SAFETY: the region is this process's own fresh anonymous private
+    // mapping, from now on reached only through the agent's calls on it.
+    unsafe {
+        shield.encrypt_mprotect(
+            base as *mut u8,
+            end - base,
+            libc::PROT_READ | libc::PROT_WRITE,
+            keyid,
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    region.attach(shield);
+    Ok(Box::leak(Box::new(Protected { region })))
+}
 
 /// The exit status when the loader cannot run the program protected.
 const REFUSED: c_int = 125;
@@ -107,7 +193,10 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
     let shown = path.display().to_string();
     let mask = block_all_signals();
     let loaded = load::load(&path).unwrap_or_else(|e| die(&e));
-    let serve: &'static dyn agent::Serve = &agent::PassThrough;
+    let serve: &'static dyn agent::Serve = match protect() {
+        Ok(p) => p,
+        Err(e) => die(&format!("refusing to run {shown} unprotected: {e}")),
+    };
     let tx = start_agent(serve, shown.clone());
     let (listener, nnp) = filter::install()
         .unwrap_or_else(|e| die(&format!("cannot install the seccomp filter: {e}")));

@@ -1,12 +1,15 @@
 // A Go program that holds a secret it no longer uses while it works, as
-// tests/data/idle_secret.c does for C: reads "SECRET MARKER" from stdin,
-// keeps SECRET in a page of its own in the middle of a 64 KiB slice, fills
-// 32 MiB of other data, then rewrites MARKER into a 1 MiB working buffer
-// over and over (goroutines and garbage meanwhile). Prints "ready PID"
-// once all is written, then works until SIGTERM.
+// tests/data/static_secret.c does for C: reads "SECRET MARKER" from stdin
+// with one read(2) straight into a 64 KiB slice (no other copy of the
+// secret: fmt's and bufio's buffers would leave one in objects the program
+// keeps using), keeps SECRET in a page of its own in the middle of it,
+// fills 32 MiB of other data, then rewrites MARKER into a 1 MiB working
+// buffer over and over (goroutines and garbage meanwhile). Prints
+// "ready PID" once all is written, then works until SIGTERM.
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,16 +19,31 @@ import (
 )
 
 func main() {
-	var secret, marker string
-	if _, err := fmt.Scan(&secret, &marker); err != nil {
-		os.Exit(2)
-	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM)
 	arena := make([]byte, 64<<10)
-	off := (32<<10 - int(uintptr(unsafe.Pointer(&arena[0]))&4095))
-	copy(arena[off:], secret)
-	secret = ""
+	off := 32<<10 - int(uintptr(unsafe.Pointer(&arena[0]))&4095)
+	page := arena[off : off+4096]
+	got := 0
+	for got < 511 {
+		n, err := syscall.Read(0, page[got:511])
+		if n <= 0 || err != nil {
+			break
+		}
+		got += n
+		if bytes.IndexByte(page[:got], '\n') >= 0 {
+			break
+		}
+	}
+	line := bytes.TrimRight(page[:got], "\r\n")
+	sp := bytes.IndexByte(line, ' ')
+	if sp < 0 {
+		os.Exit(2)
+	}
+	marker := append([]byte(nil), line[sp+1:]...)
+	for i := sp; i < got; i++ {
+		page[i] = 0
+	}
 	heap := make([][]byte, 32)
 	for i := range heap {
 		heap[i] = make([]byte, 1<<20)
