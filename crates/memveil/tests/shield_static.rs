@@ -606,3 +606,32 @@ fn go_os_exec_signals_and_preemption_work() {
     assert!(want.contains("child 4\nsignal ok"), "{want}");
     protected_output_is(&exe, &[], &[], 64, &want, "go exec");
 }
+
+#[test]
+fn user_option_runs_a_static_program_through_the_loader_as_that_user() {
+    if !root("static_user") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("user");
+    let Some(exe) = compile_static(&dir, "cc", "static_churn") else {
+        return;
+    };
+    let want = plain_output(&exe, &["10"], &[], "static_churn");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--user", "nobody", "--window", "64", "--"])
+            .arg(&exe)
+            .arg("10"),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(text(&o.stdout), want, "{}", text(&o.stderr));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // Without CAP_SYS_ADMIN the filter needs no_new_privs: said, not silent.
+    assert!(
+        text(&o.stderr).contains("no_new_privs set"),
+        "{}",
+        text(&o.stderr)
+    );
+}
