@@ -22,8 +22,6 @@ const MAX_PHNUM: usize = 256;
 pub enum ElfError {
     /// Not a 64-bit little-endian x86-64 ELF file.
     NotElf(&'static str),
-    /// It names a dynamic loader: the preload path is the one for it.
-    Dynamic,
     /// Neither an executable nor a static position-independent one.
     Type(u16),
     /// A header that points outside the file or overflows.
@@ -34,10 +32,6 @@ impl fmt::Display for ElfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NotElf(why) => write!(f, "not a 64-bit x86-64 ELF executable ({why})"),
-            Self::Dynamic => f.write_str(
-                "dynamically linked (it names a loader, PT_INTERP): memveil run protects it \
-                 through the preload library instead",
-            ),
             Self::Type(t) => write!(f, "ELF type {t} is neither ET_EXEC nor static-pie ET_DYN"),
             Self::Malformed(why) => write!(f, "malformed ELF file: {why}"),
         }
@@ -67,6 +61,9 @@ pub struct Image {
     pub segments: Vec<Segment>,
     /// The largest segment alignment (a power of two, at least a page).
     pub align: usize,
+    /// The dynamic loader it names (PT_INTERP: file offset and length of
+    /// its path), for a dynamically linked program.
+    pub interp: Option<(usize, usize)>,
 }
 
 impl Image {
@@ -148,6 +145,7 @@ pub fn parse(data: &[u8]) -> Result<Image, ElfError> {
     let mut segments = Vec::new();
     let mut phdr = None;
     let mut align = PAGE;
+    let mut interp = None;
     for i in 0..phnum {
         let h = phoff + i * PHENT;
         let p_type = u32::try_from(field(data, h, 4)?).unwrap_or(0);
@@ -158,7 +156,12 @@ pub fn parse(data: &[u8]) -> Result<Image, ElfError> {
         let memsz = size(field(data, h + 0x28, 8)?)?;
         let p_align = size(field(data, h + 0x30, 8)?)?;
         match p_type {
-            PT_INTERP => return Err(ElfError::Dynamic),
+            PT_INTERP => {
+                if filesz == 0 || filesz > 4096 || offset.checked_add(filesz).is_none() {
+                    return Err(ElfError::Malformed("a loader path of no or absurd length"));
+                }
+                interp = Some((offset, filesz));
+            }
             PT_PHDR => phdr = Some(vaddr),
             PT_LOAD => {
                 if filesz > memsz || vaddr % PAGE != offset % PAGE {
@@ -208,6 +211,7 @@ pub fn parse(data: &[u8]) -> Result<Image, ElfError> {
         phdr,
         segments,
         align,
+        interp,
     })
 }
 
@@ -258,12 +262,15 @@ mod tests {
     }
 
     #[test]
-    fn dynamic_and_malformed_files_are_refused_without_panic() {
+    fn loader_is_named_and_malformed_files_are_refused_without_panic() {
         let d = header(
             2,
-            &[(3, 4, 0, 0, 0, 0), (1, 5, 0, 0x400000, 0x1000, 0x1000)],
+            &[
+                (3, 4, 0x200, 0, 28, 28),
+                (1, 5, 0, 0x400000, 0x1000, 0x1000),
+            ],
         );
-        assert_eq!(parse(&d), Err(ElfError::Dynamic));
+        assert_eq!(parse(&d).map(|i| i.interp), Ok(Some((0x200, 28))));
         let d = header(2, &[(1, 5, 0, 0x400000, 0x2000, 0x1000)]);
         assert!(matches!(parse(&d), Err(ElfError::Malformed(_))));
         let d = header(2, &[(1, 5, 0, usize::MAX as u64 - 10, 0x10, 0x100)]);

@@ -64,7 +64,7 @@ pub unsafe fn initial_stack(
             AT_PHDR => img.phdr(),
             AT_PHNUM => img.image.phnum,
             AT_ENTRY => img.entry(),
-            AT_BASE => 0,
+            AT_BASE => img.interp_base(),
             AT_EXECFN => execfn.as_ptr() as usize,
             _ => val,
         };

@@ -14,9 +14,12 @@
 //! signal delivered to a thread Go did not create kills a Go program);
 //! threads the program starts inherit the filter.
 //!
-//! It refuses: dynamically linked programs (the preload is for them), and
-//! forks of the program (`clone` without `CLONE_VM`: the child would read
-//! zeros where pages are evicted; fails with EAGAIN and a line on stderr).
+//! A dynamically linked program works too (its dynamic loader is mapped as
+//! the kernel would, and entered with `AT_BASE` at it): `memveil run` sends
+//! those to the preload library unless `--via loader` asks for this path.
+//! It refuses forks of the program (`clone` without `CLONE_VM`: the child
+//! would read zeros where pages are evicted; fails with EAGAIN and a line
+//! on stderr).
 //! Not covered: the program's `.data`/`.bss`, the initial thread's stack,
 //! memory of programs it executes (they inherit the filter, whose calls are
 //! let through), and `/proc/self/exe` names the loader. If the shield cannot
@@ -218,5 +221,5 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
     let words = unsafe { enter::initial_stack(argv, 1, envp, &loaded, execfn) };
     enter::unregister_rseq();
     // SAFETY: the entry of the program just mapped, and its initial stack.
-    unsafe { enter::jump(&words, loaded.entry(), &mask) }
+    unsafe { enter::jump(&words, loaded.start(), &mask) }
 }

@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd as _;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::FileExt as _;
 
 use crate::elf::{self, round_up, Image, PAGE};
@@ -14,11 +15,24 @@ pub struct Loaded {
     pub image: Image,
     /// What the segments' addresses are relative to (0 for ET_EXEC).
     pub base: usize,
+    /// The dynamic loader it names, mapped too (a dynamically linked
+    /// program: the loader's entry is entered, AT_BASE is its base).
+    pub interp: Option<Box<Loaded>>,
 }
 
 impl Loaded {
     pub fn entry(&self) -> usize {
         self.base + self.image.entry
+    }
+    /// Where execution starts: the dynamic loader's entry, else the program's.
+    pub fn start(&self) -> usize {
+        self.interp
+            .as_ref()
+            .map_or_else(|| self.entry(), |l| l.entry())
+    }
+    /// AT_BASE: the dynamic loader's base, 0 without one.
+    pub fn interp_base(&self) -> usize {
+        self.interp.as_ref().map_or(0, |l| l.base)
     }
     pub fn phdr(&self) -> usize {
         self.base + self.image.phdr
@@ -40,8 +54,30 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, String> {
     f.read_exact_at(&mut head, 0)
         .map_err(|e| format!("{name}: reading its program headers: {e}"))?;
     let image = elf::parse(&head).map_err(|e| format!("{name}: {e}"))?;
+    let interp = match image.interp {
+        Some((off, len)) => {
+            let mut p = vec![0u8; len];
+            f.read_exact_at(&mut p, u64::try_from(off).unwrap_or(u64::MAX))
+                .map_err(|e| format!("{name}: reading the loader it names: {e}"))?;
+            let end = p.iter().position(|&b| b == 0).unwrap_or(p.len());
+            let ld = std::path::Path::new(std::ffi::OsStr::from_bytes(&p[..end]));
+            let l = load(ld)?;
+            if l.interp.is_some() || !l.image.relocatable {
+                return Err(format!(
+                    "{name}: its loader {} is not a self-contained ET_DYN",
+                    ld.display()
+                ));
+            }
+            Some(Box::new(l))
+        }
+        None => None,
+    };
     let base = map_image(&f, &image).map_err(|e| format!("{name}: mapping it: {e}"))?;
-    Ok(Loaded { image, base })
+    Ok(Loaded {
+        image,
+        base,
+        interp,
+    })
 }
 
 fn map(
@@ -129,9 +165,11 @@ fn map_image(f: &File, img: &Image) -> io::Result<usize> {
                 s.offset & !(PAGE - 1),
             )?;
             if mend > fend {
-                // The bss's part of the last file page.
+                // The rest of the last file page, as the kernel clears it: the
+                // bss's start, and beyond it zeros a dynamic loader's first
+                // allocations rely on (its minimal malloc starts at `_end`).
                 // SAFETY: [fend, fpage) lies in the mapping just made, writable.
-                unsafe { std::ptr::write_bytes(fend as *mut u8, 0, fpage.min(mend) - fend) };
+                unsafe { std::ptr::write_bytes(fend as *mut u8, 0, fpage - fend) };
             }
             protect(start, fpage - start, s.prot)?;
         }

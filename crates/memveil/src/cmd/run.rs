@@ -203,8 +203,8 @@ pub struct Args {
     /// How the shield reaches the program: loader or preload (expert)
     ///
     /// How the shield reaches the program (default: the preload for a
-    /// dynamically linked program, the loader for a statically linked one).
-    /// The loader runs statically linked programs only.
+    /// dynamically linked program, the loader for a statically linked one;
+    /// the loader runs dynamically linked ones too, with their own malloc).
     #[arg(long, value_name = "HOW", value_enum, hide = true)]
     via: Option<Via>,
     /// Size of the protected region the heap lives in, GiB
@@ -392,9 +392,14 @@ fn find_loader() -> anyhow::Result<PathBuf> {
 
 /// What a statically linked program run through the loader leaves
 /// unprotected, said at start.
-fn loader_limits(program: &str) -> String {
+fn loader_limits(program: &str, dynamic: bool) -> String {
+    let how = if dynamic {
+        format!("is dynamically linked, run through {LOADER} as --via loader asks")
+    } else {
+        format!("is statically linked: it runs through {LOADER}")
+    };
     format!(
-        "{program} is statically linked: it runs through {LOADER}, its memory calls served from \
+        "{program} {how}, its memory calls served from \
          the protected region; not covered: its .data/.bss and initial stack, and the programs \
          it executes (they run unprotected); a fork without CLONE_VM is refused (EAGAIN); \
          /proc/PID/exe names the loader"
@@ -419,6 +424,8 @@ fn resolve(program: &Path) -> Option<PathBuf> {
 struct Elf {
     dynamic: bool,
     needed: Vec<String>,
+    /// A `#!` script (dynamic through its interpreter).
+    script: bool,
 }
 
 fn elf_info(path: &Path) -> anyhow::Result<Elf> {
@@ -427,6 +434,7 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
         return Ok(Elf {
             dynamic: true,
             needed: Vec::new(),
+            script: true,
         });
     }
     if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
@@ -499,7 +507,11 @@ fn parse_elf(data: &[u8]) -> Elf {
             })
             .collect()
     });
-    Elf { dynamic, needed }
+    Elf {
+        dynamic,
+        needed,
+        script: false,
+    }
 }
 
 /// The malloc implementations a program may bring (DT_NEEDED name prefixes).
@@ -532,9 +544,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     };
     let elf = elf_info(&path)?;
     let via = match (a.via, elf.dynamic) {
-        (Some(Via::Loader), true) => bail!(
-            "--via loader: {} is dynamically linked (or a script): the loader runs statically \
-             linked programs only; drop --via to use the preload library",
+        (Some(Via::Loader), true) if elf.script => bail!(
+            "--via loader: {} is a script: the loader runs ELF executables only; run its \
+             interpreter with --via loader, or drop --via",
             path.display()
         ),
         (Some(Via::Preload), false) => bail!(
@@ -553,7 +565,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     if via == Via::Loader {
         eprintln!(
             "memveil run: {}",
-            loader_limits(&path.display().to_string())
+            loader_limits(&path.display().to_string(), elf.dynamic)
         );
     }
     // Opened before --user gives up root, so it may name a place only root
