@@ -39,7 +39,7 @@ fi
 if [ "${1:-}" != "--deps" ]; then
     cargo build --release --locked --workspace
     # The Debian package of this build (scripts/package.sh): memveil on the PATH,
-    # the preload library, the PKCS#11 module registered with p11-kit, man pages,
+    # the preload library and the loader for static programs, the PKCS#11 module registered with p11-kit, man pages,
     # completions and the systemd units.
     deb=$(scripts/package.sh --no-build)
     if [ "$(id -u)" -eq 0 ]; then

@@ -3,6 +3,7 @@
 # dpkg-deb from this checkout's release build:
 #   /usr/bin/memveil, /usr/bin/memveil-vault
 #   /usr/lib/<multiarch>/memveil/libmemveil_shield_preload.so   (memveil run finds it there)
+#   /usr/lib/<multiarch>/memveil/memveil-shield-loader          (memveil run's loader for static programs)
 #   /usr/lib/<multiarch>/pkcs11/libmemveil_pkcs11.so            (the PKCS#11 module)
 #   /usr/share/p11-kit/modules/memveil.module                   (p11-kit loads it: p11tool --list-tokens)
 #   /lib/systemd/system/memveil-{vault,rng,exporter}.service, /usr/lib/systemd/user/memveil-agent.service
@@ -18,13 +19,13 @@ die() { echo "package.sh: $*" >&2; exit 1; }
 
 case "${1:-}" in
     --no-build) ;;
-    "") cargo build --release --locked -p memveil -p memveil-vault -p memveil-shield-preload -p memveil-pkcs11 >&2 ;;
+    "") cargo build --release --locked -p memveil -p memveil-vault -p memveil-shield-preload -p memveil-shield-loader -p memveil-pkcs11 >&2 ;;
     -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
 esac
 
 rel=target/release
-for f in memveil memveil-vault libmemveil_shield_preload.so libmemveil_pkcs11.so; do
+for f in memveil memveil-vault libmemveil_shield_preload.so memveil-shield-loader libmemveil_pkcs11.so; do
     [ -f "$rel/$f" ] || die "$rel/$f missing: build it (cargo build --release --workspace)"
 done
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found (Debian's dpkg package)"
@@ -42,6 +43,7 @@ put() { install -D -m "$1" "$2" "$3" && strip --strip-debug "$3"; }
 put 0755 "$rel/memveil" "$root/usr/bin/memveil"
 put 0755 "$rel/memveil-vault" "$root/usr/bin/memveil-vault"
 put 0644 "$rel/libmemveil_shield_preload.so" "$root/usr/lib/$multiarch/memveil/libmemveil_shield_preload.so"
+put 0755 "$rel/memveil-shield-loader" "$root/usr/lib/$multiarch/memveil/memveil-shield-loader"
 put 0644 "$rel/libmemveil_pkcs11.so" "$root/usr/lib/$multiarch/pkcs11/libmemveil_pkcs11.so"
 sed "s|/usr/lib/x86_64-linux-gnu/|/usr/lib/$multiarch/|" contrib/debian/memveil.module \
     | install -D -m 0644 /dev/stdin "$root/usr/share/p11-kit/modules/memveil.module"

@@ -38,6 +38,7 @@ dpkg --root="$root" -s memveil | grep -q "^Status: install ok installed" || fail
 
 for f in usr/bin/memveil usr/bin/memveil-vault \
          usr/lib/x86_64-linux-gnu/memveil/libmemveil_shield_preload.so \
+         usr/lib/x86_64-linux-gnu/memveil/memveil-shield-loader \
          usr/lib/x86_64-linux-gnu/pkcs11/libmemveil_pkcs11.so \
          usr/share/p11-kit/modules/memveil.module \
          lib/systemd/system/memveil-vault.service lib/systemd/system/memveil-rng.service \

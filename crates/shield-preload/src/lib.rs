@@ -51,14 +51,13 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::{null_mut, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use memveil_secmem::{Level, Policy};
-use memveil_shield::{Config, HandlerCpu, PageKey, Shield, StatsFile, PAGE};
+use memveil_shield::region::{MapOpts, Region, SpinLock};
+pub(crate) use memveil_shield::start::{config, env_str, env_usize};
+use memveil_shield::{Shield, PAGE};
 use memveil_sys::uffd;
 use talc::{OomHandler, Span, Talc};
 
@@ -102,9 +101,9 @@ unsafe impl GlobalAlloc for LibcAlloc {
 static GLOBAL: LibcAlloc = LibcAlloc;
 
 // ---------------------------------------------------------------------------
-// The region: [base, base+heap_len) for malloc, the rest for mmap and sbrk.
+// The region (memveil_shield::region): [base, base+heap_len) for malloc, the
+// rest, its page part, for large blocks, thread stacks, mmap and sbrk.
 
-const DEFAULT_REGION_GIB: usize = 16;
 const HEAP_GROW: usize = 4 << 20;
 /// Allocations at least this large go to whole pages of the mmap part, so
 /// freeing them returns (wiped) memory to the kernel.
@@ -115,7 +114,7 @@ const HDR: usize = 16;
 
 static BASE: AtomicUsize = AtomicUsize::new(0);
 static LEN: AtomicUsize = AtomicUsize::new(0);
-static HEAP_LEN: AtomicUsize = AtomicUsize::new(0);
+static REGION: AtomicPtr<Region> = AtomicPtr::new(null_mut());
 static SHIELD: AtomicPtr<Shield> = AtomicPtr::new(null_mut());
 
 thread_local! {
@@ -170,49 +169,6 @@ fn in_region(p: usize) -> bool {
     b != 0 && p >= b && p < b + LEN.load(Ordering::Relaxed)
 }
 
-fn env_str(name: &CStr) -> Option<String> {
-    // SAFETY: getenv with a NUL-terminated name; the result is a
-    // NUL-terminated string owned by the environment, read at once.
-    let v = unsafe { libc::getenv(name.as_ptr()) };
-    if v.is_null() {
-        return None;
-    }
-    // SAFETY: non-null result of getenv, NUL-terminated.
-    unsafe { CStr::from_ptr(v) }
-        .to_str()
-        .ok()
-        .map(str::to_owned)
-}
-
-fn env_usize(name: &CStr) -> Option<usize> {
-    env_str(name)?.parse().ok()
-}
-
-/// A test-and-set lock that can be held across `fork` (taken in the prepare
-/// handler, released in both parent and child).
-struct SpinLock(AtomicBool);
-
-impl SpinLock {
-    fn lock(&self) {
-        let mut n = 0u32;
-        while self
-            .0
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            n += 1;
-            if n < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-    fn unlock(&self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
 struct Grow {
     heap: Span,
     limit: usize,
@@ -250,110 +206,14 @@ impl OomHandler for Grow {
 
 struct Heap {
     talc: Talc<Grow>,
-    pages: PageAlloc,
 }
 
-/// First-fit allocator of whole pages in the mmap part of the region.
-struct PageAlloc {
-    next: usize,
-    end: usize,
-    free: BTreeMap<usize, usize>,
-    brk: Option<(usize, usize, usize)>,
-}
-
-impl PageAlloc {
-    fn alloc(&mut self, len: usize) -> Option<usize> {
-        let len = len.next_multiple_of(PAGE);
-        let hit = self
-            .free
-            .iter()
-            .find(|(_, l)| **l >= len)
-            .map(|(a, l)| (*a, *l));
-        if let Some((a, l)) = hit {
-            self.free.remove(&a);
-            if l > len {
-                self.free.insert(a + len, l - len);
-            }
-            return Some(a);
-        }
-        if self.next + len > self.end {
-            return None;
-        }
-        let a = self.next;
-        self.next += len;
-        Some(a)
-    }
-
-    /// Extends the block `[a, a+len)` in place to `new_len` bytes (page
-    /// multiples) when the pages after it are free: at the top of what was
-    /// handed out, or a free range that starts where the block ends. Every
-    /// free page was discarded when it was released (wiped, its frame given
-    /// back) or never used, so it reads as zeros.
-    fn grow(&mut self, a: usize, len: usize, new_len: usize) -> bool {
-        let (end, want) = (a + len, new_len - len);
-        if end == self.next {
-            if self.next + want > self.end {
-                return false;
-            }
-            self.next += want;
-            return true;
-        }
-        match self.free.get(&end).copied() {
-            Some(l) if l >= want => {
-                self.free.remove(&end);
-                if l > want {
-                    self.free.insert(end + want, l - want);
-                }
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Returns `[a, a+len)`; parts already free are ignored.
-    fn release(&mut self, a: usize, len: usize) {
-        let (mut a, mut len) = (a, len.next_multiple_of(PAGE));
-        // Drop any overlap with free ranges (double free or partial frees).
-        let overl: Vec<(usize, usize)> = self
-            .free
-            .range(..a + len)
-            .filter(|(s, l)| **s + **l > a)
-            .map(|(s, l)| (*s, *l))
-            .collect();
-        for (s, l) in overl {
-            self.free.remove(&s);
-            let lo = s.min(a);
-            let hi = (s + l).max(a + len);
-            a = lo;
-            len = hi - lo;
-        }
-        // Coalesce with neighbours.
-        if let Some((&s, &l)) = self.free.range(..a).next_back() {
-            if s + l == a {
-                self.free.remove(&s);
-                len += l;
-                a = s;
-            }
-        }
-        if let Some(&l) = self.free.get(&(a + len)) {
-            self.free.remove(&(a + len));
-            len += l;
-        }
-        if a + len == self.next {
-            self.next = a;
-        } else {
-            self.free.insert(a, len);
-        }
-    }
-}
-
-static LOCK: SpinLock = SpinLock(AtomicBool::new(false));
+static LOCK: SpinLock = SpinLock::new();
 static mut HEAP: Option<Heap> = None;
 
-/// How far each part of the region has been handed out, as last told to
-/// the shield (see [`note_growth`]).
+/// How far the heap has been handed out, as last told to the shield (see
+/// [`note_growth`]; the region notes its page part itself).
 static NOTED_HEAP: AtomicUsize = AtomicUsize::new(0);
-static NOTED_PAGES: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `f` on the heap under the lock, creating the region on first use.
 fn with_heap<R>(f: impl FnOnce(&mut Heap) -> R) -> Option<R> {
@@ -373,81 +233,65 @@ fn with_heap<R>(f: impl FnOnce(&mut Heap) -> R) -> Option<R> {
 }
 
 impl Heap {
-    /// The top of the allocator's heap and of the pages handed out so far.
-    fn tops(&self) -> (usize, usize) {
-        let heap = self
-            .talc
+    /// The top of the allocator's heap so far.
+    fn tops(&self) -> usize {
+        self.talc
             .oom_handler
             .heap
             .get_base_acme()
-            .map_or(0, |(_, top)| top as usize);
-        (heap, self.pages.next)
+            .map_or(0, |(_, top)| top as usize)
     }
 }
 
-/// Tells the shield which parts of the region the allocator has handed out
-/// since it last did (a shield under a cost budget alone scans only those
-/// for data to sweep). Outside the heap's lock: the shield takes its own.
-fn note_growth((heap, pages): (usize, usize)) {
+/// Tells the shield how far the heap has been handed out since it last did
+/// (a shield under a cost budget alone scans only that for data to sweep).
+/// Outside the heap's lock: the shield takes its own.
+fn note_growth(top: usize) {
     let Some(s) = shield() else { return };
-    let base = BASE.load(Ordering::Acquire);
-    for (noted, top, start) in [
-        (&NOTED_HEAP, heap, base),
-        (&NOTED_PAGES, pages, base + HEAP_LEN.load(Ordering::Acquire)),
-    ] {
-        let was = noted.load(Ordering::Acquire).max(start);
-        if top > was && noted.fetch_max(top, Ordering::AcqRel) < top {
-            s.note_in_use(was, top - was);
-        }
+    let was = NOTED_HEAP
+        .load(Ordering::Acquire)
+        .max(BASE.load(Ordering::Acquire));
+    if top > was && NOTED_HEAP.fetch_max(top, Ordering::AcqRel) < top {
+        s.note_in_use(was, top - was);
     }
 }
 
 fn create_region() -> Option<Heap> {
-    let gib = env_usize(c"MEMVEIL_SHIELD_REGION_GIB")
-        .unwrap_or(DEFAULT_REGION_GIB)
-        .max(1);
-    let len = gib << 30;
-    let base = uffd::map_anonymous_direct(len).ok()? as usize;
-    // Base pages only: UFFDIO_MOVE and per-page eviction need them.
-    // SAFETY: advice on our own fresh mapping; not destructive.
-    let _ = unsafe { uffd::madvise_direct(base as *mut u8, len, libc::MADV_NOHUGEPAGE) };
+    let len = memveil_shield::start::region_len();
     let heap_len = len / 2;
+    let region = Region::reserve(len, heap_len, None).ok()?;
+    let (base, _) = region.bounds();
+    REGION.store(Box::into_raw(Box::new(region)), Ordering::Release);
     BASE.store(base, Ordering::Release);
     LEN.store(len, Ordering::Release);
-    HEAP_LEN.store(heap_len, Ordering::Release);
     Some(Heap {
         talc: Talc::new(Grow {
             heap: Span::empty(),
             limit: base + heap_len,
         }),
-        pages: PageAlloc {
-            next: base + heap_len,
-            end: base + len,
-            free: BTreeMap::new(),
-            brk: None,
-        },
+    })
+}
+
+/// The region, once made.
+fn region() -> Option<&'static Region> {
+    let p = REGION.load(Ordering::Acquire);
+    // SAFETY: REGION is set once to a leaked Box and never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The region, made now if it was not yet (the allocator may not have
+/// run before this call).
+fn region_made() -> Option<&'static Region> {
+    region().or_else(|| {
+        with_heap(|_| ());
+        region()
     })
 }
 
 fn shield() -> Option<&'static Shield> {
     let p = SHIELD.load(Ordering::Acquire);
-    // SAFETY: SHIELD is set once to a leaked Box and never freed.
+    // SAFETY: SHIELD is set once to a leaked shield and never freed.
     (!p.is_null()).then(|| unsafe { &*p })
-}
-
-/// Drops the contents of `[a, a+len)` of the region: through the shield
-/// (wipe, zap, forget ciphertext) or, unprotected, by wiping and zapping.
-fn discard(a: usize, len: usize) {
-    if let Some(s) = shield() {
-        // SAFETY: the caller freed the range: no object lives there.
-        unsafe { s.discard(a, len) };
-    } else {
-        // SAFETY: as above; the memory is readable and writable (ours).
-        unsafe {
-            std::ptr::write_bytes(a as *mut u8, 0, len);
-            let _ = uffd::madvise_direct(a as *mut u8, len, libc::MADV_DONTNEED);
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -580,8 +424,9 @@ fn alloc(size: usize, align: usize) -> *mut c_void {
         let Some(bytes) = total.checked_add(PAGE) else {
             return enomem();
         };
-        let raw = with_heap(|h| h.pages.alloc(bytes)).flatten();
-        let Some(raw) = raw else { return enomem() };
+        let Some(raw) = region_made().and_then(|r| r.alloc(bytes)) else {
+            return enomem();
+        };
         let p = raw + PAGE;
         write_header(p, bytes, LARGE_MARK);
         return p as *mut c_void;
@@ -643,9 +488,9 @@ fn set_errno(e: c_int) {
 fn dealloc(p: usize) {
     let (total, off) = read_header(p);
     if off == LARGE_MARK {
-        let raw = p - PAGE;
-        discard(raw, total.next_multiple_of(PAGE));
-        with_heap(|h| h.pages.release(raw, total));
+        if let Some(r) = region() {
+            r.free(p - PAGE, total);
+        }
         return;
     }
     if off == HDR && !internal() && tc_put(p, total) {
@@ -761,12 +606,10 @@ fn resize_large_in_place(p: usize, n: usize) -> bool {
     };
     let raw = p - PAGE;
     let (old_span, new_span) = (total.next_multiple_of(PAGE), bytes.next_multiple_of(PAGE));
+    let Some(r) = region() else { return false };
     if new_span < old_span {
-        discard(raw + new_span, old_span - new_span);
-        with_heap(|h| h.pages.release(raw + new_span, old_span - new_span));
-    } else if new_span > old_span
-        && with_heap(|h| h.pages.grow(raw, old_span, new_span)) != Some(true)
-    {
+        r.free(raw + new_span, old_span - new_span);
+    } else if new_span > old_span && !r.grow(raw, old_span, new_span) {
         return false;
     }
     write_header(p, bytes, LARGE_MARK);
@@ -876,27 +719,7 @@ fn first_definition(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<usize>
 // ---------------------------------------------------------------------------
 // Memory-management calls on the region.
 
-/// Plain anonymous private memory, the kind the region holds: no file, not
-/// shared, no huge pages, not a stack.
-fn anonymous_private(flags: c_int, fd: c_int) -> bool {
-    let excluded = libc::MAP_SHARED | libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK;
-    fd == -1
-        && flags & libc::MAP_ANONYMOUS != 0
-        && flags & libc::MAP_PRIVATE != 0
-        && flags & excluded == 0
-}
-
-fn wants_protection(prot: c_int, flags: c_int, fd: c_int) -> bool {
-    anonymous_private(flags, fd)
-        && flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) == 0
-        && prot == RW
-        && !internal()
-}
-
-const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
-
-/// Whether the "region full" refusal was printed (once per process).
-static REGION_FULL_SAID: AtomicBool = AtomicBool::new(false);
+pub(crate) const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
 
 #[no_mangle]
 pub unsafe extern "C" fn mmap(
@@ -907,25 +730,21 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
-    if len > 0 && wants_protection(prot, flags, fd) {
-        match with_heap(|h| h.pages.alloc(len)) {
-            Some(Some(a)) => return a as *mut c_void,
-            Some(None) => {
-                // The region's page half is full: refuse rather than hand out
-                // memory the shield cannot protect.
-                if !REGION_FULL_SAID.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "memveil-shield: the protected region has no room for an mmap of {len} bytes: \
-                         refused (ENOMEM) rather than mapped unprotected; rerun with a larger \
-                         memveil run --region-gib"
-                    );
+    // Anonymous private read-write memory comes from the region; MAP_FIXED
+    // over it is done in place or has the shield forget what it replaces
+    // (the handler thread's own mappings stay outside). No region at all:
+    // the shield does not start either, and the program is refused before
+    // `main`.
+    if !internal() {
+        if let Some(r) = region_made() {
+            match r.mmap(addr as usize, len, prot, flags, fd, MapOpts::default()) {
+                Some(Ok(a)) => return a as *mut c_void,
+                Some(Err(e)) => {
+                    set_errno(e);
+                    return libc::MAP_FAILED;
                 }
-                set_errno(libc::ENOMEM);
-                return libc::MAP_FAILED;
+                None => {}
             }
-            // No region at all (it could not be reserved): the shield does
-            // not start either, and the program is refused before `main`.
-            None => {}
         }
     }
     if let Some(kind) = shared::of_mmap(flags, fd) {
@@ -942,34 +761,6 @@ pub unsafe extern "C" fn mmap(
             set_errno(libc::ENOMEM);
             return libc::MAP_FAILED;
         }
-    }
-    if flags & libc::MAP_FIXED != 0 && in_region(addr as usize) {
-        let a = addr as usize;
-        if anonymous_private(flags, fd)
-            && len > 0
-            && a.is_multiple_of(PAGE)
-            && region_part(a, len)
-            && !internal()
-        {
-            // Fresh anonymous memory over the region's page half (an
-            // allocator resetting or decommitting what it mapped): done in
-            // place, so the pages stay in the protected mapping. Handing it
-            // to the kernel would make a new mapping outside userfaultfd,
-            // where the pages would never be encrypted.
-            let len = len.next_multiple_of(PAGE);
-            // SAFETY: our own interposed mprotect on region pages the caller
-            // owns (it asked to replace them).
-            if unsafe { mprotect(addr, len, RW) } == 0 {
-                discard(a, len);
-                // SAFETY: as above.
-                if prot == RW || unsafe { mprotect(addr, len, prot) } == 0 {
-                    return addr;
-                }
-            }
-        }
-        // Anything else replaces part of the region: forget what the shield
-        // held there so it never evicts pages of the new mapping.
-        discard(a, len);
     }
     // SAFETY: forwarded unchanged: the caller's mmap(2) contract.
     unsafe { uffd::mmap_direct(addr, len, prot, flags, fd, off) }
@@ -988,36 +779,11 @@ pub unsafe extern "C" fn mmap64(
     unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
 
-fn region_part(addr: usize, len: usize) -> bool {
-    let b = BASE.load(Ordering::Acquire);
-    let mmap_lo = b + HEAP_LEN.load(Ordering::Relaxed);
-    b != 0 && addr >= mmap_lo && addr.saturating_add(len) <= b + LEN.load(Ordering::Relaxed)
-}
-
-/// Set once the program gives region pages a protection other than
-/// read-write: from then on `munmap` makes pages writable again before it
-/// wipes them (and before they are handed out again).
-static PROT_CHANGED: AtomicBool = AtomicBool::new(false);
-
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let a = addr as usize;
-    if in_region(a) {
-        if !a.is_multiple_of(PAGE) || len == 0 || !region_part(a, len) {
-            set_errno(libc::EINVAL);
-            return -1;
-        }
-        let len = len.next_multiple_of(PAGE);
-        if PROT_CHANGED.load(Ordering::Relaxed) {
-            // A JIT's code pages (read-only, executable) come back here:
-            // the wipe writes them, and the next mmap expects them writable.
-            // SAFETY: our own interposed mprotect on region pages the caller
-            // is giving up.
-            unsafe { mprotect(addr, len, RW) };
-        }
-        discard(a, len);
-        with_heap(|h| h.pages.release(a, len));
-        return 0;
+    if let Some(r) = region().and_then(|r| r.munmap(a, len)) {
+        return status(r);
     }
     // Protected shared memory of this process is written back and let go
     // of in every view, then unmapped, with forks held off meanwhile (the
@@ -1045,20 +811,8 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     let a = addr as usize;
-    if in_region(a) {
-        match advice {
-            libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE => {
-                discard(a, len);
-                return 0;
-            }
-            // Huge pages would defeat per-page eviction; paging out would
-            // write plaintext to swap: both are declined, silently as the
-            // kernel may decline advice.
-            libc::MADV_HUGEPAGE | libc::MADV_COLD | libc::MADV_PAGEOUT | libc::MADV_WILLNEED => {
-                return 0
-            }
-            _ => {}
-        }
+    if let Some(r) = region().and_then(|r| r.madvise(a, len, advice)) {
+        return status(r);
     }
     if advice == libc::MADV_HUGEPAGE && shared::overlaps(a, len) {
         // Large folios would defeat the per-page eviction: declined, as
@@ -1086,14 +840,8 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
 
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let a = addr as usize;
-    if in_region(a) {
-        if let Some(s) = shield() {
-            s.set_protection(a, len, prot);
-            if prot != RW {
-                PROT_CHANGED.store(true, Ordering::Relaxed);
-            }
-        }
+    if let Some(r) = region().and_then(|r| r.mprotect(addr as usize, len, prot)) {
+        return status(r);
     }
     // SAFETY: the caller's mprotect(2) contract.
     match unsafe { uffd::mprotect_direct(addr.cast(), len, prot) } {
@@ -1125,80 +873,44 @@ pub unsafe extern "C" fn mremap(
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     }
-    if !in_region(a) {
-        // SAFETY: the caller's mremap(2) contract.
-        let r = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) };
-        return if r < 0 {
-            libc::MAP_FAILED
-        } else {
-            usize::try_from(r).unwrap_or(0) as *mut c_void
+    if let Some(r) = region().and_then(|r| r.mremap(a, old_len, new_len, flags, new_addr as usize))
+    {
+        return match r {
+            Ok(b) => b as *mut c_void,
+            Err(e) => {
+                set_errno(e);
+                libc::MAP_FAILED
+            }
         };
     }
-    if flags & libc::MREMAP_FIXED != 0 || !region_part(a, old_len) || new_len == 0 {
-        set_errno(libc::EINVAL);
-        return libc::MAP_FAILED;
+    // SAFETY: the caller's mremap(2) contract.
+    let r = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) };
+    if r < 0 {
+        libc::MAP_FAILED
+    } else {
+        usize::try_from(r).unwrap_or(0) as *mut c_void
     }
-    let (old_len, new_len) = (
-        old_len.next_multiple_of(PAGE),
-        new_len.next_multiple_of(PAGE),
-    );
-    if new_len <= old_len {
-        if new_len < old_len {
-            discard(a + new_len, old_len - new_len);
-            with_heap(|h| h.pages.release(a + new_len, old_len - new_len));
-        }
-        return old;
-    }
-    // In place when the pages after it are free (they read as zeros, as the
-    // kernel's growth would give).
-    if with_heap(|h| h.pages.grow(a, old_len, new_len)) == Some(true) {
-        return old;
-    }
-    if flags & libc::MREMAP_MAYMOVE == 0 {
-        set_errno(libc::ENOMEM);
-        return libc::MAP_FAILED;
-    }
-    let Some(Some(b)) = with_heap(|h| h.pages.alloc(new_len)) else {
-        set_errno(libc::ENOMEM);
-        return libc::MAP_FAILED;
-    };
-    // SAFETY: both ranges are ours and distinct; the old one is live.
-    unsafe { std::ptr::copy_nonoverlapping(a as *const u8, b as *mut u8, old_len) };
-    discard(a, old_len);
-    with_heap(|h| h.pages.release(a, old_len));
-    b as *mut c_void
 }
 
 /// `sbrk`: a program's own break, in a 1 GiB slice of the region.
 #[no_mangle]
 pub unsafe extern "C" fn sbrk(incr: libc::intptr_t) -> *mut c_void {
-    const SLICE: usize = 1 << 30;
-    let r = with_heap(|h| {
-        if h.pages.brk.is_none() {
-            let lo = h.pages.alloc(SLICE)?;
-            h.pages.brk = Some((lo, lo, lo + SLICE));
-        }
-        let (lo, cur, hi) = h.pages.brk?;
-        let new = cur
-            .checked_add_signed(incr)
-            .filter(|n| *n >= lo && *n <= hi)?;
-        h.pages.brk = Some((lo, new, hi));
-        Some((cur, new))
-    })
-    .flatten();
-    match r {
-        Some((old, new)) => {
-            if new < old {
-                let from = new.next_multiple_of(PAGE);
-                if from < old {
-                    discard(from, old.next_multiple_of(PAGE) - from);
-                }
-            }
-            old as *mut c_void
-        }
-        None => {
+    match region_made().map(|r| r.sbrk(incr)) {
+        Some(Ok(old)) => old as *mut c_void,
+        _ => {
             set_errno(libc::ENOMEM);
             usize::MAX as *mut c_void
+        }
+    }
+}
+
+/// A system call's 0 or -1 with `errno`, from the region's answer.
+fn status(r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e);
+            -1
         }
     }
 }
@@ -1360,6 +1072,9 @@ pub unsafe extern "C" fn pthread_detach(t: libc::pthread_t) -> c_int {
 extern "C" fn before_fork() {
     stacks::fork_prepare();
     LOCK.lock();
+    if let Some(r) = region() {
+        r.fork_prepare();
+    }
     if let Some(s) = shield() {
         if let Err(e) = s.freeze() {
             eprintln!("memveil-shield: cannot restore pages before fork: {e}");
@@ -1371,6 +1086,9 @@ extern "C" fn after_fork_parent() {
     stacks::fork_parent();
     if let Some(s) = shield() {
         s.thaw();
+    }
+    if let Some(r) = region() {
+        r.fork_parent();
     }
     LOCK.unlock();
 }
@@ -1390,7 +1108,12 @@ extern "C" fn after_fork_child() {
     // through this library's `free`, which takes LOCK. (`dlsym`, as
     // `reset_after_fork` calls it, frees the error string a failed `dlopen`
     // left, such as bash's `enable -f` in pyenv's shims: with LOCK still
-    // held the child spun on it forever.)
+    // held the child spun on it forever.) The region forgets the dead
+    // shield meanwhile: what is freed until the child's own shield starts
+    // is wiped directly.
+    if let Some(r) = region() {
+        r.fork_child();
+    }
     LOCK.unlock();
     stacks::fork_child();
     if !old.is_null() {
@@ -1407,111 +1130,29 @@ extern "C" fn after_fork_child() {
     }
 }
 
-/// The shield's settings, from the environment `memveil run` sets, and the
-/// KeyID of the heap.
-fn config() -> Result<(Config, u16), String> {
-    let keyid = env_usize(c"MEMVEIL_SHIELD_KEYID").unwrap_or(1);
-    let keyid = u16::try_from(keyid).map_err(|_| format!("KeyID {keyid} out of range"))?;
-    // Adaptive window within a bound; absent, the window stays fixed.
-    let max_plaintext = match env_str(c"MEMVEIL_SHIELD_MAX_PLAINTEXT") {
-        Some(b) => Some(memveil_shield::Bound::parse(&b)?),
-        None => None,
-    };
-    // The cost budget (memveil run's default: 10%), and the hand-off a
-    // fault costs on this machine as memveil run measured it.
-    let budget = match env_str(c"MEMVEIL_SHIELD_MAX_OVERHEAD") {
-        Some(p) => Some(memveil_shield::Budget::percent(
-            memveil_shield::Budget::parse_percent(&p)?,
-            env_usize(c"MEMVEIL_SHIELD_FAULT_NS")
-                .map_or(memveil_shield::Budget::DEFAULT_FAULT_NS, |n| n as u64),
-        )),
-        None => None,
-    };
-    // A budget alone bounds no plaintext; otherwise the window (or an
-    // adaptive window's least) defaults to 4096 pages.
-    let window = env_usize(c"MEMVEIL_SHIELD_WINDOW").unwrap_or(
-        if budget.is_some() && max_plaintext.is_none() {
-            memveil_shield::UNBOUNDED
-        } else {
-            memveil_shield::DEFAULT_WINDOW
-        },
-    );
-    let spin = env_usize(c"MEMVEIL_SHIELD_SPIN_US").unwrap_or(0);
-    let accept_locked = env_usize(c"MEMVEIL_SHIELD_ALLOW_LOCKED") == Some(1);
-    let cfg = Config {
-        window,
-        max_plaintext,
-        budget,
-        spin: Duration::from_micros(spin as u64),
-        accept_unwiped_free: env_usize(c"MEMVEIL_SHIELD_ACCEPT_UNWIPED") == Some(1),
-        force_write_protect: env_usize(c"MEMVEIL_SHIELD_FORCE_WP") == Some(1),
-        zero_pool: env_usize(c"MEMVEIL_SHIELD_ZERO_POOL") != Some(0),
-        // The host's budget ledger memveil run left open (docs/shield.md,
-        // "One budget per host").
-        host_fd: env_usize(c"MEMVEIL_SHIELD_HOST_FD").and_then(|fd| i32::try_from(fd).ok()),
-        handler_cpu: if env_usize(c"MEMVEIL_SHIELD_FOLLOW") == Some(0) {
-            HandlerCpu::Current
-        } else {
-            HandlerCpu::Follow
-        },
-        policy: if accept_locked {
-            Policy::allow(Level::Locked)
-        } else {
-            Policy::secret_only()
-        },
-        ..Config::default()
-    };
-    Ok((cfg, keyid))
-}
-
-/// The host KeyID's page key, from the descriptor `memveil run --keyid`
-/// leaves to the program and its descendants (`MEMVEIL_SHIELD_KEY_FD`).
-fn page_key(keyid: u16, cfg: &Config) -> Result<Option<std::sync::Arc<PageKey>>, String> {
-    let Some(fd) = env_usize(c"MEMVEIL_SHIELD_KEY_FD") else {
-        return Ok(None);
-    };
-    let fd = i32::try_from(fd).map_err(|_| format!("MEMVEIL_SHIELD_KEY_FD {fd} out of range"))?;
-    let key = PageKey::from_fd(fd, keyid, cfg.policy).map_err(|e| e.to_string())?;
-    // A tenant stops when memveil run, which would stop it on a clear, is gone.
-    let supervisor = env_usize(c"MEMVEIL_SHIELD_SUPERVISOR")
-        .and_then(|p| u32::try_from(p).ok())
-        .ok_or("MEMVEIL_SHIELD_KEY_FD without MEMVEIL_SHIELD_SUPERVISOR")?;
-    memveil_shield::watch_supervisor(supervisor).map_err(|e| e.to_string())?;
-    Ok(Some(std::sync::Arc::new(key)))
-}
-
 /// Creates this process's shield (fresh keys, its own handler and counters
 /// file `PID.stats`) and hands it the whole region: pages beyond the window
 /// are evicted at once. At start-up, and in a child after `fork`.
 fn protect_region() -> Result<(), String> {
-    let (cfg, keyid) = config()?;
-    let stats = match std::env::var_os("MEMVEIL_SHIELD_STATS_DIR") {
-        Some(d) => {
-            let path = std::path::Path::new(&d).join(format!("{}.stats", std::process::id()));
-            StatsFile::create(&path).map_err(|e| format!("{}: {e}", path.display()))?
-        }
-        None => StatsFile::private(),
-    };
+    let (_, keyid) = config()?;
     // The handler thread is created here; what glibc allocates for it must
     // stay outside the region, so mark this thread internal meanwhile (the
     // page key's secret memory too).
     INTERNAL.with(|c| c.set(true));
-    let s = page_key(keyid, &cfg).and_then(|page_key| {
-        let cfg = Config { page_key, ..cfg };
-        Shield::new(&cfg, stats).map_err(|e| e.to_string())
-    });
+    let s = memveil_shield::start::from_env();
     INTERNAL.with(|c| c.set(false));
     let s = s?;
-    let base = BASE.load(Ordering::Acquire);
-    let len = LEN.load(Ordering::Acquire);
+    let region = region().ok_or("cannot reserve the protected region")?;
+    let (base, end) = region.bounds();
     // SAFETY: the region is ours, anonymous private, and from now on only
     // reached through the interposed calls above, which go through the shield.
-    unsafe { s.encrypt_mprotect(base as *mut u8, len, RW, keyid) }.map_err(|e| e.to_string())?;
-    SHIELD.store(Box::into_raw(Box::new(s)), Ordering::Release);
+    unsafe { s.encrypt_mprotect(base as *mut u8, end - base, RW, keyid) }
+        .map_err(|e| e.to_string())?;
+    SHIELD.store(std::ptr::from_ref(s).cast_mut(), Ordering::Release);
     // What the allocator handed out before the shield existed (or, in a
     // forked child, all of it: this shield is new).
+    region.attach(s);
     NOTED_HEAP.store(0, Ordering::Release);
-    NOTED_PAGES.store(0, Ordering::Release);
     with_heap(|_| ());
     Ok(())
 }

@@ -37,11 +37,11 @@
 //! into a Rust frame aborts the process under `panic = "abort"`.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use memveil_shield::PAGE;
 
-use crate::SpinLock;
+use memveil_shield::region::SpinLock;
 
 /// Bytes from a thread's control block to the top of the stack glibc was
 /// given (`struct pthread` is about 2.3 KiB on glibc 2.36), learnt by
@@ -61,7 +61,7 @@ struct Given {
 /// The stacks given, under [`GIVEN_LOCK`], which is held across `fork`
 /// (taken in the prepare handler, released in parent and child) so that the
 /// child never inherits it locked.
-static GIVEN_LOCK: SpinLock = SpinLock(AtomicBool::new(false));
+static GIVEN_LOCK: SpinLock = SpinLock::new();
 static mut GIVEN: Vec<Given> = Vec::new();
 
 /// Runs `f` on the stacks given, under their lock.
@@ -273,7 +273,7 @@ pub unsafe fn create(
     let size = size.next_multiple_of(PAGE);
     let keep = above.next_multiple_of(PAGE);
     let len = guard + size + keep;
-    let Some(Some(base)) = crate::with_heap(|h| h.pages.alloc(len)) else {
+    let Some(base) = crate::region_made().and_then(|r| r.alloc(len)) else {
         // SAFETY: `a` was initialised by attrs_with_stack.
         unsafe { libc::pthread_attr_destroy(&mut a) };
         return libc::EAGAIN;
@@ -332,7 +332,7 @@ fn calibrate(real: CreateFn) -> Option<usize> {
         n => return Some(n),
     }
     let len = 16 * PAGE;
-    let base = crate::with_heap(|h| h.pages.alloc(len)).flatten()?;
+    let base = crate::region_made()?.alloc(len)?;
     let mut t: libc::pthread_t = 0;
     // SAFETY: `a` is initialised before use and destroyed after; the stack
     // is `len` bytes of the region this function took and keeps until the
@@ -364,10 +364,11 @@ fn release(base: usize, len: usize) {
     if let Some(s) = crate::shield() {
         s.keep_resident(base, len, false);
     }
-    // SAFETY: pages of the region that no thread uses any more.
-    unsafe { crate::mprotect(base as *mut c_void, len, crate::RW) };
-    crate::discard(base, len);
-    crate::with_heap(|h| h.pages.release(base, len));
+    // Readable and writable again, wiped or dropped, and free.
+    if let Some(r) = crate::region() {
+        let _ = r.mprotect(base, len, crate::RW);
+        r.free(base, len);
+    }
 }
 
 /// Reclaims the stacks of threads that are finished and detached or joined.

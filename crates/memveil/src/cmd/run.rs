@@ -1,6 +1,8 @@
-//! `memveil run`: run an unmodified, dynamically linked program with its heap
-//! kept as ciphertext outside a bounded plaintext window (memveil-shield
-//! through the preload library).
+//! `memveil run`: run an unmodified program with its heap kept as
+//! ciphertext outside a bounded plaintext window (memveil-shield through the
+//! preload library for a dynamically linked program, through the
+//! memveil-shield-loader ELF loader for a statically linked one: Go, musl,
+//! glibc `-static`).
 
 use std::ffi::OsString;
 use std::io::Write as _;
@@ -19,6 +21,7 @@ use super::run_keyid::{self, HostKeyId};
 use super::run_report::{advice, guarantee_line, summary, Guarantee};
 
 const PRELOAD: &str = "libmemveil_shield_preload.so";
+const LOADER: &str = "memveil-shield-loader";
 
 /// `memveil run --help`, after the options: what the command does, what it
 /// needs, its exit statuses and examples.
@@ -39,9 +42,15 @@ it); what it leaves running after a normal end (a daemon) goes on. Where no cgro
 memveil run says why at start and runs the program without; MEMVEIL_RUN_CGROUP=off turns
 it off.
 
-Needs: Linux 5.7+ (6.8+ for wiped eviction), userfaultfd permitted (root, or
-vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd), a dynamically linked
-program.
+A statically linked program (Go, musl, glibc -static, static-pie) runs through
+memveil-shield-loader: an ELF loader that maps it, starts the shield and an agent
+thread in its process, and serves its mmap/munmap/mremap/brk/madvise/mprotect calls
+from the protected region (seccomp user notification). What it cannot cover is named
+at start: the program's .data/.bss and initial stack, the programs it executes; a
+fork (without CLONE_VM) is refused with EAGAIN.
+
+Needs: Linux 5.7+ (6.8+ for wiped eviction; 5.19+ for a static program), userfaultfd
+permitted (root, or vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd).
 
 Exit status: the program's (128+N when killed by signal N); 1 when memveil refuses to
 start it; 125 when the shield failed inside the program before it ran; 123 when the
@@ -191,6 +200,13 @@ pub struct Args {
         verbatim_doc_comment
     )]
     preload: Option<PathBuf>,
+    /// How the shield reaches the program: loader or preload (expert)
+    ///
+    /// How the shield reaches the program (default: the preload for a
+    /// dynamically linked program, the loader for a statically linked one;
+    /// the loader runs dynamically linked ones too, with their own malloc).
+    #[arg(long, value_name = "HOW", value_enum, hide = true)]
+    via: Option<Via>,
     /// Size of the protected region the heap lives in, GiB
     ///
     /// Size of the protected region the heap lives in, GiB (address space:
@@ -291,6 +307,15 @@ impl Args {
     }
 }
 
+/// `--via`: how the shield reaches the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Via {
+    /// memveil-shield-loader (statically linked programs).
+    Loader,
+    /// The LD_PRELOAD library (dynamically linked programs).
+    Preload,
+}
+
 /// `--allocator`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Allocator {
@@ -340,6 +365,47 @@ fn find_preload(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     )
 }
 
+/// Where `memveil run` looks for memveil-shield-loader: next to the
+/// executable (target/release, /usr/bin), then beside the preload library's
+/// places (the Debian package's `/usr/lib/x86_64-linux-gnu/memveil/`).
+fn find_loader() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the memveil executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates: Vec<PathBuf> = std::iter::once(dir.join(LOADER))
+        .chain(
+            preload_candidates(dir)
+                .iter()
+                .filter_map(|p| p.parent().map(|d| d.join(LOADER))),
+        )
+        .collect();
+    if let Some(p) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let searched: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "{LOADER} (which runs statically linked programs) not found; searched {}: install the \
+         memveil package (scripts/install.sh) or build it with \
+         `cargo build --release -p memveil-shield-loader`",
+        searched.join(", ")
+    )
+}
+
+/// What a statically linked program run through the loader leaves
+/// unprotected, said at start.
+fn loader_limits(program: &str, dynamic: bool) -> String {
+    let how = if dynamic {
+        format!("is dynamically linked, run through {LOADER} as --via loader asks")
+    } else {
+        format!("is statically linked: it runs through {LOADER}")
+    };
+    format!(
+        "{program} {how}, its memory calls served from \
+         the protected region; not covered: its .data/.bss and initial stack, and the programs \
+         it executes (they run unprotected); a fork without CLONE_VM is refused (EAGAIN); \
+         /proc/PID/exe names the loader"
+    )
+}
+
 fn resolve(program: &Path) -> Option<PathBuf> {
     if program.components().count() > 1 {
         return Some(program.to_path_buf());
@@ -358,6 +424,8 @@ fn resolve(program: &Path) -> Option<PathBuf> {
 struct Elf {
     dynamic: bool,
     needed: Vec<String>,
+    /// A `#!` script (dynamic through its interpreter).
+    script: bool,
 }
 
 fn elf_info(path: &Path) -> anyhow::Result<Elf> {
@@ -366,6 +434,7 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
         return Ok(Elf {
             dynamic: true,
             needed: Vec::new(),
+            script: true,
         });
     }
     if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
@@ -438,7 +507,11 @@ fn parse_elf(data: &[u8]) -> Elf {
             })
             .collect()
     });
-    Elf { dynamic, needed }
+    Elf {
+        dynamic,
+        needed,
+        script: false,
+    }
 }
 
 /// The malloc implementations a program may bring (DT_NEEDED name prefixes).
@@ -465,17 +538,34 @@ fn shared_policy(s: &str) -> Result<String, String> {
 
 /// Runs `memveil run`.
 pub fn run(a: Args) -> anyhow::Result<u8> {
-    let preload = find_preload(a.preload.as_deref())?;
     let program = PathBuf::from(&a.command[0]);
     let Some(path) = resolve(&program) else {
         bail!("{}: command not found in PATH", program.display());
     };
     let elf = elf_info(&path)?;
-    if !elf.dynamic {
-        bail!(
-            "{} is statically linked: a preload library cannot reach its allocator, so it would run \
-             unprotected; refusing",
+    let via = match (a.via, elf.dynamic) {
+        (Some(Via::Loader), true) if elf.script => bail!(
+            "--via loader: {} is a script: the loader runs ELF executables only; run its \
+             interpreter with --via loader, or drop --via",
             path.display()
+        ),
+        (Some(Via::Preload), false) => bail!(
+            "--via preload: {} is statically linked: a preload library cannot reach its \
+             allocator, so it would run unprotected; drop --via to use the loader",
+            path.display()
+        ),
+        (Some(v), _) => v,
+        (None, true) => Via::Preload,
+        (None, false) => Via::Loader,
+    };
+    let shim = match via {
+        Via::Preload => find_preload(a.preload.as_deref())?,
+        Via::Loader => find_loader()?,
+    };
+    if via == Via::Loader {
+        eprintln!(
+            "memveil run: {}",
+            loader_limits(&path.display().to_string(), elf.dynamic)
         );
     }
     // Opened before --user gives up root, so it may name a place only root
@@ -510,12 +600,12 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         switch_user(name)?;
         // The loader skips a preload library it cannot read, with a mere
         // warning: the program would run unprotected.
-        std::fs::File::open(&preload).with_context(|| {
+        std::fs::File::open(&shim).with_context(|| {
             format!(
                 "--user {name}: the user cannot read {} (the loader would skip it and run the \
                  program unprotected): install memveil where every user can read it \
                  (scripts/install.sh), or pass --preload PATH",
-                preload.display()
+                shim.display()
             )
         })?;
     }
@@ -593,7 +683,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     };
     let r = supervise(
         &a,
-        &preload,
+        (via, &shim),
         keep.as_deref(),
         &stats_dir,
         json_out,
@@ -705,11 +795,11 @@ fn host_rate(v: &memveil_shield::host::LedgerView) -> String {
 }
 
 /// Runs the program with the preload (after `keep`, the program's own
-/// allocator library, when given) and reports.
+/// allocator library, when given) or through the loader, and reports.
 #[allow(clippy::too_many_arguments)]
 fn supervise(
     a: &Args,
-    preload: &Path,
+    (via, shim): (Via, &Path),
     keep: Option<&str>,
     stats_dir: &Path,
     json_out: Option<std::fs::File>,
@@ -723,7 +813,7 @@ fn supervise(
         ld.push(lib);
         ld.push(":");
     }
-    ld.push(preload.as_os_str());
+    ld.push(shim.as_os_str());
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         ld.push(":");
         ld.push(old);
@@ -732,6 +822,11 @@ fn supervise(
     let mut cmd = Command::new(&a.command[0]);
     if host.is_some_and(HostKeyId::no_encrypt) {
         // KEYID_NO_ENCRYPT, accepted: the program runs as it is.
+    } else if via == Via::Loader {
+        // The loader is the process and enters the program; a preload
+        // library inherited from outside would replace the loader's malloc.
+        cmd = Command::new(shim);
+        cmd.arg(&a.command[0]).env_remove("LD_PRELOAD");
     } else {
         cmd.env("LD_PRELOAD", ld);
     }
@@ -965,10 +1060,15 @@ fn supervise(
         );
         eprintln!(
             "memveil run: allocator: {}",
-            keep.map_or_else(
-                || "memveil's (in place of the C library's malloc)".to_owned(),
-                |l| format!("the program's own {l}, its pages from the protected region")
-            )
+            match (via, keep) {
+                (Via::Loader, _) => format!(
+                    "the program's own (statically linked), its pages from the protected region \
+                     ({LOADER})"
+                ),
+                (Via::Preload, None) => "memveil's (in place of the C library's malloc)".to_owned(),
+                (Via::Preload, Some(l)) =>
+                    format!("the program's own {l}, its pages from the protected region"),
+            }
         );
         eprintln!("memveil run: {}", guarantee_line(&a.guarantee(), &s));
         eprintln!("memveil run: {}", shared.line(&s));
@@ -978,7 +1078,12 @@ fn supervise(
         if let Some(h) = host {
             eprintln!("memveil run: keys: {}", h.describe());
         }
-        if s.processes == 0 {
+        if s.processes == 0 && via == Via::Loader {
+            eprintln!(
+                "memveil run: warning: no process reported statistics: {LOADER} did not start \
+                 the shield (see its message above)"
+            );
+        } else if s.processes == 0 {
             eprintln!(
                 "memveil run: warning: no process reported statistics: the preload library was not \
                  loaded (setuid program, or a loader that ignores LD_PRELOAD)"
@@ -997,7 +1102,16 @@ fn supervise(
         j["plaintext_fraction"] = s.plaintext_fraction().into();
         j["mechanism"] = s.mechanism_name().into();
         j["key_level"] = s.level_name().into();
-        j["allocator"] = keep.unwrap_or("memveil").into();
+        j["allocator"] = match via {
+            Via::Loader => "static",
+            Via::Preload => keep.unwrap_or("memveil"),
+        }
+        .into();
+        j["via"] = match via {
+            Via::Loader => "loader",
+            Via::Preload => "preload",
+        }
+        .into();
         let g = a.guarantee();
         j["guarantee"] = g.name().into();
         j["time_plaintext_fraction"] = s.time_plaintext_fraction().into();

@@ -1,0 +1,675 @@
+//! `memveil run` on statically linked programs (issue 34): a glibc `-static`
+//! and a musl C program and CGO_ENABLED=0 Go programs run through
+//! memveil-shield-loader.
+//!
+//! - protection, with a positive control: a secret the program holds in its
+//!   heap and no longer uses is found in a page image of the plain program
+//!   (`/proc/PID/mem`, page by page) and not in the protected one once idle;
+//!   the image is shown not to be empty (a marker the program keeps
+//!   rewriting is found in it);
+//! - correctness: heap churn (C) and GC stress (Go, GOGC=25, 20 runs in a
+//!   row) print the same checksum plainly and protected;
+//! - refusal: a fork of a static program fails with EAGAIN and a message.
+//!
+//! A test whose tool is missing (musl-gcc, go) says so through
+//! `memveil_testkit::skip`. Every process runs in its own process group,
+//! killed when the test ends, passed or not.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::FileExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use memveil_testkit::{skip, Need};
+
+const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
+const LOADER: &str = "memveil-shield-loader";
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+
+/// A directory removed with everything in it when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("memveil-static-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A process group, killed (SIGKILL) and reaped when dropped.
+struct Group(Child);
+
+impl Group {
+    fn spawn(cmd: &mut Command) -> Self {
+        Group(
+            cmd.process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}")),
+        )
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Ok(pgid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill(2) without pointers, on the group this guard
+            // leads and has not reaped yet.
+            unsafe { libc::kill(-pgid, sig) };
+        }
+    }
+
+    /// Waits at most `limit` for the leader.
+    fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.0.try_wait().expect("try_wait") {
+                return Some(st);
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            self.signal(libc::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn which(prog: &str) -> Option<PathBuf> {
+    let p = Path::new(prog);
+    if p.is_absolute() {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+}
+
+fn root(test: &str) -> bool {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    skip(
+        Need::Root,
+        format!("{test}: memveil run needs userfaultfd for kernel-side faults"),
+    );
+    false
+}
+
+/// The loader must sit next to the memveil binary under test.
+fn loader_built() {
+    let dir = Path::new(MEMVEIL).parent().expect("binary directory");
+    assert!(
+        dir.join(LOADER).is_file(),
+        "{LOADER} is not next to {MEMVEIL}: build it with `cargo build --release -p \
+         memveil-shield-loader` (with the same CARGO_TARGET_DIR)"
+    );
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs `cmd` to its end (at most `limit`), with `input` on stdin.
+fn run(cmd: &mut Command, input: &[u8], limit: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let out = std::env::temp_dir().join(format!(
+        "memveil-static-out-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let err = out.with_extension("err");
+    let mut g = Group::spawn(
+        cmd.stdin(Stdio::piped())
+            .stdout(File::create(&out).expect("stdout file"))
+            .stderr(File::create(&err).expect("stderr file")),
+    );
+    if let Some(mut stdin) = g.0.stdin.take() {
+        let _ = stdin.write_all(input);
+    }
+    let status = g.wait(limit);
+    let o = Output {
+        status: status.unwrap_or_else(|| panic!("{what} did not end within {limit:?}")),
+        stdout: std::fs::read(&out).unwrap_or_default(),
+        stderr: std::fs::read(&err).unwrap_or_default(),
+    };
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_file(&err);
+    o
+}
+
+/// Compiles `tests/data/NAME.c` statically with `cc` (gcc, glibc) or
+/// `musl-gcc`; None (after saying why) when the compiler is missing.
+fn compile_static(dir: &TempDir, cc: &'static str, name: &str) -> Option<PathBuf> {
+    if which(cc).is_none() {
+        skip(
+            Need::Installed(cc),
+            format!("{cc} not installed (Debian: musl-tools for musl-gcc)"),
+        );
+        return None;
+    }
+    let exe = dir.path(&format!("{name}-{cc}"));
+    let o = run(
+        Command::new(cc)
+            .args(["-O1", "-static", "-pthread", "-o"])
+            .arg(&exe)
+            .arg(Path::new(DATA).join(format!("{name}.c"))),
+        b"",
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "{cc} {name}.c: {}", text(&o.stderr));
+    Some(exe)
+}
+
+/// The Go toolchain: /usr/local/go's, else Debian's.
+fn go() -> Option<PathBuf> {
+    which("/usr/local/go/bin/go").or_else(|| which("go"))
+}
+
+/// Builds `tests/data/go/NAME` with CGO_ENABLED=0 (a static executable);
+/// None (after saying why) without a Go toolchain.
+fn build_go(dir: &TempDir, name: &str) -> Option<PathBuf> {
+    let Some(go) = go() else {
+        skip(Need::Installed("go"), "no Go toolchain (Debian: golang-go)");
+        return None;
+    };
+    let src = dir.path(&format!("go-{name}"));
+    std::fs::create_dir_all(&src).expect("go source dir");
+    std::fs::copy(
+        Path::new(DATA).join(format!("go/{name}/main.go")),
+        src.join("main.go"),
+    )
+    .expect("copy main.go");
+    std::fs::write(src.join("go.mod"), "module t\n\ngo 1.19\n").expect("go.mod");
+    // The build cache under target/ survives the test (builds after the
+    // first take a second).
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-cache");
+    let exe = dir.path(name);
+    let o = run(
+        Command::new(&go)
+            .current_dir(&src)
+            .args(["build", "-o"])
+            .arg(&exe)
+            .arg(".")
+            .env("CGO_ENABLED", "0")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOCACHE", cache.join("build"))
+            .env("GOPATH", cache.join("path")),
+        b"",
+        Duration::from_secs(300),
+    );
+    assert!(o.status.success(), "go build {name}: {}", text(&o.stderr));
+    Some(exe)
+}
+
+/// A fresh random word of 24 hex digits (the secret, the marker).
+fn random_word() -> String {
+    let mut b = [0u8; 12];
+    File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .expect("urandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Every readable, non-zero page of `pid` (page by page where a chunk
+/// cannot be read: an evicted page of the protected region), concatenated;
+/// and the count of pages that could not be read.
+fn page_image(pid: u32) -> (Vec<u8>, u64) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mem = File::open(format!("/proc/{pid}/mem")).expect("open /proc/PID/mem");
+    let mut img = Vec::new();
+    let mut unreadable = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.contains("[vvar") || line.contains("[vsyscall]") {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            continue;
+        };
+        let mut at = a;
+        while at < b {
+            let n = usize::try_from((b - at).min(1 << 20)).expect("chunk");
+            let chunk = &mut buf[..n];
+            if mem.read_exact_at(chunk, at).is_ok() {
+                for p in chunk.chunks(4096).filter(|p| p.iter().any(|&x| x != 0)) {
+                    img.extend_from_slice(p);
+                }
+            } else {
+                for (i, p) in chunk.chunks_mut(4096).enumerate() {
+                    let off = at + u64::try_from(i * 4096).expect("offset");
+                    if mem.read_exact_at(p, off).is_ok() {
+                        if p.iter().any(|&x| x != 0) {
+                            img.extend_from_slice(p);
+                        }
+                    } else {
+                        unreadable += 1;
+                    }
+                }
+            }
+            at += u64::try_from(n).expect("chunk");
+        }
+    }
+    (img, unreadable)
+}
+
+fn hits(img: &[u8], word: &str) -> usize {
+    memchr::memmem::find_iter(img, word.as_bytes()).count()
+}
+
+/// What a scan of an idle secret found.
+struct Scan {
+    secret_hits: usize,
+    marker_hits: usize,
+    pages: usize,
+    unreadable: u64,
+    stderr: String,
+}
+
+/// Runs `exe` (plainly, or under `memveil run` with `flags`), gives it
+/// "SECRET MARKER" on stdin, waits for "ready PID", lets it work for
+/// `settle`, then scans its memory and stops it with SIGTERM.
+fn scan(dir: &TempDir, exe: &Path, flags: Option<&[&str]>, settle: Duration) -> Scan {
+    let secret = format!("secret-{}", random_word());
+    let marker = format!("marker-{}", random_word());
+    let err = dir.path("scan.err");
+    let mut cmd = match flags {
+        Some(f) => {
+            let mut c = Command::new(MEMVEIL);
+            c.args(["run"]).args(f).arg("--").arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let mut g = Group::spawn(
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(File::create(&err).expect("stderr file")),
+    );
+    {
+        let mut stdin = g.0.stdin.take().expect("stdin");
+        stdin
+            .write_all(format!("{secret} {marker}\n").as_bytes())
+            .expect("write secret");
+    }
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(g.0.stdout.take().expect("stdout"));
+    let ready = std::io::BufRead::read_line(&mut out, &mut line);
+    let pid: Option<u32> = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok());
+    let Some(pid) = pid.filter(|_| ready.is_ok()) else {
+        drop(g);
+        panic!(
+            "the program did not get ready: {line:?}; stderr: {}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+    };
+    std::thread::sleep(settle);
+    let (img, unreadable) = page_image(pid);
+    let s = Scan {
+        secret_hits: hits(&img, &secret),
+        marker_hits: hits(&img, &marker),
+        pages: img.len() / 4096,
+        unreadable,
+        stderr: String::new(),
+    };
+    g.signal(libc::SIGTERM);
+    assert!(
+        g.wait(Duration::from_secs(30)).is_some(),
+        "the program did not end on SIGTERM"
+    );
+    Scan {
+        stderr: std::fs::read_to_string(&err).unwrap_or_default(),
+        ..s
+    }
+}
+
+/// The proof for one program: found plainly (positive control), not found
+/// protected once idle while the marker is, and the start names the limits.
+fn secret_leaves_the_window(exe: &Path, what: &str) {
+    let dir = TempDir::new(&format!("scan-{what}"));
+    let plain = scan(&dir, exe, None, Duration::from_millis(500));
+    assert!(
+        plain.secret_hits > 0 && plain.marker_hits > 0,
+        "{what}: positive control failed: secret {} / marker {} hits in the plain program's \
+         image ({} pages)",
+        plain.secret_hits,
+        plain.marker_hits,
+        plain.pages
+    );
+    let prot = scan(
+        &dir,
+        exe,
+        Some(&["--window", "256", "--region-gib", "4"]),
+        Duration::from_secs(2),
+    );
+    assert!(
+        prot.marker_hits > 0,
+        "{what}: the protected image ({} pages readable, {} not) lacks the marker the program \
+         keeps rewriting: it proves nothing; stderr: {}",
+        prot.pages,
+        prot.unreadable,
+        prot.stderr
+    );
+    assert_eq!(
+        prot.secret_hits, 0,
+        "{what}: the idle secret is readable 2 s in ({} pages readable, {} evicted); stderr: {}",
+        prot.pages, prot.unreadable, prot.stderr
+    );
+    assert!(
+        prot.stderr
+            .contains("is statically linked: it runs through memveil-shield-loader")
+            && prot.stderr.contains("not covered"),
+        "{what}: the limits are not named at start: {}",
+        prot.stderr
+    );
+}
+
+/// `exe ARGS` plainly: its stdout.
+fn plain_output(exe: &Path, args: &[&str], env: &[(&str, &str)], what: &str) -> String {
+    let plain = run(
+        Command::new(exe).args(args).envs(env.iter().copied()),
+        b"",
+        Duration::from_secs(120),
+    );
+    assert!(
+        plain.status.success(),
+        "{what} plainly: {}",
+        text(&plain.stderr)
+    );
+    text(&plain.stdout)
+}
+
+/// `exe ARGS` under `memveil run --window WINDOW` (small enough that pages
+/// leave and come back): its stdout equals `want` and it exits 0; the
+/// statistics show evictions and faults through the loader.
+fn protected_output_is(
+    exe: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    window: u32,
+    want: &str,
+    what: &str,
+) {
+    let dir = TempDir::new(&format!("same-{what}"));
+    let stats = dir.path("stats.json");
+    let prot = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--region-gib", "4", "--window"])
+            .arg(window.to_string())
+            .arg("--stats-json")
+            .arg(&stats)
+            .arg("--")
+            .arg(exe)
+            .args(args)
+            .envs(env.iter().copied()),
+        b"",
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        text(&prot.stdout),
+        want,
+        "{what}: output differs protected ({:?}); stderr: {}",
+        prot.status,
+        text(&prot.stderr)
+    );
+    assert!(prot.status.success(), "{what}: {}", text(&prot.stderr));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    assert_eq!(j["via"], "loader", "{j}");
+    assert!(
+        j["evictions"].as_u64().unwrap_or(0) > 0 && j["faults"].as_u64().unwrap_or(0) > 0,
+        "{what}: nothing was evicted and faulted back: {j}"
+    );
+}
+
+// ------------------------------------------------------------- C ---------
+
+#[test]
+fn glibc_static_idle_secret_leaves_the_window() {
+    if !root("glibc_static_secret") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("glibc-secret");
+    let Some(exe) = compile_static(&dir, "cc", "static_secret") else {
+        return;
+    };
+    secret_leaves_the_window(&exe, "glibc -static");
+}
+
+#[test]
+fn musl_static_idle_secret_leaves_the_window() {
+    if !root("musl_static_secret") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("musl-secret");
+    let Some(exe) = compile_static(&dir, "musl-gcc", "static_secret") else {
+        return;
+    };
+    secret_leaves_the_window(&exe, "musl -static");
+}
+
+#[test]
+fn static_c_heap_churn_same_output_glibc_and_musl() {
+    if !root("static_churn") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("churn");
+    for cc in ["cc", "musl-gcc"] {
+        let Some(exe) = compile_static(&dir, cc, "static_churn") else {
+            continue;
+        };
+        let want = plain_output(&exe, &["40"], &[], cc);
+        assert!(want.starts_with("churn 40 "), "{want}");
+        protected_output_is(&exe, &["40"], &[], 64, &want, cc);
+    }
+}
+
+// ------------------------------------------------------------ Go ---------
+
+#[test]
+fn go_idle_secret_leaves_the_window() {
+    if !root("go_secret") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("go-secret");
+    let Some(exe) = build_go(&dir, "secret") else {
+        return;
+    };
+    secret_leaves_the_window(&exe, "Go");
+}
+
+#[test]
+fn go_gc_stress_same_checksum_20_runs_in_a_row() {
+    if !root("go_gcstress") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("go-gcstress");
+    let Some(exe) = build_go(&dir, "gcstress") else {
+        return;
+    };
+    let env = [("GOGC", "25")];
+    let want = plain_output(&exe, &["12"], &env, "gcstress");
+    assert!(want.starts_with("gcstress 12 "), "{want}");
+    for i in 0..20 {
+        // A 4 MiB window: thousands of evictions and faults a run.
+        protected_output_is(
+            &exe,
+            &["12"],
+            &env,
+            1024,
+            &want,
+            &format!("gcstress run {i}"),
+        );
+    }
+}
+
+// ------------------------------------------------------- refusals --------
+
+/// A dynamically linked program through the loader (`--via loader`): its
+/// dynamic loader is mapped too and entered (it relies on the rest of its
+/// last data page reading as zeros, as the kernel leaves it: before the
+/// loader cleared it, ld.so crashed in its first allocation).
+#[test]
+fn a_dynamic_program_runs_through_the_loader_with_via_loader() {
+    if !root("dynamic_via_loader") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("dynamic");
+    let exe = dir.path("static_churn-dynamic");
+    let o = run(
+        Command::new("cc")
+            .args(["-O1", "-pthread", "-o"])
+            .arg(&exe)
+            .arg(Path::new(DATA).join("static_churn.c")),
+        b"",
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "cc: {}", text(&o.stderr));
+    let want = plain_output(&exe, &["20"], &[], "dynamic churn");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--via", "loader", "--window", "64", "--"])
+            .arg(&exe)
+            .arg("20"),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(text(&o.stdout), want, "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("is dynamically linked, run through memveil-shield-loader"),
+        "{}",
+        text(&o.stderr)
+    );
+    // A script is refused: the loader runs ELF executables.
+    let script = dir.path("s.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("script");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--via", "loader", "--"])
+            .arg(&script),
+        b"",
+        Duration::from_secs(30),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("is a script"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
+    if !root("static_fork") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("fork");
+    let Some(exe) = compile_static(&dir, "cc", "static_fork") else {
+        return;
+    };
+    // Positive control: plainly the fork succeeds.
+    let plain = plain_output(&exe, &[], &[], "static_fork");
+    assert!(plain.contains("fork ok"), "{plain}");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--quiet", "--"])
+            .arg(&exe),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        text(&o.stdout),
+        "own filter works\nmalloc after it 7\nfork refused EAGAIN\nspawned\nspawn exit 0\n",
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("refused a fork of") && text(&o.stderr).contains("EAGAIN"),
+        "the refusal is not explained: {}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn go_os_exec_signals_and_preemption_work() {
+    if !root("go_exec") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("go-exec");
+    let Some(exe) = build_go(&dir, "exec") else {
+        return;
+    };
+    let want = plain_output(&exe, &[], &[], "go exec");
+    assert!(want.contains("child 4\nsignal ok"), "{want}");
+    protected_output_is(&exe, &[], &[], 64, &want, "go exec");
+}
+
+#[test]
+fn user_option_runs_a_static_program_through_the_loader_as_that_user() {
+    if !root("static_user") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("user");
+    let Some(exe) = compile_static(&dir, "cc", "static_churn") else {
+        return;
+    };
+    let want = plain_output(&exe, &["10"], &[], "static_churn");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--user", "nobody", "--window", "64", "--"])
+            .arg(&exe)
+            .arg("10"),
+        b"",
+        Duration::from_secs(60),
+    );
+    assert_eq!(text(&o.stdout), want, "{}", text(&o.stderr));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // Without CAP_SYS_ADMIN the filter needs no_new_privs: said, not silent.
+    assert!(
+        text(&o.stderr).contains("no_new_privs set"),
+        "{}",
+        text(&o.stderr)
+    );
+}

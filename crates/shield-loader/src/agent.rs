@@ -1,0 +1,194 @@
+//! The agent: a thread of the loaded program's process, every signal
+//! blocked, outside the seccomp filter, that serves the program's memory
+//! calls from the filter's listener (see `filter.rs`). It performs each call
+//! itself through a [`Serve`] (the protected region) and answers with the
+//! result, or lets the kernel perform it (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`)
+//! when the call is not the region's to serve. The caller is stopped in the
+//! system call meanwhile, so a mapping is registered with the shield before
+//! the program can touch it.
+
+use std::ffi::c_int;
+use std::io;
+use std::os::fd::{AsRawFd as _, OwnedFd};
+
+/// An error number (`EINVAL` ...).
+pub type Errno = c_int;
+
+/// What serves the notified calls. Each method returns `None` when the call
+/// is not its to serve (the kernel then performs it), else the result the
+/// system call gives.
+pub trait Serve: Sync {
+    fn mmap(
+        &self,
+        addr: usize,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        off: usize,
+    ) -> Option<Result<usize, Errno>>;
+    fn munmap(&self, addr: usize, len: usize) -> Option<Result<(), Errno>>;
+    fn madvise(&self, addr: usize, len: usize, advice: c_int) -> Option<Result<(), Errno>>;
+    fn mprotect(&self, addr: usize, len: usize, prot: c_int) -> Option<Result<(), Errno>>;
+    fn mremap(
+        &self,
+        old: usize,
+        old_len: usize,
+        new_len: usize,
+        flags: c_int,
+        new_addr: usize,
+    ) -> Option<Result<usize, Errno>>;
+    fn brk(&self, addr: usize) -> Option<usize>;
+    /// Before a fork of the program is let through; `false` refuses it.
+    fn fork_allowed(&self) -> bool;
+}
+
+fn addr(a: u64) -> usize {
+    usize::try_from(a).unwrap_or(usize::MAX)
+}
+
+/// The low 32 bits, as the kernel reads an `int` argument.
+fn int(a: u64) -> c_int {
+    c_int::from_ne_bytes(u32::try_from(a & 0xffff_ffff).unwrap_or(0).to_ne_bytes())
+}
+
+/// How a notification is answered.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Continue,
+    Value(i64),
+    Error(Errno),
+}
+
+fn value(v: usize) -> Answer {
+    Answer::Value(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+fn unit(r: Option<Result<(), Errno>>) -> Answer {
+    match r {
+        None => Answer::Continue,
+        Some(Ok(())) => Answer::Value(0),
+        Some(Err(e)) => Answer::Error(e),
+    }
+}
+
+fn addr_result(r: Option<Result<usize, Errno>>) -> Answer {
+    match r {
+        None => Answer::Continue,
+        Some(Ok(v)) => value(v),
+        Some(Err(e)) => Answer::Error(e),
+    }
+}
+
+/// Whether `tid` is a thread of this process (a child the program forked
+/// and that then executed another program inherits the filter: its calls
+/// are the kernel's to perform).
+fn own_thread(tid: u32) -> bool {
+    let path = format!("/proc/self/task/{tid}\0");
+    // SAFETY: access(2) with a NUL-terminated path.
+    unsafe { libc::access(path.as_ptr().cast(), libc::F_OK) == 0 }
+}
+
+fn answer(serve: &dyn Serve, program: &str, n: &libc::seccomp_notif) -> Answer {
+    let a = n.data.args;
+    if !own_thread(n.pid) {
+        return Answer::Continue;
+    }
+    match libc::c_long::from(n.data.nr) {
+        libc::SYS_mmap => addr_result(serve.mmap(
+            addr(a[0]),
+            addr(a[1]),
+            int(a[2]),
+            int(a[3]),
+            int(a[4]),
+            addr(a[5]),
+        )),
+        libc::SYS_munmap => unit(serve.munmap(addr(a[0]), addr(a[1]))),
+        libc::SYS_madvise => unit(serve.madvise(addr(a[0]), addr(a[1]), int(a[2]))),
+        libc::SYS_mprotect => unit(serve.mprotect(addr(a[0]), addr(a[1]), int(a[2]))),
+        libc::SYS_mremap => {
+            addr_result(serve.mremap(addr(a[0]), addr(a[1]), addr(a[2]), int(a[3]), addr(a[4])))
+        }
+        libc::SYS_brk => serve.brk(addr(a[0])).map_or(Answer::Continue, value),
+        libc::SYS_clone => {
+            if serve.fork_allowed() {
+                Answer::Continue
+            } else {
+                eprintln!(
+                    "memveil-shield-loader: refused a fork of {program} (pid {}): a forked child \
+                     of a program the loader runs would read zeros where its pages are evicted \
+                     (it inherits neither the userfaultfd nor the keys); fork fails with EAGAIN. \
+                     posix_spawn, vfork and Go's os/exec (clone with CLONE_VM) work",
+                    n.pid
+                );
+                Answer::Error(libc::EAGAIN)
+            }
+        }
+        _ => Answer::Continue,
+    }
+}
+
+/// Undoes what a call the program never saw the answer of did (it was
+/// killed meanwhile): a fresh mapping goes.
+fn undo(serve: &dyn Serve, n: &libc::seccomp_notif, a: &Answer) {
+    if let (libc::SYS_mmap, Answer::Value(v)) = (libc::c_long::from(n.data.nr), a) {
+        if let Ok(at) = usize::try_from(*v) {
+            let _ = serve.munmap(at, addr(n.data.args[1]));
+        }
+    }
+}
+
+/// Serves the listener until it fails (it never does while the process
+/// lives: the program's end ends this thread with it).
+pub fn serve(listener: &OwnedFd, serve: &dyn Serve, program: &str) -> io::Error {
+    let fd = listener.as_raw_fd();
+    loop {
+        // SAFETY: all-zero is a valid seccomp_notif (plain integers); the
+        // kernel requires it zeroed before RECV.
+        let mut n: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+        // SAFETY: RECV fills `n`, which lives across the call.
+        if unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut n) } != 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                // Interrupted, or the caller died before it was received.
+                Some(libc::EINTR | libc::ENOENT) => continue,
+                _ => return e,
+            }
+        }
+        let a = answer(serve, program, &n);
+        // SAFETY: all-zero is a valid seccomp_notif_resp.
+        let mut r: libc::seccomp_notif_resp = unsafe { std::mem::zeroed() };
+        r.id = n.id;
+        match a {
+            Answer::Continue => {
+                r.flags = u32::try_from(libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE).unwrap_or(1)
+            }
+            Answer::Value(v) => r.val = v,
+            Answer::Error(e) => r.error = -e,
+        }
+        // SAFETY: SEND reads `r`, which lives across the call.
+        if unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_SEND, &r) } != 0 {
+            // The caller was killed while the call was served.
+            undo(serve, &n, &a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int_arguments_are_their_low_32_bits() {
+        assert_eq!(int(0xffff_ffff), -1);
+        assert_eq!(int(0x1_0000_0022), 0x22);
+        assert_eq!(addr(0x7fff_0000_1000), 0x7fff_0000_1000);
+    }
+
+    #[test]
+    fn own_threads_are_told_from_other_processes() {
+        assert!(own_thread(std::process::id()));
+        // pid 1 is never a thread of a test process.
+        assert!(!own_thread(1));
+    }
+}

@@ -1,0 +1,126 @@
+//! The seccomp filter that hands the program's memory calls to the agent:
+//! `mmap`, `munmap`, `mremap`, `brk`, `madvise`, `mprotect` and `clone`
+//! without `CLONE_VM` (a fork) become user notifications; `clone3`, whose
+//! flags a filter cannot read, fails with ENOSYS so the C library falls back
+//! to `clone`; everything else is allowed.
+
+use std::io;
+use std::os::fd::{FromRawFd as _, OwnedFd};
+
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+const X32_BIT: u32 = 0x4000_0000;
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const OFF_ARG0: u32 = 16;
+
+/// The calls the agent serves.
+pub const NOTIFIED: [libc::c_long; 6] = [
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_brk,
+    libc::SYS_madvise,
+    libc::SYS_mprotect,
+];
+
+fn stmt(code: u32, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code: u16::try_from(code).unwrap_or(0),
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
+        code: u16::try_from(code).unwrap_or(0),
+        jt,
+        jf,
+        k,
+    }
+}
+
+fn nr(n: libc::c_long) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The filter program.
+pub fn program() -> Vec<libc::sock_filter> {
+    use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
+    let ld = BPF_LD | BPF_W | BPF_ABS;
+    let ret = BPF_RET | BPF_K;
+    let allow = stmt(ret, libc::SECCOMP_RET_ALLOW);
+    let notify = stmt(ret, libc::SECCOMP_RET_USER_NOTIF);
+    let enosys = stmt(ret, libc::SECCOMP_RET_ERRNO | nr(libc::ENOSYS.into()));
+    let mut p = vec![
+        stmt(ld, OFF_ARCH),
+        // Another ABI (i386 int 0x80): allowed as it is.
+        jump(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        allow,
+        stmt(ld, OFF_NR),
+        jump(BPF_JMP | BPF_JGE | BPF_K, X32_BIT, 0, 1),
+        allow,
+    ];
+    // Each notified call: equal -> the notify at the end of the run.
+    let n = NOTIFIED.len();
+    for (i, &c) in NOTIFIED.iter().enumerate() {
+        // Jump over the remaining comparisons and the clone block (7).
+        let skip = u8::try_from(n - 1 - i + 7).unwrap_or(0);
+        p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(c), skip, 0));
+    }
+    p.extend([
+        jump(BPF_JMP | BPF_JEQ | BPF_K, nr(libc::SYS_clone3), 0, 1),
+        enosys,
+        jump(BPF_JMP | BPF_JEQ | BPF_K, nr(libc::SYS_clone), 0, 3),
+        stmt(ld, OFF_ARG0),
+        jump(BPF_JMP | BPF_JSET | BPF_K, nr(libc::CLONE_VM.into()), 0, 2),
+        allow,
+        allow,
+        notify,
+    ]);
+    p
+}
+
+/// Installs [`program`] on the calling thread (only: threads started before
+/// stay outside it, threads it starts inherit it) and returns the listener.
+/// Without CAP_SYS_ADMIN this needs no_new_privs, which it then sets; the
+/// bool says whether it did.
+pub fn install() -> io::Result<(OwnedFd, bool)> {
+    let prog = program();
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).unwrap_or(0),
+        filter: prog.as_ptr().cast_mut(),
+    };
+    let flags =
+        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
+    let attempt = || {
+        // SAFETY: seccomp(2) with a filter program that outlives the call;
+        // the kernel copies it.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                flags,
+                std::ptr::from_ref(&fprog),
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            // SAFETY: the kernel returned a new descriptor that nothing else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(r).unwrap_or(-1)) })
+        }
+    };
+    match attempt() {
+        Ok(fd) => Ok((fd, false)),
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+            // SAFETY: prctl with integer arguments.
+            if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            attempt().map(|fd| (fd, true))
+        }
+        Err(e) => Err(e),
+    }
+}
