@@ -597,7 +597,7 @@ fn a_dynamic_program_runs_through_the_loader_with_via_loader() {
 }
 
 #[test]
-fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
+fn a_fork_and_an_exec_in_place_are_refused_while_spawn_and_an_own_seccomp_filter_work() {
     if !root("static_fork") {
         return;
     }
@@ -608,7 +608,10 @@ fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
     };
     // Positive control: plainly the fork succeeds.
     let plain = plain_output(&exe, &[], &[], "static_fork");
-    assert!(plain.contains("fork ok"), "{plain}");
+    assert!(
+        plain.contains("fork ok") && plain.ends_with("replaced\n"),
+        "{plain}"
+    );
     let o = run(
         Command::new(MEMVEIL)
             .args(["run", "--quiet", "--"])
@@ -618,13 +621,21 @@ fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
     );
     assert_eq!(
         text(&o.stdout),
-        "own filter works\nmalloc after it 7\nfork refused EAGAIN\nspawned\nspawn exit 0\n",
+        "own filter works\nmalloc after it 7\nfork refused EAGAIN\nspawned\nspawn exit 0\n\
+         exec refused EPERM\n",
         "{}",
         text(&o.stderr)
     );
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(
         text(&o.stderr).contains("refused a fork of") && text(&o.stderr).contains("EAGAIN"),
+        "the refusal is not explained: {}",
+        text(&o.stderr)
+    );
+    // Before the in-place execve was refused the new image died (SIGSEGV:
+    // its loader's first mmap failed with ENOSYS).
+    assert!(
+        text(&o.stderr).contains("refused an execve by"),
         "the refusal is not explained: {}",
         text(&o.stderr)
     );

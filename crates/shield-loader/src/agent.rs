@@ -110,6 +110,16 @@ fn answer(serve: &dyn Serve, program: &str, n: &libc::seccomp_notif) -> Answer {
             addr_result(serve.mremap(addr(a[0]), addr(a[1]), addr(a[2]), int(a[3]), addr(a[4])))
         }
         libc::SYS_brk => serve.brk(addr(a[0])).map_or(Answer::Continue, value),
+        libc::SYS_execve | libc::SYS_execveat => {
+            eprintln!(
+                "memveil-shield-loader: refused an execve by {program} itself (pid {}): the \
+                 program it would become keeps the loader's seccomp filter but not its agent, so \
+                 its every mmap would fail (ENOSYS); execve fails with EPERM. Run that program \
+                 under memveil run itself; a child's execve (posix_spawn, os/exec) works",
+                n.pid
+            );
+            Answer::Error(libc::EPERM)
+        }
         libc::SYS_clone => {
             if serve.fork_allowed() {
                 Answer::Continue
