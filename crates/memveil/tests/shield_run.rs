@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use memveil_testkit::{skip, Need};
 
+mod common;
+
 const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
 const WORKLOAD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/shield_workload.py");
 const PRELOAD: &str = "libmemveil_shield_preload.so";
@@ -910,53 +912,12 @@ fn gcore(dir: &TempDir, tag: &str, pid: u32) -> (PathBuf, u64) {
 /// page of the protected region), this keeps every page the process has in
 /// plaintext: the image the protection is judged on.
 fn page_image(pid: u32, out: &Path) -> (u64, u64) {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
-    let mem = File::open(format!("/proc/{pid}/mem")).expect("open /proc/PID/mem");
     let mut img = std::io::BufWriter::new(File::create(out).expect("image"));
-    let (mut kept, mut unreadable) = (0u64, 0u64);
-    let mut buf = vec![0u8; 1 << 20];
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        if !perms.starts_with('r') || line.contains("[vvar") || line.contains("[vsyscall]") {
-            continue;
-        }
-        let Some((a, b)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
-            continue;
-        };
-        let mut at = a;
-        while at < b {
-            let n = usize::try_from((b - at).min(1 << 20)).expect("chunk");
-            let chunk = &mut buf[..n];
-            let pages: Vec<&[u8]> = if mem.read_exact_at(chunk, at).is_ok() {
-                chunk.chunks(4096).collect()
-            } else {
-                // Page by page: keep what can be read.
-                let mut v = Vec::new();
-                for (i, p) in chunk.chunks_mut(4096).enumerate() {
-                    let off = at + u64::try_from(i * 4096).expect("offset");
-                    if mem.read_exact_at(p, off).is_ok() {
-                        v.push(&*p);
-                    } else {
-                        unreadable += 1;
-                    }
-                }
-                v
-            };
-            for p in pages {
-                if p.iter().any(|&x| x != 0) {
-                    img.write_all(p).expect("write image");
-                    kept += 1;
-                }
-            }
-            at += u64::try_from(n).expect("chunk");
-        }
-    }
+    let mut kept = 0u64;
+    let unreadable = common::each_page(pid, |p| {
+        img.write_all(p).expect("write image");
+        kept += 1;
+    });
     img.flush().expect("flush image");
     (kept, unreadable)
 }

@@ -17,13 +17,14 @@
 
 use std::fs::File;
 use std::io::Write as _;
-use std::os::unix::fs::FileExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use memveil_testkit::{skip, Need};
+
+mod common;
 
 const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
 const LOADER: &str = "memveil-shield-loader";
@@ -233,52 +234,11 @@ fn random_word() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Every readable, non-zero page of `pid` (page by page where a chunk
-/// cannot be read: an evicted page of the protected region), concatenated;
-/// and the count of pages that could not be read.
+/// Every readable, non-zero page of `pid` concatenated (see
+/// `common::each_page`), and the count of pages that could not be read.
 fn page_image(pid: u32) -> (Vec<u8>, u64) {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
-    let mem = File::open(format!("/proc/{pid}/mem")).expect("open /proc/PID/mem");
     let mut img = Vec::new();
-    let mut unreadable = 0;
-    let mut buf = vec![0u8; 1 << 20];
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        if !perms.starts_with('r') || line.contains("[vvar") || line.contains("[vsyscall]") {
-            continue;
-        }
-        let Some((a, b)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
-            continue;
-        };
-        let mut at = a;
-        while at < b {
-            let n = usize::try_from((b - at).min(1 << 20)).expect("chunk");
-            let chunk = &mut buf[..n];
-            if mem.read_exact_at(chunk, at).is_ok() {
-                for p in chunk.chunks(4096).filter(|p| p.iter().any(|&x| x != 0)) {
-                    img.extend_from_slice(p);
-                }
-            } else {
-                for (i, p) in chunk.chunks_mut(4096).enumerate() {
-                    let off = at + u64::try_from(i * 4096).expect("offset");
-                    if mem.read_exact_at(p, off).is_ok() {
-                        if p.iter().any(|&x| x != 0) {
-                            img.extend_from_slice(p);
-                        }
-                    } else {
-                        unreadable += 1;
-                    }
-                }
-            }
-            at += u64::try_from(n).expect("chunk");
-        }
-    }
+    let unreadable = common::each_page(pid, |p| img.extend_from_slice(p));
     (img, unreadable)
 }
 
@@ -597,7 +557,7 @@ fn a_dynamic_program_runs_through_the_loader_with_via_loader() {
 }
 
 #[test]
-fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
+fn a_fork_and_an_exec_in_place_are_refused_while_spawn_and_an_own_seccomp_filter_work() {
     if !root("static_fork") {
         return;
     }
@@ -608,7 +568,10 @@ fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
     };
     // Positive control: plainly the fork succeeds.
     let plain = plain_output(&exe, &[], &[], "static_fork");
-    assert!(plain.contains("fork ok"), "{plain}");
+    assert!(
+        plain.contains("fork ok") && plain.ends_with("replaced\n"),
+        "{plain}"
+    );
     let o = run(
         Command::new(MEMVEIL)
             .args(["run", "--quiet", "--"])
@@ -618,13 +581,21 @@ fn a_fork_is_refused_with_eagain_while_spawn_and_an_own_seccomp_filter_work() {
     );
     assert_eq!(
         text(&o.stdout),
-        "own filter works\nmalloc after it 7\nfork refused EAGAIN\nspawned\nspawn exit 0\n",
+        "own filter works\nmalloc after it 7\nfork refused EAGAIN\nspawned\nspawn exit 0\n\
+         exec refused EPERM\n",
         "{}",
         text(&o.stderr)
     );
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(
         text(&o.stderr).contains("refused a fork of") && text(&o.stderr).contains("EAGAIN"),
+        "the refusal is not explained: {}",
+        text(&o.stderr)
+    );
+    // Before the in-place execve was refused the new image died (SIGSEGV:
+    // its loader's first mmap failed with ENOSYS).
+    assert!(
+        text(&o.stderr).contains("refused an execve by"),
         "the refusal is not explained: {}",
         text(&o.stderr)
     );

@@ -1,7 +1,7 @@
 //! The agent: a thread of the loaded program's process, every signal
 //! blocked, outside the seccomp filter, that serves the program's memory
 //! calls from the filter's listener (see `filter.rs`). It performs each call
-//! itself through a [`Serve`] (the protected region) and answers with the
+//! itself on the protected region ([`Region`]) and answers with the
 //! result, or lets the kernel perform it (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`)
 //! when the call is not the region's to serve. The caller is stopped in the
 //! system call meanwhile, so a mapping is registered with the shield before
@@ -11,37 +11,14 @@ use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 
-/// An error number (`EINVAL` ...).
-pub type Errno = c_int;
+use memveil_shield::region::{Errno, MapOpts, Region};
 
-/// What serves the notified calls. Each method returns `None` when the call
-/// is not its to serve (the kernel then performs it), else the result the
-/// system call gives.
-pub trait Serve: Sync {
-    fn mmap(
-        &self,
-        addr: usize,
-        len: usize,
-        prot: c_int,
-        flags: c_int,
-        fd: c_int,
-        off: usize,
-    ) -> Option<Result<usize, Errno>>;
-    fn munmap(&self, addr: usize, len: usize) -> Option<Result<(), Errno>>;
-    fn madvise(&self, addr: usize, len: usize, advice: c_int) -> Option<Result<(), Errno>>;
-    fn mprotect(&self, addr: usize, len: usize, prot: c_int) -> Option<Result<(), Errno>>;
-    fn mremap(
-        &self,
-        old: usize,
-        old_len: usize,
-        new_len: usize,
-        flags: c_int,
-        new_addr: usize,
-    ) -> Option<Result<usize, Errno>>;
-    fn brk(&self, addr: usize) -> Option<usize>;
-    /// Before a fork of the program is let through; `false` refuses it.
-    fn fork_allowed(&self) -> bool;
-}
+/// How the region serves the program's mappings: Go reserves `PROT_NONE`
+/// and maps over it, and asks for its arenas at hints it then checks.
+const OPTS: MapOpts = MapOpts {
+    any_prot: true,
+    honor_hint: true,
+};
 
 fn addr(a: u64) -> usize {
     usize::try_from(a).unwrap_or(usize::MAX)
@@ -89,40 +66,46 @@ fn own_thread(tid: u32) -> bool {
     unsafe { libc::access(path.as_ptr().cast(), libc::F_OK) == 0 }
 }
 
-fn answer(serve: &dyn Serve, program: &str, n: &libc::seccomp_notif) -> Answer {
+fn answer(region: &Region, program: &str, n: &libc::seccomp_notif) -> Answer {
     let a = n.data.args;
     if !own_thread(n.pid) {
         return Answer::Continue;
     }
     match libc::c_long::from(n.data.nr) {
-        libc::SYS_mmap => addr_result(serve.mmap(
+        libc::SYS_mmap => addr_result(region.mmap(
             addr(a[0]),
             addr(a[1]),
             int(a[2]),
             int(a[3]),
             int(a[4]),
-            addr(a[5]),
+            OPTS,
         )),
-        libc::SYS_munmap => unit(serve.munmap(addr(a[0]), addr(a[1]))),
-        libc::SYS_madvise => unit(serve.madvise(addr(a[0]), addr(a[1]), int(a[2]))),
-        libc::SYS_mprotect => unit(serve.mprotect(addr(a[0]), addr(a[1]), int(a[2]))),
+        libc::SYS_munmap => unit(region.munmap(addr(a[0]), addr(a[1]))),
+        libc::SYS_madvise => unit(region.madvise(addr(a[0]), addr(a[1]), int(a[2]))),
+        libc::SYS_mprotect => unit(region.mprotect(addr(a[0]), addr(a[1]), int(a[2]))),
         libc::SYS_mremap => {
-            addr_result(serve.mremap(addr(a[0]), addr(a[1]), addr(a[2]), int(a[3]), addr(a[4])))
+            addr_result(region.mremap(addr(a[0]), addr(a[1]), addr(a[2]), int(a[3]), addr(a[4])))
         }
-        libc::SYS_brk => serve.brk(addr(a[0])).map_or(Answer::Continue, value),
+        libc::SYS_brk => value(region.brk(addr(a[0]))),
+        libc::SYS_execve | libc::SYS_execveat => {
+            eprintln!(
+                "memveil-shield-loader: refused an execve by {program} itself (pid {}): the \
+                 program it would become keeps the loader's seccomp filter but not its agent, so \
+                 its every mmap would fail (ENOSYS); execve fails with EPERM. Run that program \
+                 under memveil run itself; a child's execve (posix_spawn, os/exec) works",
+                n.pid
+            );
+            Answer::Error(libc::EPERM)
+        }
         libc::SYS_clone => {
-            if serve.fork_allowed() {
-                Answer::Continue
-            } else {
-                eprintln!(
-                    "memveil-shield-loader: refused a fork of {program} (pid {}): a forked child \
-                     of a program the loader runs would read zeros where its pages are evicted \
-                     (it inherits neither the userfaultfd nor the keys); fork fails with EAGAIN. \
-                     posix_spawn, vfork and Go's os/exec (clone with CLONE_VM) work",
-                    n.pid
-                );
-                Answer::Error(libc::EAGAIN)
-            }
+            eprintln!(
+                "memveil-shield-loader: refused a fork of {program} (pid {}): a forked child \
+                 of a program the loader runs would read zeros where its pages are evicted \
+                 (it inherits neither the userfaultfd nor the keys); fork fails with EAGAIN. \
+                 posix_spawn, vfork and Go's os/exec (clone with CLONE_VM) work",
+                n.pid
+            );
+            Answer::Error(libc::EAGAIN)
         }
         _ => Answer::Continue,
     }
@@ -130,17 +113,17 @@ fn answer(serve: &dyn Serve, program: &str, n: &libc::seccomp_notif) -> Answer {
 
 /// Undoes what a call the program never saw the answer of did (it was
 /// killed meanwhile): a fresh mapping goes.
-fn undo(serve: &dyn Serve, n: &libc::seccomp_notif, a: &Answer) {
+fn undo(region: &Region, n: &libc::seccomp_notif, a: &Answer) {
     if let (libc::SYS_mmap, Answer::Value(v)) = (libc::c_long::from(n.data.nr), a) {
         if let Ok(at) = usize::try_from(*v) {
-            let _ = serve.munmap(at, addr(n.data.args[1]));
+            let _ = region.munmap(at, addr(n.data.args[1]));
         }
     }
 }
 
 /// Serves the listener until it fails (it never does while the process
 /// lives: the program's end ends this thread with it).
-pub fn serve(listener: &OwnedFd, serve: &dyn Serve, program: &str) -> io::Error {
+pub fn serve(listener: &OwnedFd, region: &Region, program: &str) -> io::Error {
     let fd = listener.as_raw_fd();
     loop {
         // SAFETY: all-zero is a valid seccomp_notif (plain integers); the
@@ -155,7 +138,7 @@ pub fn serve(listener: &OwnedFd, serve: &dyn Serve, program: &str) -> io::Error 
                 _ => return e,
             }
         }
-        let a = answer(serve, program, &n);
+        let a = answer(region, program, &n);
         // SAFETY: all-zero is a valid seccomp_notif_resp.
         let mut r: libc::seccomp_notif_resp = unsafe { std::mem::zeroed() };
         r.id = n.id;
@@ -169,7 +152,7 @@ pub fn serve(listener: &OwnedFd, serve: &dyn Serve, program: &str) -> io::Error 
         // SAFETY: SEND reads `r`, which lives across the call.
         if unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_SEND, &r) } != 0 {
             // The caller was killed while the call was served.
-            undo(serve, &n, &a);
+            undo(region, &n, &a);
         }
     }
 }

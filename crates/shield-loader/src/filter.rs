@@ -1,6 +1,7 @@
 //! The seccomp filter that hands the program's memory calls to the agent:
-//! `mmap`, `munmap`, `mremap`, `brk`, `madvise`, `mprotect` and `clone`
-//! without `CLONE_VM` (a fork) become user notifications; `clone3`, whose
+//! `mmap`, `munmap`, `mremap`, `brk`, `madvise`, `mprotect`, `execve`,
+//! `execveat` and `clone` without `CLONE_VM` (a fork) become user
+//! notifications; `clone3`, whose
 //! flags a filter cannot read, fails with ENOSYS so the C library falls back
 //! to `clone`; everything else is allowed.
 
@@ -14,13 +15,15 @@ const OFF_ARCH: u32 = 4;
 const OFF_ARG0: u32 = 16;
 
 /// The calls the agent serves.
-pub const NOTIFIED: [libc::c_long; 6] = [
+pub const NOTIFIED: [libc::c_long; 8] = [
     libc::SYS_mmap,
     libc::SYS_munmap,
     libc::SYS_mremap,
     libc::SYS_brk,
     libc::SYS_madvise,
     libc::SYS_mprotect,
+    libc::SYS_execve,
+    libc::SYS_execveat,
 ];
 
 fn stmt(code: u32, k: u32) -> libc::sock_filter {

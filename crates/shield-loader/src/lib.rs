@@ -29,7 +29,7 @@ use std::ffi::{c_char, c_int, CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 
-use memveil_shield::region::{Errno, MapOpts, Region};
+use memveil_shield::region::Region;
 
 mod agent;
 mod elf;
@@ -42,60 +42,10 @@ mod load;
 /// region where it asks for them.
 const GO_ARENA_HINT: usize = 0xc0_0000_0000;
 
-/// The program's memory calls, served from the protected region.
-struct Protected {
-    region: Region,
-}
-
-impl agent::Serve for Protected {
-    fn mmap(
-        &self,
-        addr: usize,
-        len: usize,
-        prot: c_int,
-        flags: c_int,
-        fd: c_int,
-        _off: usize,
-    ) -> Option<Result<usize, Errno>> {
-        // Go reserves PROT_NONE and maps over it; it asks for its arenas at
-        // hints and checks where they landed.
-        let opts = MapOpts {
-            any_prot: true,
-            honor_hint: true,
-        };
-        self.region.mmap(addr, len, prot, flags, fd, opts)
-    }
-    fn munmap(&self, addr: usize, len: usize) -> Option<Result<(), Errno>> {
-        self.region.munmap(addr, len)
-    }
-    fn madvise(&self, addr: usize, len: usize, advice: c_int) -> Option<Result<(), Errno>> {
-        self.region.madvise(addr, len, advice)
-    }
-    fn mprotect(&self, addr: usize, len: usize, prot: c_int) -> Option<Result<(), Errno>> {
-        self.region.mprotect(addr, len, prot)
-    }
-    fn mremap(
-        &self,
-        old: usize,
-        old_len: usize,
-        new_len: usize,
-        flags: c_int,
-        new_addr: usize,
-    ) -> Option<Result<usize, Errno>> {
-        self.region.mremap(old, old_len, new_len, flags, new_addr)
-    }
-    fn brk(&self, addr: usize) -> Option<usize> {
-        Some(self.region.brk(addr))
-    }
-    fn fork_allowed(&self) -> bool {
-        false
-    }
-}
-
 /// Reserves the region, starts the shield from the environment (the same
 /// settings the preload reads) and hands it the whole region. On the main
 /// thread with every signal blocked: the shield's threads inherit the mask.
-fn protect() -> Result<&'static Protected, String> {
+fn protect() -> Result<&'static Region, String> {
     let len = memveil_shield::start::region_len();
     let region = Region::reserve(len, 0, Some(GO_ARENA_HINT)).map_err(|e| {
         format!(
@@ -118,7 +68,7 @@ fn protect() -> Result<&'static Protected, String> {
     }
     .map_err(|e| e.to_string())?;
     region.attach(shield);
-    Ok(Box::leak(Box::new(Protected { region })))
+    Ok(Box::leak(Box::new(region)))
 }
 
 /// The exit status when the loader cannot run the program protected.
@@ -154,7 +104,7 @@ fn block_all_signals() -> libc::sigset_t {
 /// Starts the agent thread (inheriting the blocked mask), which waits for
 /// the listener.
 fn start_agent(
-    serve: &'static dyn agent::Serve,
+    region: &'static Region,
     program: String,
 ) -> std::sync::mpsc::Sender<std::os::fd::OwnedFd> {
     let (tx, rx) = std::sync::mpsc::channel::<std::os::fd::OwnedFd>();
@@ -162,7 +112,7 @@ fn start_agent(
         .name("memveil-agent".into())
         .spawn(move || {
             let Ok(listener) = rx.recv() else { return };
-            let e = agent::serve(&listener, serve, &program);
+            let e = agent::serve(&listener, region, &program);
             // The program's memory calls would wait forever: end it loudly.
             eprintln!("memveil-shield-loader: the agent cannot serve {program} any more: {e}");
             std::process::abort();
@@ -196,11 +146,11 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
     let shown = path.display().to_string();
     let mask = block_all_signals();
     let loaded = load::load(&path).unwrap_or_else(|e| die(&e));
-    let serve: &'static dyn agent::Serve = match protect() {
+    let region = match protect() {
         Ok(p) => p,
         Err(e) => die(&format!("refusing to run {shown} unprotected: {e}")),
     };
-    let tx = start_agent(serve, shown.clone());
+    let tx = start_agent(region, shown.clone());
     let (listener, nnp) = filter::install()
         .unwrap_or_else(|e| die(&format!("cannot install the seccomp filter: {e}")));
     if nnp {

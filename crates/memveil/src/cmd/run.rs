@@ -401,7 +401,8 @@ fn loader_limits(program: &str, dynamic: bool) -> String {
     format!(
         "{program} {how}, its memory calls served from \
          the protected region; not covered: its .data/.bss and initial stack, and the programs \
-         it executes (they run unprotected); a fork without CLONE_VM is refused (EAGAIN); \
+         it executes (they run unprotected); a fork without CLONE_VM is refused (EAGAIN), \
+         and so is an execve in place (EPERM); \
          /proc/PID/exe names the loader"
     )
 }

@@ -39,3 +39,54 @@ pub fn uid_of(pid: u32) -> Option<u32> {
 pub fn is_root() -> bool {
     uid_of(std::process::id()) == Some(0)
 }
+
+/// Calls `f` on every non-zero page `pid` has readable, as `/proc/PID/mem`
+/// gives it: in 1 MiB chunks, page by page where a chunk cannot be read (an
+/// evicted page of the protected region), so that every page the process
+/// holds in plaintext is seen (gcore instead writes zeros for a whole chunk
+/// when one page in it cannot be read). Returns the pages that could not be
+/// read.
+pub fn each_page(pid: u32, mut f: impl FnMut(&[u8])) -> u64 {
+    use std::os::unix::fs::FileExt as _;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open /proc/PID/mem");
+    let mut unreadable = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.contains("[vvar") || line.contains("[vsyscall]") {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            continue;
+        };
+        let mut at = a;
+        while at < b {
+            let n = usize::try_from((b - at).min(1 << 20)).expect("chunk");
+            let chunk = &mut buf[..n];
+            if mem.read_exact_at(chunk, at).is_ok() {
+                chunk
+                    .chunks(4096)
+                    .filter(|p| p.iter().any(|&x| x != 0))
+                    .for_each(&mut f);
+            } else {
+                for (i, p) in chunk.chunks_mut(4096).enumerate() {
+                    let off = at + u64::try_from(i * 4096).expect("offset");
+                    if mem.read_exact_at(p, off).is_err() {
+                        unreadable += 1;
+                    } else if p.iter().any(|&x| x != 0) {
+                        f(p);
+                    }
+                }
+            }
+            at += u64::try_from(n).expect("chunk");
+        }
+    }
+    unreadable
+}

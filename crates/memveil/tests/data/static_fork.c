@@ -1,7 +1,8 @@
 /* Forks, spawns and its own seccomp filter, for the static-program tests:
  * installs a filter of its own (getpriority fails with EPERM; filters
  * stack with the loader's), allocates after it, tries fork(), then
- * posix_spawn (clone with CLONE_VM) of /bin/echo. Prints one line per step.
+ * posix_spawn (clone with CLONE_VM) of /bin/echo, then an execve of
+ * /bin/echo in place. Prints one line per step.
  * usage: static_fork */
 #include <errno.h>
 #include <linux/filter.h>
@@ -57,5 +58,9 @@ int main(void) {
     int st;
     waitpid(s, &st, 0);
     printf("spawn exit %d\n", WEXITSTATUS(st));
+    fflush(stdout);
+    char *again[] = {"echo", "replaced", NULL};
+    execv("/bin/echo", again);
+    printf("exec refused %s\n", errno == EPERM ? "EPERM" : strerror(errno));
     return 0;
 }
