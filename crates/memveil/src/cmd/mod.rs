@@ -12,6 +12,7 @@ pub mod rng;
 pub mod run;
 pub mod run_calibrate;
 pub mod run_cgroup;
+mod run_go;
 pub mod run_keyid;
 pub mod run_report;
 pub mod shield;

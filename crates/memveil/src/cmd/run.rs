@@ -392,8 +392,13 @@ fn find_loader() -> anyhow::Result<PathBuf> {
 
 /// What a statically linked program run through the loader leaves
 /// unprotected, said at start.
-fn loader_limits(program: &str, dynamic: bool) -> String {
-    let how = if dynamic {
+fn loader_limits(program: &str, dynamic: bool, go: bool) -> String {
+    let how = if go {
+        format!(
+            "is a dynamically linked Go program (Go maps its heap by raw system call, which a \
+             preload library cannot see): it runs through {LOADER}"
+        )
+    } else if dynamic {
         format!("is dynamically linked, run through {LOADER} as --via loader asks")
     } else {
         format!("is statically linked: it runs through {LOADER}")
@@ -544,7 +549,15 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         bail!("{}: command not found in PATH", program.display());
     };
     let elf = elf_info(&path)?;
+    // Go maps its heap by raw system call, out of a preload library's
+    // sight, even in a dynamically linked (cgo) Go program.
+    let go = elf.dynamic && !elf.script && super::run_go::is_go(&path);
     let via = match (a.via, elf.dynamic) {
+        (Some(Via::Preload), true) if go => bail!(
+            "--via preload: {} is a Go program: Go maps its heap by raw system call, which a \
+             preload library cannot see, so it would run unprotected; drop --via to use the loader",
+            path.display()
+        ),
         (Some(Via::Loader), true) if elf.script => bail!(
             "--via loader: {} is a script: the loader runs ELF executables only; run its \
              interpreter with --via loader, or drop --via",
@@ -556,8 +569,8 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
             path.display()
         ),
         (Some(v), _) => v,
-        (None, true) => Via::Preload,
-        (None, false) => Via::Loader,
+        (None, true) if !go => Via::Preload,
+        (None, _) => Via::Loader,
     };
     let shim = match via {
         Via::Preload => find_preload(a.preload.as_deref())?,
@@ -566,7 +579,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     if via == Via::Loader {
         eprintln!(
             "memveil run: {}",
-            loader_limits(&path.display().to_string(), elf.dynamic)
+            loader_limits(&path.display().to_string(), elf.dynamic, go)
         );
     }
     // Opened before --user gives up root, so it may name a place only root
@@ -1062,10 +1075,8 @@ fn supervise(
         eprintln!(
             "memveil run: allocator: {}",
             match (via, keep) {
-                (Via::Loader, _) => format!(
-                    "the program's own (statically linked), its pages from the protected region \
-                     ({LOADER})"
-                ),
+                (Via::Loader, _) =>
+                    format!("the program's own, its pages from the protected region ({LOADER})"),
                 (Via::Preload, None) => "memveil's (in place of the C library's malloc)".to_owned(),
                 (Via::Preload, Some(l)) =>
                     format!("the program's own {l}, its pages from the protected region"),
