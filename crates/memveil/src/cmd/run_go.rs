@@ -123,6 +123,14 @@ pub(super) fn is_go(path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    fn le32(n: usize) -> [u8; 4] {
+        u32::try_from(n).expect("small").to_le_bytes()
+    }
+
+    fn le64(n: usize) -> [u8; 8] {
+        (n as u64).to_le_bytes()
+    }
+
     /// A minimal ELF64 file: the header, one PT_NOTE program header with a
     /// note of owner `owner`, and section headers named `sections`.
     fn elf(owner: &[u8], sections: &[&str]) -> Vec<u8> {
@@ -134,10 +142,10 @@ mod tests {
         b[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
         b[0x36..0x38].copy_from_slice(&0x38u16.to_le_bytes());
         b[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
-        let note_off = 64 + 0x38;
+        let note_off: usize = 64 + 0x38;
         let mut note = Vec::new();
         let name = [owner, b"\0"].concat();
-        note.extend_from_slice(&u32::try_from(name.len()).unwrap().to_le_bytes());
+        note.extend_from_slice(&le32(name.len()));
         note.extend_from_slice(&4u32.to_le_bytes());
         note.extend_from_slice(&GO_NOTE_TYPE.to_le_bytes());
         note.extend_from_slice(&name);
@@ -145,8 +153,8 @@ mod tests {
         note.extend_from_slice(b"abcd");
         let mut ph = vec![0u8; 0x38];
         ph[..4].copy_from_slice(&4u32.to_le_bytes());
-        ph[0x08..0x10].copy_from_slice(&(note_off as u64).to_le_bytes());
-        ph[0x20..0x28].copy_from_slice(&(note.len() as u64).to_le_bytes());
+        ph[0x08..0x10].copy_from_slice(&le64(note_off));
+        ph[0x20..0x28].copy_from_slice(&le64(note.len()));
         b.extend_from_slice(&ph);
         b.extend_from_slice(&note);
         // Section names, then the section headers (a null one, the names'
@@ -154,7 +162,7 @@ mod tests {
         let mut names = vec![0u8];
         let mut offs = Vec::new();
         for s in [".shstrtab"].iter().chain(sections) {
-            offs.push(u32::try_from(names.len()).unwrap());
+            offs.push(le32(names.len()));
             names.extend_from_slice(s.as_bytes());
             names.push(0);
         }
@@ -165,16 +173,16 @@ mod tests {
         b.extend_from_slice(&[0u8; 0x40]);
         for (k, off) in offs.iter().enumerate() {
             let mut sh = vec![0u8; 0x40];
-            sh[..4].copy_from_slice(&off.to_le_bytes());
+            sh[..4].copy_from_slice(off);
             if k == 0 {
-                sh[0x18..0x20].copy_from_slice(&(names_off as u64).to_le_bytes());
-                sh[0x20..0x28].copy_from_slice(&(names.len() as u64).to_le_bytes());
+                sh[0x18..0x20].copy_from_slice(&le64(names_off));
+                sh[0x20..0x28].copy_from_slice(&le64(names.len()));
             }
             b.extend_from_slice(&sh);
         }
-        b[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        b[0x28..0x30].copy_from_slice(&le64(shoff));
         b[0x3a..0x3c].copy_from_slice(&0x40u16.to_le_bytes());
-        b[0x3c..0x3e].copy_from_slice(&u16::try_from(n).unwrap().to_le_bytes());
+        b[0x3c..0x3e].copy_from_slice(&u16::try_from(n).expect("few").to_le_bytes());
         b[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
         b
     }
@@ -183,7 +191,7 @@ mod tests {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = std::env::temp_dir().join(format!("memveil-is-go-{}-{n}", std::process::id()));
-        std::fs::write(&p, bytes).unwrap();
+        std::fs::write(&p, bytes).expect("write");
         let r = is_go(&p);
         let _ = std::fs::remove_file(&p);
         r
