@@ -30,47 +30,13 @@ use memveil_testkit::{skip, Need};
 
 mod common;
 
+use common::{root, which, TempDir};
+
 const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
 const WORKLOAD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/shield_workload.py");
 const PRELOAD: &str = "libmemveil_shield_preload.so";
 
 // ---------------------------------------------------------------- helpers --
-
-/// A directory removed with everything in it when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("memveil-shield-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The program's path when it is on PATH (or an absolute path that exists).
-fn which(prog: &str) -> Option<PathBuf> {
-    let p = Path::new(prog);
-    if p.is_absolute() {
-        return p.is_file().then(|| p.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(prog))
-        .find(|p| p.is_file())
-}
 
 /// Whether every tool is present; prints what is missing (and why the test
 /// is skipped) otherwise.
@@ -89,20 +55,6 @@ fn have(test: &str, tools: &[&'static str]) -> bool {
             "{test}: {} not installed (scripts/install.sh --deps installs them from scripts/packages.txt)",
             missing.join(", ")
         ),
-    );
-    false
-}
-
-/// Whether this process may use userfaultfd the way the shield needs (root);
-/// prints why the test is skipped otherwise.
-fn root(test: &str) -> bool {
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    skip(
-        Need::Root,
-        format!("{test}: memveil run needs userfaultfd for kernel-side faults"),
     );
     false
 }

@@ -26,31 +26,11 @@ use memveil_testkit::{skip, Need};
 
 mod common;
 
+use common::{root, which, TempDir};
+
 const MEMVEIL: &str = env!("CARGO_BIN_EXE_memveil");
 const LOADER: &str = "memveil-shield-loader";
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
-
-/// A directory removed with everything in it when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("memveil-static-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A process group, killed (SIGKILL) and reaped when dropped.
 struct Group(Child);
@@ -94,28 +74,6 @@ impl Drop for Group {
             let _ = self.0.wait();
         }
     }
-}
-
-fn which(prog: &str) -> Option<PathBuf> {
-    let p = Path::new(prog);
-    if p.is_absolute() {
-        return p.is_file().then(|| p.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(prog))
-        .find(|p| p.is_file())
-}
-
-fn root(test: &str) -> bool {
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    skip(
-        Need::Root,
-        format!("{test}: memveil run needs userfaultfd for kernel-side faults"),
-    );
-    false
 }
 
 /// The loader must sit next to the memveil binary under test.
@@ -328,10 +286,16 @@ fn secret_leaves_the_window(exe: &Path, what: &str) {
         plain.marker_hits,
         plain.pages
     );
+    // C: a window of 1024 pages, so the 256 pages the program keeps working
+    // on (the marker's among them) stay in it (with 256 the marker's page
+    // was sometimes evicted at the moment of the scan, which then proved
+    // nothing). Go: 256 pages; with 1024 its idle secret was found now and
+    // then under load (cause not found yet: see the report of issue 34).
+    let window = if what == "Go" { "256" } else { "1024" };
     let prot = scan(
         &dir,
         exe,
-        Some(&["--window", "256", "--region-gib", "4"]),
+        Some(&["--window", window, "--region-gib", "4"]),
         Duration::from_secs(2),
     );
     assert!(

@@ -90,3 +90,53 @@ pub fn each_page(pid: u32, mut f: impl FnMut(&[u8])) -> u64 {
     }
     unreadable
 }
+
+/// The program's path when it is on PATH (or an absolute path that exists).
+pub fn which(prog: &str) -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(prog);
+    if p.is_absolute() {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+}
+
+/// Whether this process may use userfaultfd the way the shield needs (root);
+/// prints why the test is skipped otherwise.
+pub fn root(test: &str) -> bool {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    memveil_testkit::skip(
+        memveil_testkit::Need::Root,
+        format!("{test}: memveil run needs userfaultfd for kernel-side faults"),
+    );
+    false
+}
+
+/// A directory removed with everything in it when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("memveil-shield-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
