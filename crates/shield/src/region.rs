@@ -89,6 +89,8 @@ impl Default for SpinLock {
 
 /// First-fit allocator of whole pages in the page part of the region.
 struct PageAlloc {
+    /// The page part: `[start, end)`.
+    start: usize,
     /// Everything from here to `end` has never been handed out (or was
     /// given back at the top).
     next: usize,
@@ -145,6 +147,52 @@ impl PageAlloc {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Whether every page of `[a, a+len)` is free (never handed out, or
+    /// given back). No free range ends at `next` (a release reaching it
+    /// lowers `next` instead), so below `next` one free range must hold
+    /// the whole span.
+    fn is_free(&self, a: usize, len: usize) -> bool {
+        let Some(end) = a.checked_add(len) else {
+            return false;
+        };
+        if a < self.start || end > self.end {
+            return false;
+        }
+        a >= self.next
+            || self
+                .free
+                .range(..=a)
+                .next_back()
+                .is_some_and(|(s, l)| s + l >= end)
+    }
+
+    /// Marks `[a, a+len)` (page multiples, inside the page part) handed out,
+    /// whatever parts of it were free: a mapping placed there by address.
+    fn take(&mut self, a: usize, len: usize) {
+        let end = a + len;
+        let overl: Vec<(usize, usize)> = self
+            .free
+            .range(..end)
+            .filter(|(s, l)| **s + **l > a)
+            .map(|(s, l)| (*s, *l))
+            .collect();
+        for (s, l) in overl {
+            self.free.remove(&s);
+            if s < a {
+                self.free.insert(s, a - s);
+            }
+            if s + l > end {
+                self.free.insert(end, s + l - end);
+            }
+        }
+        if end > self.next {
+            if a > self.next {
+                self.free.insert(self.next, a - self.next);
+            }
+            self.next = end;
         }
     }
 
@@ -247,6 +295,7 @@ impl Region {
             heap_len,
             lock: SpinLock::new(),
             pages: UnsafeCell::new(PageAlloc {
+                start: base + heap_len,
                 next: base + heap_len,
                 end: base + len,
                 free: BTreeMap::new(),
@@ -393,10 +442,13 @@ impl Region {
     }
 
     /// `mmap(2)` on the region: anonymous private read-write mappings (of
-    /// any protection with `opts.any_prot`) come from the page part;
-    /// `MAP_FIXED` anonymous private ones over the page part are done in
-    /// place. Any other `MAP_FIXED` mapping over the region has the shield
-    /// forget the pages it replaces, and is left to the kernel (`None`).
+    /// any protection with `opts.any_prot`) come from the page part, at the
+    /// hint when `opts.honor_hint` and its pages are free there (with
+    /// `MAP_FIXED_NOREPLACE`: there or `EEXIST`); `MAP_FIXED` anonymous
+    /// private ones over the page part are done in place, with the given
+    /// protection, reading as zeros. Any other `MAP_FIXED` mapping over the
+    /// region has the shield forget the pages it replaces, and is left to
+    /// the kernel (`None`).
     pub fn mmap(
         &self,
         addr: usize,
@@ -406,9 +458,20 @@ impl Region {
         fd: c_int,
         opts: MapOpts,
     ) -> Option<Result<usize, Errno>> {
-        let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
-        if len > 0 && !fixed && anonymous_private(flags, fd) && (prot == RW || opts.any_prot) {
-            return Some(self.map_new(len, prot));
+        let ours = len > 0 && anonymous_private(flags, fd) && (prot == RW || opts.any_prot);
+        if ours && flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) == 0 {
+            let hint = (opts.honor_hint && addr != 0).then_some(addr);
+            return Some(self.map_new(hint, false, len, prot));
+        }
+        if ours && flags & libc::MAP_FIXED_NOREPLACE != 0 && opts.honor_hint {
+            if !self.contains(addr) {
+                return None;
+            }
+            if !addr.is_multiple_of(PAGE) {
+                return Some(Err(libc::EINVAL));
+            }
+            // Over a mapping of the region unless its pages are free.
+            return Some(self.map_new(Some(addr), true, len, prot));
         }
         if flags & libc::MAP_FIXED == 0 || !self.contains(addr) {
             return None;
@@ -426,6 +489,8 @@ impl Region {
             let len = len.next_multiple_of(PAGE);
             if self.protect(addr, len, RW).is_ok() {
                 self.discard(addr, len);
+                // Pages that were free are the mapping's now.
+                self.with_pages(|p| p.take(addr, len));
                 if prot == RW || self.protect(addr, len, prot).is_ok() {
                     return Some(Ok(addr));
                 }
@@ -437,9 +502,28 @@ impl Region {
         None
     }
 
-    /// A new mapping of `len` bytes from the page part.
-    fn map_new(&self, len: usize, prot: c_int) -> Result<usize, Errno> {
-        let Some(a) = self.alloc(len) else {
+    /// A new mapping of `len` bytes from the page part, at `hint` when its
+    /// pages are free, else (unless `exact`: then `EEXIST`) first fit; with
+    /// protection `prot` (free pages are read-write and read as zeros).
+    fn map_new(
+        &self,
+        hint: Option<usize>,
+        exact: bool,
+        len: usize,
+        prot: c_int,
+    ) -> Result<usize, Errno> {
+        let len = len.next_multiple_of(PAGE);
+        let got = self.with_pages(|p| {
+            if let Some(h) = hint.filter(|h| h.is_multiple_of(PAGE) && p.is_free(*h, len)) {
+                p.take(h, len);
+                return Ok(Some(h));
+            }
+            if exact {
+                return Err(libc::EEXIST);
+            }
+            Ok(p.alloc(len))
+        })?;
+        let Some(a) = got else {
             // The page part is full: refuse rather than hand out memory the
             // shield cannot protect.
             if !self.full_said.swap(true, Ordering::Relaxed) {
@@ -452,7 +536,7 @@ impl Region {
             return Err(libc::ENOMEM);
         };
         if prot != RW {
-            if let Err(e) = self.protect(a, len.next_multiple_of(PAGE), prot) {
+            if let Err(e) = self.protect(a, len, prot) {
                 self.munmap(a, len);
                 return Err(e);
             }
@@ -495,7 +579,8 @@ impl Region {
                 if !addr.is_multiple_of(PAGE) {
                     return Some(Err(libc::EINVAL));
                 }
-                self.discard(addr, len);
+                // The kernel's rounding: a part page is a whole one.
+                self.discard(addr, len.next_multiple_of(PAGE));
                 Some(Ok(()))
             }
             libc::MADV_HUGEPAGE | libc::MADV_COLD | libc::MADV_PAGEOUT | libc::MADV_WILLNEED => {
@@ -652,4 +737,70 @@ fn map_at(at: usize, len: usize) -> Option<usize> {
         return None;
     }
     Some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pages(start: usize, n: usize) -> PageAlloc {
+        PageAlloc {
+            start,
+            next: start,
+            end: start + n * PAGE,
+            free: BTreeMap::new(),
+            brk: None,
+        }
+    }
+
+    #[test]
+    fn taken_pages_are_never_handed_out_and_the_hole_below_them_is() {
+        let base = 1 << 30;
+        let mut p = pages(base, 64);
+        assert!(p.is_free(base + 8 * PAGE, 4 * PAGE));
+        p.take(base + 8 * PAGE, 4 * PAGE);
+        assert!(!p.is_free(base + 8 * PAGE, PAGE));
+        assert!(
+            !p.is_free(base + 6 * PAGE, 4 * PAGE),
+            "straddles taken pages"
+        );
+        assert!(p.is_free(base, 8 * PAGE) && p.is_free(base + 12 * PAGE, 52 * PAGE));
+        assert!(!p.is_free(base + 60 * PAGE, 8 * PAGE), "past the end");
+        assert!(!p.is_free(base - PAGE, PAGE), "below the start");
+        let got: Vec<usize> = (0..15).filter_map(|_| p.alloc(4 * PAGE)).collect();
+        assert_eq!(got.len(), 15);
+        for a in &got {
+            assert!(
+                a + 4 * PAGE <= base + 8 * PAGE || *a >= base + 12 * PAGE,
+                "{a:#x}"
+            );
+        }
+        assert_eq!(p.alloc(PAGE), None, "full");
+        // Give it all back, in pieces and overlapping: one top again.
+        p.release(base + 8 * PAGE, 4 * PAGE);
+        for a in got {
+            p.release(a, 4 * PAGE);
+        }
+        p.release(base, 64 * PAGE);
+        assert_eq!((p.next, p.free.len()), (base, 0));
+    }
+
+    #[test]
+    fn taking_pages_inside_a_free_range_splits_it() {
+        let base = 1 << 30;
+        let mut p = pages(base, 64);
+        let a = p.alloc(32 * PAGE).expect("room");
+        let _top = p.alloc(PAGE).expect("room");
+        p.release(a, 32 * PAGE);
+        p.take(a + 4 * PAGE, 2 * PAGE);
+        assert_eq!(
+            p.free.iter().map(|(a, l)| (*a, *l)).collect::<Vec<_>>(),
+            vec![(a, 4 * PAGE), (a + 6 * PAGE, 26 * PAGE)]
+        );
+        // A release reaching past the top lowers the top, leaving no free
+        // range above it.
+        p.release(a + 6 * PAGE, 64 * PAGE);
+        assert_eq!(p.next, a + 6 * PAGE);
+        assert_eq!(p.free.len(), 1);
+    }
 }

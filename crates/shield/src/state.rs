@@ -810,8 +810,12 @@ impl State {
         let (mut dropped_res, mut dropped_ev) = (0, 0);
         let mut emptied = Vec::new();
         for (pos, r) in self.ranges.iter_mut().enumerate() {
+            // Whole pages only: a part page may hold live data (and the
+            // kernel would zap all of it behind the state bytes' back: its
+            // next touch would fault to a handler that finds it RESIDENT,
+            // again and again).
             let lo = addr.max(r.base).next_multiple_of(PAGE);
-            let hi = end.min(r.end());
+            let hi = end.min(r.end()) & !(PAGE - 1);
             if lo >= hi {
                 continue;
             }
