@@ -405,7 +405,8 @@ fn loader_limits(program: &str, dynamic: bool, go: bool) -> String {
     };
     format!(
         "{program} {how}, its memory calls served from \
-         the protected region; not covered: its .data/.bss and initial stack, and the programs \
+         the protected region; not covered: its .data/.bss, its initial stack and the thread \
+         stacks a C library maps (MAP_STACK), and the programs \
          it executes (they run unprotected); a fork without CLONE_VM is refused (EAGAIN), \
          and so is an execve in place (EPERM); \
          /proc/PID/exe names the loader"
