@@ -31,6 +31,9 @@ pub struct HostKeyId {
     /// The vault connection, until [`HostKeyId::watch`] hands it to the
     /// watcher thread.
     tenant: Option<memveil_vault::client::Tenant>,
+    /// Readable once the watcher has set `stop` (the read end of a pipe
+    /// the watcher writes to): memveil run's loop waits on it.
+    woken: Option<OwnedFd>,
 }
 
 impl HostKeyId {
@@ -80,6 +83,7 @@ impl HostKeyId {
             level,
             stop: Arc::new(Mutex::new(None)),
             tenant: Some(tenant),
+            woken: None,
         })
     }
 
@@ -94,6 +98,9 @@ impl HostKeyId {
         };
         let keyid = self.keyid;
         let said = Arc::clone(&self.stop);
+        let (woken, wake) =
+            memveil_sys::process::pipe().context("a pipe for the KeyID watcher thread")?;
+        self.woken = Some(woken);
         std::thread::Builder::new()
             .name("keyid-watch".into())
             .spawn(move || {
@@ -105,6 +112,8 @@ impl HostKeyId {
                     ),
                 };
                 *said.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+                // Wakes memveil run's loop at once (it looks at `stop` then).
+                let _ = std::io::Write::write_all(&mut std::fs::File::from(wake), b"x");
                 // The connection stays open until this process exits: the
                 // vault takes its closing as the sign that the program has
                 // stopped.
@@ -137,6 +146,13 @@ impl HostKeyId {
     pub fn file_id(&self) -> Option<std::fs::Metadata> {
         self.fd()
             .and_then(|fd| std::fs::metadata(format!("/proc/self/fd/{fd}")).ok())
+    }
+
+    /// Readable once [`HostKeyId::stop_reason`] has something to say
+    /// (after [`HostKeyId::watch`]).
+    #[must_use]
+    pub fn woken(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.woken.as_ref().map(std::os::fd::AsFd::as_fd)
     }
 
     /// Why the program must stop now, once the vault said so.
