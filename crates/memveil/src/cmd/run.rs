@@ -929,7 +929,10 @@ fn supervise(
             looked = Instant::now();
             left = host
                 .filter(|h| !h.no_encrypt())
-                .map(|h| run_keyid::left_running(stats_dir, h.file_id().as_ref()))
+                .map(|h| {
+                    let among = cgroup.as_ref().ok().and_then(ProgramCgroup::pids);
+                    run_keyid::left_running(stats_dir, h.file_id().as_ref(), among.as_deref())
+                })
                 .unwrap_or_default();
             if left.is_empty() {
                 break st;
