@@ -195,19 +195,68 @@ impl PidFd {
     /// forever); returns whether it has ended. An interrupted wait returns
     /// early with what is known then.
     pub fn wait(&self, timeout: Option<std::time::Duration>) -> bool {
-        use std::os::fd::AsRawFd as _;
-        let ms = timeout.map_or(-1, |t| {
-            libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX)
-        });
-        let mut p = libc::pollfd {
-            fd: self.0.as_raw_fd(),
+        use std::os::fd::AsFd as _;
+        wait_readable(&[self.0.as_fd()], timeout)
+    }
+}
+
+impl std::os::fd::AsFd for PidFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// A close-on-exec pipe: (read end, write end).
+///
+/// # Errors
+/// The error of `pipe2(2)`.
+pub fn pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd as _;
+    let mut fds = [0 as std::os::fd::RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given, which
+    // has room for exactly two.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just opened by pipe2 and belong to
+    // nobody else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// Waits until one of `fds` is readable (a pidfd: its process has ended;
+/// a pipe: written to or closed) or `timeout` has passed (`None`:
+/// forever); returns whether one is. A signal ends the wait early (false).
+#[must_use]
+pub fn wait_readable(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    timeout: Option<std::time::Duration>,
+) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let ms = timeout.map_or(-1, |t| {
+        libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX)
+    });
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: one valid pollfd, for the duration of the call.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        n > 0 && p.revents & libc::POLLIN != 0
-    }
+        })
+        .collect();
+    let Ok(n) = libc::nfds_t::try_from(p.len()) else {
+        return false;
+    };
+    // SAFETY: `p` holds `n` valid pollfd structs for the duration of the
+    // call.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), n, ms) };
+    r > 0
+        && p.iter()
+            .any(|q| q.revents & (libc::POLLIN | libc::POLLHUP) != 0)
 }
 
 /// Names the calling thread (`PR_SET_NAME`, shown by `top -H` and in

@@ -309,6 +309,23 @@ impl ProgramCgroup {
             .map_or(0, |s| s.lines().filter(|l| !l.trim().is_empty()).count())
     }
 
+    /// The processes in the cgroup; `None` when it cannot be read (or this
+    /// process could not move back out of it: the cgroup then holds
+    /// processes that are not the program's).
+    #[must_use]
+    pub fn pids(&self) -> Option<Vec<u32>> {
+        if self.stuck_inside {
+            return None;
+        }
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).ok()?;
+        Some(
+            procs
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect(),
+        )
+    }
+
     /// The end of the run: the guardian removes the cgroup once what the
     /// program left running has ended; waits up to [`FINISH_WAIT`] for that
     /// when nothing is left (`false`: it did not, and said why), not at all

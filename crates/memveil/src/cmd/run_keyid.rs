@@ -31,6 +31,9 @@ pub struct HostKeyId {
     /// The vault connection, until [`HostKeyId::watch`] hands it to the
     /// watcher thread.
     tenant: Option<memveil_vault::client::Tenant>,
+    /// Readable once the watcher has set `stop` (the read end of a pipe
+    /// the watcher writes to): memveil run's loop waits on it.
+    woken: Option<OwnedFd>,
 }
 
 impl HostKeyId {
@@ -80,6 +83,7 @@ impl HostKeyId {
             level,
             stop: Arc::new(Mutex::new(None)),
             tenant: Some(tenant),
+            woken: None,
         })
     }
 
@@ -94,6 +98,9 @@ impl HostKeyId {
         };
         let keyid = self.keyid;
         let said = Arc::clone(&self.stop);
+        let (woken, wake) =
+            memveil_sys::process::pipe().context("a pipe for the KeyID watcher thread")?;
+        self.woken = Some(woken);
         std::thread::Builder::new()
             .name("keyid-watch".into())
             .spawn(move || {
@@ -105,6 +112,8 @@ impl HostKeyId {
                     ),
                 };
                 *said.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+                // Wakes memveil run's loop at once (it looks at `stop` then).
+                let _ = std::io::Write::write_all(&mut std::fs::File::from(wake), b"x");
                 // The connection stays open until this process exits: the
                 // vault takes its closing as the sign that the program has
                 // stopped.
@@ -137,6 +146,13 @@ impl HostKeyId {
     pub fn file_id(&self) -> Option<std::fs::Metadata> {
         self.fd()
             .and_then(|fd| std::fs::metadata(format!("/proc/self/fd/{fd}")).ok())
+    }
+
+    /// Readable once [`HostKeyId::stop_reason`] has something to say
+    /// (after [`HostKeyId::watch`]).
+    #[must_use]
+    pub fn woken(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.woken.as_ref().map(std::os::fd::AsFd::as_fd)
     }
 
     /// Why the program must stop now, once the vault said so.
@@ -204,7 +220,7 @@ pub fn kill_program(root: Option<u32>, stats_dir: &Path, key: Option<&std::fs::M
     for _ in 0..20 {
         let mut pids = root.map(descendants).unwrap_or_default();
         pids.extend(root);
-        pids.extend(left_running(stats_dir, key));
+        pids.extend(left_running(stats_dir, key, None));
         let alive: Vec<u32> = pids
             .into_iter()
             .filter(|&p| !is_zombie(p))
@@ -220,12 +236,23 @@ pub fn kill_program(root: Option<u32>, stats_dir: &Path, key: Option<&std::fs::M
 }
 
 /// The live processes that hold the program's KeyID key, other than this
-/// one: every process with the page-key file `key` open (a scan of every
-/// process's descriptors: those the preload never reached, e.g. a daemon
-/// started with `env -i`, included), and those that reported into
-/// `stats_dir` and were started with it in their environment (they read
-/// the key, even if they closed the file since).
-pub fn left_running(stats_dir: &Path, key: Option<&std::fs::Metadata>) -> Vec<u32> {
+/// one: every process among `among` (the program's cgroup; `None`: every
+/// process of the host) with the page-key file `key` open (a scan of their
+/// descriptors: those the preload never reached, e.g. a daemon started
+/// with `env -i`, included), and those that reported into `stats_dir` and
+/// were started with it in their environment (they read the key, even if
+/// they closed the file since).
+///
+/// What inherits the key file stays in the program's cgroup, so a run with
+/// one looks there: the scan of every process on the host, by 18 tenants
+/// ending together, took more of the host's CPU time than their programs'
+/// start (each scan stats every descriptor of every process, and reaping
+/// a process then waits for the others' scans of its `/proc` entries).
+pub fn left_running(
+    stats_dir: &Path,
+    key: Option<&std::fs::Metadata>,
+    among: Option<&[u32]>,
+) -> Vec<u32> {
     let me = std::process::id();
     let mut pids: Vec<u32> = std::fs::read_dir(stats_dir)
         .into_iter()
@@ -237,7 +264,10 @@ pub fn left_running(stats_dir: &Path, key: Option<&std::fs::Metadata>) -> Vec<u3
         .filter(|&pid| ours(pid, stats_dir))
         .collect();
     if let Some(k) = key {
-        pids.extend(all_pids().filter(|&pid| holds(pid, k)));
+        match among {
+            Some(some) => pids.extend(some.iter().copied().filter(|&pid| holds(pid, k))),
+            None => pids.extend(all_pids().filter(|&pid| holds(pid, k))),
+        }
     }
     pids.sort_unstable();
     pids.dedup();
