@@ -89,12 +89,27 @@ pub fn build_go_canary(dir: &Path) -> Result<PathBuf, String> {
     build_go(dir, "canary", include_str!("go/canary.go"))
 }
 
-/// Debian's statically linked busybox (package busybox-static).
+/// Debian's statically linked busybox (package busybox-static): the
+/// `busybox` on the PATH when its ELF program headers name no interpreter
+/// (`PT_INTERP`).
 fn static_busybox() -> Option<PathBuf> {
+    const PT_INTERP: u32 = 3;
     let b = in_path("busybox")?;
     let data = std::fs::read(&b).ok()?;
-    // A static executable has no PT_INTERP: no interpreter path in it.
-    (!data.windows(b"ld-linux".len()).any(|w| w == b"ld-linux")).then_some(b)
+    let le = |at: usize, n: usize| -> Option<u64> {
+        let bytes = data.get(at..at + n)?;
+        Some(bytes.iter().rev().fold(0u64, |v, x| v << 8 | u64::from(*x)))
+    };
+    if data.get(..4)? != b"\x7fELF" {
+        return None;
+    }
+    let phoff = usize::try_from(le(0x20, 8)?).ok()?;
+    let (entsize, num) = (
+        usize::try_from(le(0x36, 2)?).ok()?,
+        usize::try_from(le(0x38, 2)?).ok()?,
+    );
+    let interp = (0..num).any(|i| le(phoff + i * entsize, 4) == Some(u64::from(PT_INTERP)));
+    (!interp).then_some(b)
 }
 
 /// The programs of this piece, and the ones that cannot run here with why.
