@@ -464,6 +464,8 @@ impl State {
                 let away = sweep::since(now_ms, sweep::tick_of(word));
                 if let Some(sw) = self.sweep.as_mut() {
                     sw.pending.back(now_ms.saturating_sub(away), now_ms);
+                    sw.returns
+                        .back(sweep::class_of(word), now_ms.saturating_sub(away), now_ms);
                     if sweep::is_learned(word) && away < sweep::QUIET_MS {
                         // Its quick sweep bought a fault: the next quiet
                         // pages' sweeps reserve more, and this one follows
@@ -649,6 +651,8 @@ impl State {
         let held = sw.pending.reserved(now_ms);
         let mut reserved = held;
         let mut victims = Vec::new();
+        let mut later = Vec::new();
+        sw.returns.settle(now_ms);
         // Known quiet pages first, each reserving the share of its fault
         // that the quiet pages' quick sweeps have cost so far.
         let quick_ns = quiet_ns / sweep::QUIET_BACK_FLOOR * sw.quiet_share();
@@ -673,6 +677,14 @@ impl State {
                 sw.quiet.pop();
                 continue;
             }
+            if sw.returns.closed(sweep::QUIET_CLASS) && sw.returns.pass_over(sweep::QUIET_CLASS) {
+                // Quick sweeps come straight back here: the page follows
+                // the shortest level instead (not known quiet any more).
+                sw.quiet.pop();
+                self.ranges[pos].set_time(i, sweep::pack_tick(t, 0));
+                later.push((addr, at, 0));
+                continue;
+            }
             if sw.credit.room(reserved + quick_ns) < 0.0 {
                 spent = true;
                 break;
@@ -680,10 +692,10 @@ impl State {
             reserved += quick_ns;
             sw.quiet.pop();
             sw.quiet_swept += 1;
+            sw.returns.swept(sweep::QUIET_CLASS, now_ms);
             self.ranges[pos].set_state(i, st | CHOSEN);
             victims.push((pos, i));
         }
-        let mut later = Vec::new();
         let mut lag = 0;
         'levels: for (level, q) in (0u8..).zip(sw.queues.iter_mut()) {
             if spent {
@@ -740,6 +752,25 @@ impl State {
                     later.push((addr, again, level));
                     continue;
                 }
+                if sw.returns.closed(usize::from(level)) && sw.returns.pass_over(usize::from(level))
+                {
+                    // Pages swept at this period come straight back: the
+                    // page takes the next period (same arrival), as a
+                    // block's hint would raise it, without a fault; at the
+                    // last level it waits that period again.
+                    q.pop();
+                    let (at, up) = if level < sweep::TOP {
+                        (at, level + 1)
+                    } else {
+                        (now_ms, level)
+                    };
+                    self.ranges[pos].set_time(
+                        i,
+                        sweep::retick(word, sweep::tick_of(sweep::pack(at, 0)), up),
+                    );
+                    later.push((addr, at, up));
+                    continue;
+                }
                 // A probe that stayed out its period at this level or above
                 // (untouched that long is untouched for any shorter period)
                 // speaks for the block until a page of it comes back sooner
@@ -758,6 +789,7 @@ impl State {
                 }
                 reserved += price;
                 q.pop();
+                sw.returns.swept(sweep::class_of(word), now_ms);
                 if probing {
                     let tick = sweep::tick_of(sweep::pack(now_ms, 0)) + 1;
                     self.ranges[pos].probes[b] = (tick, level);
@@ -1149,5 +1181,59 @@ mod tests {
             "share {}",
             sw.quiet_share()
         );
+    }
+
+    /// Books `n` sweeps of `class` at 0 ms, all back 5 ms later, and lets
+    /// them mature.
+    fn came_straight_back(st: &mut State, class: usize, n: u32) {
+        let sw = st.sweep.as_mut().expect("sweep");
+        for _ in 0..n {
+            sw.returns.swept(class, 0);
+            sw.returns.back(class, 0, 5);
+        }
+    }
+
+    #[test]
+    fn a_level_whose_sweeps_come_straight_back_is_passed_over_for_the_next() {
+        let mut st = state(64);
+        came_straight_back(&mut st, 0, 32);
+        // The probe goes at 25 and stays out; at 125 it vouches for its
+        // block, whose 63 other pages would leave (as before). Level 0 is
+        // closed: all but one in CLOSED_PROBE_EVERY take the next period
+        // instead, with no fault.
+        assert_eq!(sweep(&mut st, 25), [0]);
+        let left = sweep(&mut st, 125);
+        assert_eq!(left.len(), 63 / 8, "{left:?}");
+        let up = (1..64)
+            .filter(|i| !left.contains(i))
+            .filter(|&i| {
+                let w = st.ranges[0].time(i);
+                st.ranges[0].state(i) & STATE_MASK == RESIDENT
+                    && sweep::level_of(w) == 1
+                    && sweep::tick_of(w) == 100
+            })
+            .count();
+        assert_eq!(up, 63 - 63 / 8, "passed over to level 1, arrival kept");
+    }
+
+    #[test]
+    fn quiet_pages_whose_quick_sweeps_come_straight_back_take_the_shortest_period() {
+        let mut st = state(64);
+        for i in 0..64 {
+            st.mark_evicted(0, i, true, 0);
+            // Back after 200 ms: known quiet, due QUICK_MS later.
+            st.mark_resident(0, i, EVICTED | SWEPT, 200);
+        }
+        came_straight_back(&mut st, sweep::QUIET_CLASS, 32);
+        let left = sweep(&mut st, 200 + sweep::QUICK_MS);
+        assert_eq!(left.len(), 64 / 8);
+        // The others are no longer known quiet: due at their level's
+        // period from when they came in.
+        let rest: Vec<usize> = (0..64).filter(|i| !left.contains(i)).collect();
+        assert!(rest
+            .iter()
+            .all(|&i| !sweep::is_learned(st.ranges[0].time(i))));
+        assert!(sweep(&mut st, 200 + sweep::BASE_PERIOD_MS - 1).is_empty());
+        assert!(!sweep(&mut st, 200 + sweep::BASE_PERIOD_MS).is_empty());
     }
 }
