@@ -688,7 +688,7 @@ impl Drop for HostShare {
 /// nothing.
 pub(crate) fn coldest_due(sw: &Sweep, now_ms: u64) -> Option<(u8, u64)> {
     if let Some(std::cmp::Reverse((due, _, _))) = sw.quiet.peek() {
-        if *due <= now_ms && !sw.returns.closed(sweep::QUIET_CLASS) {
+        if *due <= now_ms {
             return Some((0, now_ms - due));
         }
     }

@@ -516,7 +516,13 @@ impl Returns {
         for c in 0..CLASSES {
             let n = self.settled[c].saturating_add(swept[c]);
             let b = self.back[c].saturating_add(back[c]);
-            self.closed[c] = n >= CLASS_MIN && f64::from(b) >= CLOSE_SHARE * f64::from(n);
+            // The quiet pages' class is measured, never closed: a quiet page
+            // back within QUIET_MS leaves the class itself (`relevel`), and
+            // closing it for the others' returns took the quick sweep from
+            // a secret read every 100 ms too (the canary's hot pages, slowed
+            // by their faults, went quiet and came straight back).
+            self.closed[c] =
+                c != QUIET_CLASS && n >= CLASS_MIN && f64::from(b) >= CLOSE_SHARE * f64::from(n);
         }
     }
 
@@ -547,6 +553,14 @@ impl Returns {
             let b = &mut self.open_back[k][class];
             *b = b.saturating_add(1);
         }
+    }
+
+    /// The share of `class`'s settled sweeps that came back within its
+    /// horizon (`None`: fewer than [`CLASS_MIN`] settled).
+    #[cfg(test)]
+    pub(crate) fn share_of(&self, class: usize) -> Option<f64> {
+        let n = self.settled[class];
+        (n >= CLASS_MIN).then(|| f64::from(self.back[class]) / f64::from(n))
     }
 
     /// Whether `class` is closed: its swept pages come back within its
@@ -828,6 +842,15 @@ mod tests {
         r.settle(MATURE_MS + BUCKET_MS);
         assert!(r.closed(0));
         assert!(!r.closed(1) && !r.closed(QUIET_CLASS));
+        // The quiet pages' class is never closed, whatever comes back.
+        let mut q = Returns::default();
+        for _ in 0..32 {
+            q.swept(QUIET_CLASS, 0);
+            q.back(QUIET_CLASS, 0, 1);
+        }
+        q.settle(PENDING_MS + BUCKET_MS);
+        assert_eq!(q.share_of(QUIET_CLASS), Some(1.0));
+        assert!(!q.closed(QUIET_CLASS));
         // Settled after the horizon, the same; a page back after its
         // horizon is not bought back (it stayed out its reservation).
         r.back(1, 0, PENDING_MS);
