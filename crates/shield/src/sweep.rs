@@ -21,7 +21,9 @@
 //! plaintext a few ms per read; a hot page climbs to the longest period
 //! and costs one fault every 12.8 s. Blocks of [`HINT_PAGES`] pages
 //! learn from one probe page, so a hot array pays one fault per block and
-//! level rather than one per page.
+//! level rather than one per page. A level whose swept pages come back
+//! within [`PENDING_MS`] three times in four is closed ([`Returns`]): its
+//! due pages take the next period without a fault.
 //!
 //! [`Credit`] is the budget itself, a token bucket in nanoseconds of the
 //! program's time: it fills at the budget's rate and empties by what faults

@@ -119,7 +119,11 @@ impl Inner {
             c.data_page_ms
                 .fetch_add(data.saturating_mul(ms), Ordering::Relaxed);
         }
-        self.cpu.refresh_handler_wait();
+        if self.spin.is_zero() {
+            // A spinning handler is runnable between faults too: its run
+            // delay is not the faults' wait.
+            self.cpu.refresh_handler_wait();
+        }
         // Every part only grows: the largest of each published belong to the
         // same (latest) reading.
         let (cost, threads) = self.cost_parts();
