@@ -684,7 +684,8 @@ impl Drop for HostShare {
 /// The coldest class of pages `sw` has due at `now_ms` (0: known quiet
 /// pages, `1 + l`: level `l`) and how long its first page there has been
 /// due (ms), from the heads of its queues (an entry there may be stale: a
-/// bid is an estimate).
+/// bid is an estimate); a closed class ([`crate::sweep::Returns`]) bids
+/// nothing.
 pub(crate) fn coldest_due(sw: &Sweep, now_ms: u64) -> Option<(u8, u64)> {
     if let Some(std::cmp::Reverse((due, _, _))) = sw.quiet.peek() {
         if *due <= now_ms {
@@ -692,6 +693,10 @@ pub(crate) fn coldest_due(sw: &Sweep, now_ms: u64) -> Option<(u8, u64)> {
         }
     }
     (0u8..).zip(sw.queues.iter()).find_map(|(l, q)| {
+        if sw.returns.closed(usize::from(l)) {
+            // Its pages come straight back: passed over, not swept.
+            return None;
+        }
         let std::cmp::Reverse((at, _)) = q.peek()?;
         let due = at + sweep::period_ms(l);
         (due <= now_ms).then(|| (l + 1, now_ms - due))

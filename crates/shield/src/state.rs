@@ -40,6 +40,12 @@ const CHOSEN: u8 = 0x10;
 /// Evicted page left by the sweep (not to make room in a window): when it
 /// comes back, how long it stayed out sets its next period.
 pub(crate) const SWEPT: u8 = 0x04;
+/// On a resident page (where [`SWEPT`] says nothing), the same bit: the
+/// page came in again within [`sweep::PENDING_MS`] of its sweep (the sweep
+/// bought a fault). Only such pages a closed level passes over: a page
+/// that never came back (a cold page next to a hot run, a fresh one) is
+/// swept at its period whatever its level's other pages do.
+const CAME_BACK: u8 = SWEPT;
 
 /// Pages of a chunk: the unit in which a range under a cost budget alone is
 /// registered with the userfaultfd (2 MiB).
@@ -462,8 +468,13 @@ impl State {
         let level = match s & STATE_MASK {
             EVICTED if s & SWEPT != 0 => {
                 let away = sweep::since(now_ms, sweep::tick_of(word));
+                if away < sweep::PENDING_MS {
+                    r.set_state(i, r.state(i) | CAME_BACK);
+                }
                 if let Some(sw) = self.sweep.as_mut() {
                     sw.pending.back(now_ms.saturating_sub(away), now_ms);
+                    sw.returns
+                        .back(sweep::class_of(word), now_ms.saturating_sub(away), now_ms);
                     if sweep::is_learned(word) && away < sweep::QUIET_MS {
                         // Its quick sweep bought a fault: the next quiet
                         // pages' sweeps reserve more, and this one follows
@@ -649,6 +660,8 @@ impl State {
         let held = sw.pending.reserved(now_ms);
         let mut reserved = held;
         let mut victims = Vec::new();
+        let mut later = Vec::new();
+        sw.returns.settle(now_ms);
         // Known quiet pages first, each reserving the share of its fault
         // that the quiet pages' quick sweeps have cost so far.
         let quick_ns = quiet_ns / sweep::QUIET_BACK_FLOOR * sw.quiet_share();
@@ -680,10 +693,10 @@ impl State {
             reserved += quick_ns;
             sw.quiet.pop();
             sw.quiet_swept += 1;
+            sw.returns.swept(sweep::QUIET_CLASS, now_ms);
             self.ranges[pos].set_state(i, st | CHOSEN);
             victims.push((pos, i));
         }
-        let mut later = Vec::new();
         let mut lag = 0;
         'levels: for (level, q) in (0u8..).zip(sw.queues.iter_mut()) {
             if spent {
@@ -740,6 +753,29 @@ impl State {
                     later.push((addr, again, level));
                     continue;
                 }
+                if st & CAME_BACK != 0
+                    && sw.returns.closed(usize::from(level))
+                    && sw.returns.pass_over(usize::from(level))
+                {
+                    // Pages swept at this period come straight back, this
+                    // one too last time: it takes the next period (same
+                    // arrival), as a block's hint would raise it, without a
+                    // fault; at the last level it waits that period again.
+                    // A page that never came back is swept (the hot pages
+                    // that close a level hold no cold page back).
+                    q.pop();
+                    let (at, up) = if level < sweep::TOP {
+                        (at, level + 1)
+                    } else {
+                        (now_ms, level)
+                    };
+                    self.ranges[pos].set_time(
+                        i,
+                        sweep::retick(word, sweep::tick_of(sweep::pack(at, 0)), up),
+                    );
+                    later.push((addr, at, up));
+                    continue;
+                }
                 // A probe that stayed out its period at this level or above
                 // (untouched that long is untouched for any shorter period)
                 // speaks for the block until a page of it comes back sooner
@@ -758,6 +794,7 @@ impl State {
                 }
                 reserved += price;
                 q.pop();
+                sw.returns.swept(sweep::class_of(word), now_ms);
                 if probing {
                     let tick = sweep::tick_of(sweep::pack(now_ms, 0)) + 1;
                     self.ranges[pos].probes[b] = (tick, level);
@@ -1153,5 +1190,82 @@ mod tests {
             "share {}",
             sw.quiet_share()
         );
+    }
+
+    /// Books `n` sweeps of `class` at 0 ms, all back 5 ms later, and lets
+    /// them mature.
+    fn came_straight_back(st: &mut State, class: usize, n: u32) {
+        let sw = st.sweep.as_mut().expect("sweep");
+        for _ in 0..n {
+            sw.returns.swept(class, 0);
+            sw.returns.back(class, 0, 5);
+        }
+    }
+
+    #[test]
+    fn a_level_whose_sweeps_come_straight_back_is_passed_over_for_the_next() {
+        let mut st = state(64);
+        came_straight_back(&mut st, 0, 32);
+        // Pages 1.. came back from their last sweeps (as the pages that
+        // closed the level did).
+        for i in 1..64 {
+            st.ranges[0].set_state(i, RESIDENT | CAME_BACK);
+        }
+        // The probe goes at 25 and stays out; at 125 it vouches for its
+        // block, whose 63 other pages would leave (as before). Level 0 is
+        // closed: all but one in CLOSED_PROBE_EVERY take the next period
+        // instead, with no fault.
+        assert_eq!(sweep(&mut st, 25), [0]);
+        let left = sweep(&mut st, 125);
+        assert_eq!(left.len(), 63 / 8, "{left:?}");
+        let up = (1..64)
+            .filter(|i| !left.contains(i))
+            .filter(|&i| {
+                let w = st.ranges[0].time(i);
+                st.ranges[0].state(i) & STATE_MASK == RESIDENT
+                    && sweep::level_of(w) == 1
+                    && sweep::tick_of(w) == 100
+            })
+            .count();
+        assert_eq!(up, 63 - 63 / 8, "passed over to level 1, arrival kept");
+    }
+
+    #[test]
+    fn a_level_closed_by_hot_pages_still_sweeps_the_pages_that_never_came_back() {
+        // The cold server: level 0 closed by its hot pages' returns; the
+        // cold pages of the heap never came back, and leave at their
+        // period all the same (passed over, 7 in 8 of them climbed level
+        // after level to the longest period: the heap reached 90%
+        // ciphertext after 18 s instead of 5 s).
+        let mut st = state(64);
+        came_straight_back(&mut st, 0, 32);
+        assert_eq!(sweep(&mut st, 25), [0]);
+        assert_eq!(sweep(&mut st, 125), (1..64).collect::<Vec<_>>());
+        // A page that came back within PENDING_MS is passed over once its
+        // level is closed; one back later is not.
+        let mut st = state(16);
+        came_straight_back(&mut st, 0, 32);
+        for i in 0..16 {
+            st.mark_evicted(0, i, true, 0);
+            st.mark_resident(0, i, EVICTED | SWEPT, if i < 8 { 100 } else { 500 });
+        }
+        assert_ne!(st.ranges[0].state(0) & CAME_BACK, 0);
+        assert_eq!(st.ranges[0].state(8) & CAME_BACK, 0);
+    }
+
+    #[test]
+    fn quiet_pages_keep_their_quick_sweep_when_other_quiet_pages_come_straight_back() {
+        let mut st = state(64);
+        for i in 0..64 {
+            st.mark_evicted(0, i, true, 0);
+            // Back after 200 ms: known quiet, due QUICK_MS later.
+            st.mark_resident(0, i, EVICTED | SWEPT, 200);
+        }
+        // The quiet class's sweeps came straight back (a program's hot
+        // pages slowed by their faults); a secret read every 100 ms is
+        // among its pages all the same, and keeps leaving QUICK_MS after
+        // each read.
+        came_straight_back(&mut st, sweep::QUIET_CLASS, 32);
+        assert_eq!(sweep(&mut st, 200 + sweep::QUICK_MS).len(), 64);
     }
 }

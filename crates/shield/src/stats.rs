@@ -180,6 +180,9 @@ pub struct Counters {
     pub host_waits: AtomicU64,
     /// Sweep steps held back for another program's colder pages.
     pub host_colder: AtomicU64,
+    /// Time the fault handler waited for a CPU, runnable but off it (its
+    /// `schedstat` run delay), ns: faults waited that long (in `cost_ns`).
+    pub handler_wait_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -310,6 +313,8 @@ pub struct Snapshot {
     pub host_waits: u64,
     /// Sweep steps held back for another program's colder pages.
     pub host_colder: u64,
+    /// Time the fault handler waited for a CPU (ns, in `cost_ns`).
+    pub handler_wait_ns: u64,
 }
 
 impl Snapshot {
@@ -428,6 +433,7 @@ impl Snapshot {
         self.host_joined += o.host_joined;
         self.host_waits += o.host_waits;
         self.host_colder += o.host_colder;
+        self.handler_wait_ns += o.handler_wait_ns;
     }
 }
 
@@ -496,6 +502,7 @@ impl Counters {
             host_joined: g(&self.host_joined),
             host_waits: g(&self.host_waits),
             host_colder: g(&self.host_colder),
+            handler_wait_ns: g(&self.handler_wait_ns),
         }
     }
 }

@@ -21,7 +21,9 @@
 //! plaintext a few ms per read; a hot page climbs to the longest period
 //! and costs one fault every 12.8 s. Blocks of [`HINT_PAGES`] pages
 //! learn from one probe page, so a hot array pays one fault per block and
-//! level rather than one per page.
+//! level rather than one per page. A level whose swept pages come back
+//! within [`PENDING_MS`] three times in four is closed ([`Returns`]): its
+//! due pages take the next period without a fault.
 //!
 //! [`Credit`] is the budget itself, a token bucket in nanoseconds of the
 //! program's time: it fills at the budget's rate and empties by what faults
@@ -379,6 +381,206 @@ impl Pending {
     }
 }
 
+/// Sweep classes: one per level, then the pages known quiet
+/// ([`QUIET_CLASS`]).
+pub(crate) const CLASSES: usize = LEVELS + 1;
+/// The class of the pages known quiet.
+pub(crate) const QUIET_CLASS: usize = LEVELS;
+/// A class whose swept pages come back within [`class_horizon_ms`] at
+/// least this share of the time is closed: the sweep buys a fault and next
+/// to no ciphertext there (churn in the suite: every page swept at 25 ms
+/// came back, 66 ms later on average).
+pub(crate) const CLOSE_SHARE: f64 = 0.75;
+/// Settled sweeps of a class before its share decides anything.
+pub(crate) const CLASS_MIN: u32 = 16;
+/// Sweeps this old (ms) count towards their class's share with what came
+/// back of them so far (four of the shortest periods).
+pub(crate) const MATURE_MS: u64 = 4 * BASE_PERIOD_MS;
+/// Settled sweeps at which a class's counts are halved (its share follows
+/// the program's recent use).
+const CLASS_WINDOW: u32 = 256;
+/// One due page in this many of a closed class is swept anyway: its probe,
+/// which keeps the share current, so the class opens again when the
+/// program's use changes.
+pub(crate) const CLOSED_PROBE_EVERY: u32 = 8;
+
+/// How soon a page swept in `class` must come back for its sweep to count
+/// as bought back: [`PENDING_MS`] for a level (a sweep reserves its fault
+/// that long), [`QUIET_MS`] for the pages known quiet (a quiet page is
+/// plaintext [`QUICK_MS`] a return: one back after 100 ms was ciphertext
+/// 98% of the time, which is what its quick sweep is for).
+pub(crate) fn class_horizon_ms(class: usize) -> u64 {
+    if class == QUIET_CLASS {
+        QUIET_MS
+    } else {
+        PENDING_MS
+    }
+}
+
+/// The class a page whose time word is `word` was swept in.
+pub(crate) fn class_of(word: u32) -> usize {
+    if is_learned(word) && level_of(word) == 0 {
+        QUIET_CLASS
+    } else {
+        usize::from(level_of(word))
+    }
+}
+
+/// Per class, what its sweeps bought: sweeps whose horizon has passed
+/// (settled), and how many of them came back within it; and, per
+/// [`BUCKET_MS`] of sweep time not yet settled, the sweeps and returns.
+/// Far memory (Google, ASPLOS 2019) picks per job the smallest cold age
+/// whose promotion rate stays under a target; here a level (a cold age)
+/// whose pages come straight back is skipped for the next one.
+#[derive(Debug)]
+pub(crate) struct Returns {
+    /// Settled sweeps and returns per class (halved at [`CLASS_WINDOW`]).
+    settled: [u32; CLASSES],
+    back: [u32; CLASSES],
+    /// Due pages of a closed class passed over, per class (every
+    /// [`CLOSED_PROBE_EVERY`]th is swept).
+    pub(crate) skipped: [u32; CLASSES],
+    /// The classes closed at the last [`Returns::settle`].
+    closed: [bool; CLASSES],
+    id: [u64; BUCKETS],
+    open_swept: [[u32; CLASSES]; BUCKETS],
+    open_back: [[u32; CLASSES]; BUCKETS],
+}
+
+impl Default for Returns {
+    fn default() -> Self {
+        Self {
+            settled: [0; CLASSES],
+            back: [0; CLASSES],
+            skipped: [0; CLASSES],
+            closed: [false; CLASSES],
+            id: [0; BUCKETS],
+            open_swept: [[0; CLASSES]; BUCKETS],
+            open_back: [[0; CLASSES]; BUCKETS],
+        }
+    }
+}
+
+impl Returns {
+    fn bucket(t_ms: u64) -> (u64, usize) {
+        let id = t_ms / BUCKET_MS + 1;
+        // usize: BUCKETS is small.
+        #[allow(clippy::cast_possible_truncation)]
+        let k = (id % BUCKETS as u64) as usize;
+        (id, k)
+    }
+
+    /// Settles bucket `k` into the per-class counts and empties it.
+    fn settle_bucket(&mut self, k: usize) {
+        for c in 0..CLASSES {
+            let (n, b) = (self.open_swept[k][c], self.open_back[k][c]);
+            if n == 0 {
+                continue;
+            }
+            self.settled[c] = self.settled[c].saturating_add(n);
+            self.back[c] = self.back[c].saturating_add(b.min(n));
+            if self.settled[c] >= CLASS_WINDOW {
+                self.settled[c] /= 2;
+                self.back[c] /= 2;
+            }
+        }
+        self.open_swept[k] = [0; CLASSES];
+        self.open_back[k] = [0; CLASSES];
+        self.id[k] = 0;
+    }
+
+    /// Settles every bucket whose sweeps are [`PENDING_MS`] old at
+    /// `now_ms` (their returns are in), and decides which classes are
+    /// closed: from the settled sweeps and those at least [`MATURE_MS`]
+    /// old (what came back of these so far: a lower bound, so a class
+    /// closes no sooner than its returns show), which a run of the
+    /// suite's length (0.3-0.5 s) needs.
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn settle(&mut self, now_ms: u64) {
+        let mut swept = [0u32; CLASSES];
+        let mut back = [0u32; CLASSES];
+        for k in 0..BUCKETS {
+            let id = self.id[k];
+            if id == 0 {
+                continue;
+            }
+            let age = now_ms.saturating_sub((id - 1) * BUCKET_MS);
+            if age >= PENDING_MS + BUCKET_MS {
+                self.settle_bucket(k);
+            } else if age >= MATURE_MS + BUCKET_MS {
+                for c in 0..CLASSES {
+                    swept[c] = swept[c].saturating_add(self.open_swept[k][c]);
+                    back[c] =
+                        back[c].saturating_add(self.open_back[k][c].min(self.open_swept[k][c]));
+                }
+            }
+        }
+        for c in 0..CLASSES {
+            let n = self.settled[c].saturating_add(swept[c]);
+            let b = self.back[c].saturating_add(back[c]);
+            // The quiet pages' class is measured, never closed: a quiet page
+            // back within QUIET_MS leaves the class itself (`relevel`), and
+            // closing it for the others' returns took the quick sweep from
+            // a secret read every 100 ms too (the canary's hot pages, slowed
+            // by their faults, went quiet and came straight back).
+            self.closed[c] =
+                c != QUIET_CLASS && n >= CLASS_MIN && f64::from(b) >= CLOSE_SHARE * f64::from(n);
+        }
+    }
+
+    /// A page of `class` was swept at `now_ms`.
+    pub(crate) fn swept(&mut self, class: usize, now_ms: u64) {
+        let (id, k) = Self::bucket(now_ms);
+        if self.id[k] != id {
+            if self.id[k] > id {
+                return;
+            }
+            if self.id[k] != 0 {
+                self.settle_bucket(k);
+            }
+            self.id[k] = id;
+        }
+        let n = &mut self.open_swept[k][class.min(CLASSES - 1)];
+        *n = n.saturating_add(1);
+    }
+
+    /// A page of `class` swept at `at_ms` came back at `now_ms`.
+    pub(crate) fn back(&mut self, class: usize, at_ms: u64, now_ms: u64) {
+        let class = class.min(CLASSES - 1);
+        if now_ms.saturating_sub(at_ms) >= class_horizon_ms(class) {
+            return;
+        }
+        let (id, k) = Self::bucket(at_ms);
+        if self.id[k] == id {
+            let b = &mut self.open_back[k][class];
+            *b = b.saturating_add(1);
+        }
+    }
+
+    /// The share of `class`'s settled sweeps that came back within its
+    /// horizon (`None`: fewer than [`CLASS_MIN`] settled).
+    #[cfg(test)]
+    pub(crate) fn share_of(&self, class: usize) -> Option<f64> {
+        let n = self.settled[class];
+        (n >= CLASS_MIN).then(|| f64::from(self.back[class]) / f64::from(n))
+    }
+
+    /// Whether `class` is closed: its swept pages come back within its
+    /// horizon [`CLOSE_SHARE`] of the time or more (as of the last
+    /// [`Returns::settle`]).
+    pub(crate) fn closed(&self, class: usize) -> bool {
+        self.closed[class.min(CLASSES - 1)]
+    }
+
+    /// Whether the next due page of closed `class` is passed over (not
+    /// swept): all but one in [`CLOSED_PROBE_EVERY`].
+    pub(crate) fn pass_over(&mut self, class: usize) -> bool {
+        let n = &mut self.skipped[class.min(CLASSES - 1)];
+        *n = n.wrapping_add(1);
+        !n.is_multiple_of(CLOSED_PROBE_EVERY)
+    }
+}
+
 /// A queued page: `(arrival in ms, page address)`, earliest first.
 pub(crate) type Entry = Reverse<(u64, usize)>;
 
@@ -405,6 +607,8 @@ pub(crate) struct Sweep {
     /// sooner than [`QUIET_MS`] (their quick sweep bought a fault).
     pub(crate) quiet_swept: u64,
     pub(crate) quiet_back: u64,
+    /// What each class's sweeps bought ([`Returns`]).
+    pub(crate) returns: Returns,
 }
 
 impl Sweep {
@@ -418,6 +622,7 @@ impl Sweep {
             released_at: 0,
             quiet_swept: 0,
             quiet_back: 0,
+            returns: Returns::default(),
         }
     }
 
@@ -613,5 +818,78 @@ mod tests {
         // One in a hundred: the floor.
         s.quiet_back = 2;
         assert!((s.quiet_share() - QUIET_BACK_FLOOR).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_class_whose_sweeps_come_straight_back_closes_and_others_stay_open() {
+        let mut r = Returns::default();
+        // Level 0: 32 sweeps at 0 ms, 28 back within 66 ms (churn's cold
+        // pages, touched again within the run); level 1: 32 sweeps that
+        // stayed out; the quiet pages: 32 quick sweeps back 98 ms later
+        // (a secret read every 100 ms: ciphertext 98% of the time).
+        for k in 0..32 {
+            r.swept(0, 0);
+            r.swept(1, 0);
+            r.swept(QUIET_CLASS, 0);
+            if k < 28 {
+                r.back(0, 0, 66);
+            }
+            r.back(QUIET_CLASS, 0, 98);
+        }
+        // Too fresh to say.
+        r.settle(50);
+        assert!(!r.closed(0));
+        // Mature: level 0 closes on what came back so far; the others stay
+        // open.
+        r.settle(MATURE_MS + BUCKET_MS);
+        assert!(r.closed(0));
+        assert!(!r.closed(1) && !r.closed(QUIET_CLASS));
+        // The quiet pages' class is never closed, whatever comes back.
+        let mut q = Returns::default();
+        for _ in 0..32 {
+            q.swept(QUIET_CLASS, 0);
+            q.back(QUIET_CLASS, 0, 1);
+        }
+        q.settle(PENDING_MS + BUCKET_MS);
+        assert_eq!(q.share_of(QUIET_CLASS), Some(1.0));
+        assert!(!q.closed(QUIET_CLASS));
+        // Settled after the horizon, the same; a page back after its
+        // horizon is not bought back (it stayed out its reservation).
+        r.back(1, 0, PENDING_MS);
+        r.settle(PENDING_MS + BUCKET_MS);
+        assert!(r.closed(0) && !r.closed(1));
+        // Too few sweeps decide nothing.
+        let mut few = Returns::default();
+        for _ in 0..CLASS_MIN - 1 {
+            few.swept(2, 0);
+            few.back(2, 0, 1);
+        }
+        few.settle(PENDING_MS + BUCKET_MS);
+        assert!(!few.closed(2));
+    }
+
+    #[test]
+    fn a_closed_class_follows_the_programs_recent_use_through_its_probes() {
+        let mut r = Returns::default();
+        for t in 0..40u64 {
+            r.swept(0, t * 10);
+            r.back(0, t * 10, t * 10 + 3);
+        }
+        r.settle(2_000);
+        assert!(r.closed(0));
+        // One due page in CLOSED_PROBE_EVERY is still swept.
+        let swept = (0..8 * CLOSED_PROBE_EVERY)
+            .filter(|_| !r.pass_over(0))
+            .count();
+        assert_eq!(swept, 8);
+        // Those probes now stay out: the class opens again once they
+        // outweigh the old returns (halved every CLASS_WINDOW).
+        let mut t = 2_000;
+        while r.closed(0) {
+            r.swept(0, t);
+            t += BUCKET_MS;
+            r.settle(t);
+            assert!(t < 2_000 + 2_000 * BUCKET_MS, "never opened");
+        }
     }
 }

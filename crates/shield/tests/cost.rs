@@ -88,3 +88,104 @@ fn the_cost_counts_the_shield_threads_cpu_and_a_hand_off_per_fault() {
         st.shield_cpu_ns
     );
 }
+
+#[test]
+fn the_cost_counts_the_time_faults_waited_for_the_handler_to_get_a_cpu() {
+    // This thread, and the shield's threads it starts, on one CPU, with a
+    // thread of the program spinning there: every fault's handler must wait
+    // for a CPU behind it, time the faulting thread loses that neither the
+    // handler's CPU clock nor the hand-off counts.
+    let Some(st) = faults_on_one_busy_cpu(std::time::Duration::ZERO) else {
+        return;
+    };
+    assert!(
+        st.handler_wait_ns > 0,
+        "the handler never waited for a CPU behind a spinning thread on its one CPU: {st:?}"
+    );
+    assert!(
+        st.cost_ns >= st.handoffs * st.fault_floor_ns + st.shield_cpu_ns + st.handler_wait_ns,
+        "the cost ({} ns) leaves out the handler's wait for a CPU ({} ns): {st:?}",
+        st.cost_ns,
+        st.handler_wait_ns
+    );
+}
+
+/// Pins the calling thread (and the threads it starts from now on) to the
+/// first CPU it may run on.
+fn pin_to_one_cpu() {
+    // SAFETY: a zeroed cpu_set_t is valid; the calls only read and write it.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+            && (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &set))
+                .is_some_and(|c| {
+                    libc::CPU_ZERO(&mut set);
+                    libc::CPU_SET(c, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+                })
+    };
+    assert!(
+        ok,
+        "pinning the test thread: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// This thread and a shield it starts (a 16-page window, its handler
+/// spinning `spin` between faults) pinned to one CPU, faulting with a
+/// thread spinning beside them; the shield's counters after (`None` after a
+/// skip line).
+fn faults_on_one_busy_cpu(spin: std::time::Duration) -> Option<memveil_shield::Snapshot> {
+    pin_to_one_cpu();
+    let cfg = Config {
+        window: 16,
+        budget: Some(Budget::percent(100, 8_000)),
+        spin,
+        ..Config::default()
+    };
+    let s = shield(&cfg)?;
+    faults_beside_a_spinning_thread(&s);
+    s.flush_stats();
+    let st = s.stats();
+    assert!(st.handoffs > 100, "the window forced faults: {st:?}");
+    Some(st)
+}
+
+/// Faults through `s`'s 16-page window with a thread spinning beside the
+/// shield's threads (all on one CPU when pinned).
+fn faults_beside_a_spinning_thread(s: &memveil_shield::Shield) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinner = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut x = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        })
+    };
+    let n = 256;
+    let buf = pages(n);
+    protect(s, buf, 1);
+    for round in 0..4u8 {
+        for p in buf.chunks_mut(PAGE).step_by(3) {
+            p[7] = p[7].wrapping_add(round);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinner.join().expect("spinner");
+}
+
+#[test]
+fn a_spinning_handlers_wait_for_a_cpu_is_not_counted_as_the_faults() {
+    // A handler that spins between faults is runnable all along: behind a
+    // busy thread on its CPU its run delay grows with no fault waiting.
+    let Some(st) = faults_on_one_busy_cpu(std::time::Duration::from_micros(200)) else {
+        return;
+    };
+    assert_eq!(
+        st.handler_wait_ns, 0,
+        "a spinning handler's run delay was counted as faults waiting: {st:?}"
+    );
+}

@@ -74,7 +74,7 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
         let ms = |ns: u64| ns as f64 / 1e6;
         let spent = format!(
             "the shield cost {} of the processes' time ({:.0} ms its threads' CPU, {} hand-offs{}, {:.0} ms \
-             on the program's threads wiping what it freed)",
+             faults waited for the handler to get a CPU, {:.0} ms on the program's threads wiping what it freed)",
             pct(cost),
             ms(s.shield_cpu_ns),
             s.handoffs,
@@ -83,6 +83,7 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
             } else {
                 String::new()
             },
+            ms(s.handler_wait_ns),
             ms(s.program_ns)
         );
         parts.push(match g.budget {

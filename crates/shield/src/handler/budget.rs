@@ -62,10 +62,11 @@ impl Inner {
     /// the zero pool's filler: their thread clocks, wake-ups and system
     /// calls included; never less than their timed sections), a hand-off
     /// ([`Budget::fault_ns`]) per fault the handler took (what the faulting
-    /// thread loses beyond the handler's CPU), and the shield's work on the
-    /// program's own threads (discards, which wipe freed pages; the
-    /// allocator's notes). The budget's bucket drains by this, and the
-    /// summary reports it.
+    /// thread loses beyond the handler's CPU), the time the handler waited
+    /// for a CPU with a fault in hand ([`crate::cpu::ShieldCpu::handler_wait_ns`]),
+    /// and the shield's work on the program's own threads (discards, which
+    /// wipe freed pages; the allocator's notes). The budget's bucket drains
+    /// by this, and the summary reports it.
     pub(crate) fn cost_ns(&self) -> u64 {
         self.cost_parts().0
     }
@@ -80,6 +81,7 @@ impl Inner {
         let total = g(&c.handoffs)
             .saturating_mul(floor)
             .saturating_add(threads.max(timed))
+            .saturating_add(self.cpu.handler_wait_ns())
             .saturating_add(g(&c.program_ns));
         (total, threads)
     }
@@ -117,9 +119,16 @@ impl Inner {
             c.data_page_ms
                 .fetch_add(data.saturating_mul(ms), Ordering::Relaxed);
         }
+        if self.spin.is_zero() {
+            // A spinning handler is runnable between faults too: its run
+            // delay is not the faults' wait.
+            self.cpu.refresh_handler_wait();
+        }
         // Every part only grows: the largest of each published belong to the
         // same (latest) reading.
         let (cost, threads) = self.cost_parts();
+        c.handler_wait_ns
+            .fetch_max(self.cpu.handler_wait_ns(), Ordering::Relaxed);
         c.cost_ns.fetch_max(cost, Ordering::Relaxed);
         c.shield_cpu_ns.fetch_max(threads, Ordering::Relaxed);
     }
