@@ -85,7 +85,7 @@ pub(crate) fn build_go(dir: &Path, name: &str, src: &str) -> Result<PathBuf, Str
 ///
 /// # Errors
 /// As [`build_go`].
-pub fn build_go_canary(dir: &Path) -> Result<PathBuf, String> {
+pub(crate) fn build_go_canary(dir: &Path) -> Result<PathBuf, String> {
     build_go(dir, "canary", include_str!("go/canary.go"))
 }
 
