@@ -460,7 +460,7 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
 }
 
 /// Bytes of a file by offset, as [`parse_elf`] reads them.
-trait BytesAt {
+pub(super) trait BytesAt {
     /// Up to `n` bytes from offset `off` (fewer at the end of the file;
     /// an error past it).
     fn bytes_at(&self, off: u64, n: usize) -> std::io::Result<Vec<u8>>;
@@ -477,7 +477,7 @@ impl BytesAt for [u8] {
 }
 
 /// An open file read with `pread(2)`.
-struct FileBytes<'a>(&'a std::fs::File);
+pub(super) struct FileBytes<'a>(pub(super) &'a std::fs::File);
 
 impl BytesAt for FileBytes<'_> {
     fn bytes_at(&self, off: u64, n: usize) -> std::io::Result<Vec<u8>> {

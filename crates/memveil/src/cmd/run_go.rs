@@ -9,8 +9,9 @@
 //! and those small tables are read (with `pread`), never the whole file.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt as _;
 use std::path::Path;
+
+use super::run::{BytesAt as _, FileBytes};
 
 /// Section names only Go's linker writes.
 const GO_SECTIONS: [&[u8]; 2] = [b".go.buildinfo", b".note.go.buildid"];
@@ -31,14 +32,14 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// `len` bytes at `off` of `f` (at most [`MAX_TABLE`]).
+/// `len` bytes at `off` of `f` (at most [`MAX_TABLE`]), through `memveil
+/// run`'s own pread reader; `None` when the file holds fewer.
 fn read_at(f: &File, off: u64, len: usize) -> Option<Vec<u8>> {
     if len > MAX_TABLE {
         return None;
     }
-    let mut b = vec![0u8; len];
-    f.read_exact_at(&mut b, off).ok()?;
-    Some(b)
+    let b = FileBytes(f).bytes_at(off, len).ok()?;
+    (b.len() == len).then_some(b)
 }
 
 /// Whether the section headers name a Go section.
