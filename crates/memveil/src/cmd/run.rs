@@ -427,12 +427,14 @@ fn resolve(program: &Path) -> Option<PathBuf> {
 /// What `memveil run` needs to know of an executable: whether it asks for a
 /// dynamic loader (PT_INTERP; only then does LD_PRELOAD take effect;
 /// scripts, `#!`, are dynamic through their interpreter) and the libraries
-/// it names (DT_NEEDED).
-struct Elf {
+/// it names (DT_NEEDED), and whether Go's linker built it.
+pub(super) struct Elf {
     dynamic: bool,
     needed: Vec<String>,
     /// A `#!` script (dynamic through its interpreter).
     script: bool,
+    /// Built by Go's linker ([`super::run_go::is_go`]).
+    pub(super) go: bool,
 }
 
 fn elf_info(path: &Path) -> anyhow::Result<Elf> {
@@ -448,6 +450,7 @@ fn elf_info(path: &Path) -> anyhow::Result<Elf> {
             dynamic: true,
             needed: Vec::new(),
             script: true,
+            go: false,
         });
     }
     if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 {
@@ -507,18 +510,20 @@ impl BytesAt for FileBytes<'_> {
 /// dynamic section): more is a malformed file, whose rest is ignored.
 const ELF_PIECE_MAX: u64 = 1 << 20;
 
+/// The `n`-byte (at most 8) little-endian field at `at` of `b`, if `b`
+/// holds it.
+pub(super) fn field(b: &[u8], at: u64, n: usize) -> Option<u64> {
+    let o = usize::try_from(at).ok()?;
+    let b = b.get(o..o.checked_add(n)?)?;
+    let mut v = [0u8; 8];
+    v.get_mut(..n)?.copy_from_slice(b);
+    Some(u64::from_le_bytes(v))
+}
+
 /// [`elf_info`] on a 64-bit little-endian ELF file, reading only the parts
 /// it needs. Every offset comes from the file, so every sum is checked: a
 /// malformed file yields fewer headers or names, never a panic.
-fn parse_elf(file: &(impl BytesAt + ?Sized)) -> Elf {
-    // The `n`-byte little-endian field at `at` of `b`.
-    let field = |b: &[u8], at: u64, n: usize| -> Option<u64> {
-        let o = usize::try_from(at).ok()?;
-        let b = b.get(o..o.checked_add(n)?)?;
-        let mut v = [0u8; 8];
-        v[..n].copy_from_slice(b);
-        Some(u64::from_le_bytes(v))
-    };
+pub(super) fn parse_elf(file: &(impl BytesAt + ?Sized)) -> Elf {
     // `len` bytes from `off` (capped), or nothing.
     let piece = |off: u64, len: u64| {
         file.bytes_at(off, usize::try_from(len.min(ELF_PIECE_MAX)).unwrap_or(0))
@@ -580,10 +585,17 @@ fn parse_elf(file: &(impl BytesAt + ?Sized)) -> Elf {
             })
             .collect()
     });
+    // PT_NOTE segments: where Go's build-id note would be.
+    let notes: Vec<(u64, u64)> = headers
+        .iter()
+        .filter(|h| h.0 == 4)
+        .map(|h| (h.1, h.3))
+        .collect();
     Elf {
         dynamic,
         needed,
         script: false,
+        go: super::run_go::is_go(file, &head, &notes),
     }
 }
 
@@ -618,7 +630,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     let elf = elf_info(&path)?;
     // Go maps its heap by raw system call, out of a preload library's
     // sight, even in a dynamically linked (cgo) Go program.
-    let go = elf.dynamic && !elf.script && super::run_go::is_go(&path);
+    let go = elf.dynamic && elf.go;
     let via = match (a.via, elf.dynamic) {
         (Some(Via::Preload), true) if go => bail!(
             "--via preload: {} is a Go program: Go maps its heap by raw system call, which a \

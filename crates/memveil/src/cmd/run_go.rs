@@ -5,64 +5,54 @@
 //!
 //! A Go executable carries a `.go.buildinfo` or `.note.go.buildid` section,
 //! and its build id as an ELF note of owner "Go" (type 4) in a `PT_NOTE`
-//! segment (which survives stripping the section headers). Only the headers
-//! and those small tables are read (with `pread`), never the whole file.
+//! segment (which survives stripping the section headers). `memveil run`'s
+//! one reading of the executable's headers (`run::parse_elf`) asks here,
+//! with the note segments it found; only the section table and its names
+//! are read besides (with `pread`), never the whole file.
 
-use std::fs::File;
-use std::path::Path;
-
-use super::run::{BytesAt as _, FileBytes};
+use super::run::{field, BytesAt};
 
 /// Section names only Go's linker writes.
 const GO_SECTIONS: [&[u8]; 2] = [b".go.buildinfo", b".note.go.buildid"];
 /// Go's build-id note: owner "Go", type 4.
-const GO_NOTE_TYPE: u32 = 4;
+const GO_NOTE_TYPE: u64 = 4;
 /// Bounds on what is read from an untrusted file.
-const MAX_TABLE: usize = 1 << 20;
+const MAX_TABLE: u64 = 1 << 20;
+/// The most of a note segment read.
+const MAX_NOTES: u64 = 4096;
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
-
-/// `len` bytes at `off` of `f` (at most [`MAX_TABLE`]), through `memveil
-/// run`'s own pread reader; `None` when the file holds fewer.
-fn read_at(f: &File, off: u64, len: usize) -> Option<Vec<u8>> {
+/// `len` bytes at `off` of `file` (at most [`MAX_TABLE`]); `None` when the
+/// file holds fewer.
+fn read_at(file: &(impl BytesAt + ?Sized), off: u64, len: u64) -> Option<Vec<u8>> {
     if len > MAX_TABLE {
         return None;
     }
-    let b = FileBytes(f).bytes_at(off, len).ok()?;
+    let len = usize::try_from(len).ok()?;
+    let b = file.bytes_at(off, len).ok()?;
     (b.len() == len).then_some(b)
 }
 
 /// Whether the section headers name a Go section.
-fn go_section(f: &File, eh: &[u8]) -> Option<bool> {
+fn go_section(file: &(impl BytesAt + ?Sized), eh: &[u8]) -> Option<bool> {
     let (shoff, shentsize, shnum, shstrndx) = (
-        u64_at(eh, 0x28)?,
-        usize::from(u16_at(eh, 0x3a)?),
-        usize::from(u16_at(eh, 0x3c)?),
-        usize::from(u16_at(eh, 0x3e)?),
+        field(eh, 0x28, 8)?,
+        field(eh, 0x3a, 2)?,
+        field(eh, 0x3c, 2)?,
+        field(eh, 0x3e, 2)?,
     );
     if shoff == 0 || shentsize < 0x40 || shstrndx >= shnum {
         return Some(false);
     }
-    let table = read_at(f, shoff, shentsize.checked_mul(shnum)?)?;
+    let table = read_at(file, shoff, shentsize.checked_mul(shnum)?)?;
+    let (shentsize, shnum) = (
+        usize::try_from(shentsize).ok()?,
+        usize::try_from(shnum).ok()?,
+    );
     let sh = |i: usize| table.get(i * shentsize..(i + 1) * shentsize);
-    let strtab = sh(shstrndx)?;
-    let names = read_at(
-        f,
-        u64_at(strtab, 0x18)?,
-        usize::try_from(u64_at(strtab, 0x20)?).ok()?,
-    )?;
+    let strtab = sh(usize::try_from(shstrndx).ok()?)?;
+    let names = read_at(file, field(strtab, 0x18, 8)?, field(strtab, 0x20, 8)?)?;
     Some((0..shnum).filter_map(sh).any(|s| {
-        let Some(at) = u32_at(s, 0).and_then(|n| usize::try_from(n).ok()) else {
+        let Some(at) = field(s, 0, 4).and_then(|n| usize::try_from(n).ok()) else {
             return false;
         };
         let name = names.get(at..).unwrap_or_default();
@@ -71,58 +61,39 @@ fn go_section(f: &File, eh: &[u8]) -> Option<bool> {
     }))
 }
 
-/// Whether a `PT_NOTE` segment holds Go's build-id note.
-fn go_note(f: &File, eh: &[u8]) -> Option<bool> {
-    const PT_NOTE: u32 = 4;
-    let (phoff, phentsize, phnum) = (
-        u64_at(eh, 0x20)?,
-        usize::from(u16_at(eh, 0x36)?),
-        usize::from(u16_at(eh, 0x38)?),
-    );
-    if phentsize < 0x38 {
-        return Some(false);
-    }
-    let table = read_at(f, phoff, phentsize.checked_mul(phnum)?)?;
-    for ph in table.chunks_exact(phentsize) {
-        if u32_at(ph, 0)? != PT_NOTE {
-            continue;
+/// Whether a note segment (its file offset and size) holds Go's build-id
+/// note.
+fn go_note(file: &(impl BytesAt + ?Sized), (off, size): (u64, u64)) -> Option<bool> {
+    let notes = read_at(file, off, size.min(MAX_NOTES))?;
+    let mut at = 0u64;
+    while at + 12 <= notes.len() as u64 {
+        let namesz = field(&notes, at, 4)?;
+        let descsz = field(&notes, at + 4, 4)?;
+        let kind = field(&notes, at + 8, 4)?;
+        let name =
+            notes.get(usize::try_from(at + 12).ok()?..usize::try_from(at + 12 + namesz).ok()?)?;
+        if kind == GO_NOTE_TYPE && name.strip_suffix(b"\0").unwrap_or(name) == b"Go" {
+            return Some(true);
         }
-        let size = usize::try_from(u64_at(ph, 0x20)?).ok()?.min(4096);
-        let notes = read_at(f, u64_at(ph, 0x08)?, size)?;
-        let mut at = 0;
-        while at + 12 <= notes.len() {
-            let namesz = usize::try_from(u32_at(&notes, at)?).ok()?;
-            let descsz = usize::try_from(u32_at(&notes, at + 4)?).ok()?;
-            let kind = u32_at(&notes, at + 8)?;
-            let name = notes.get(at + 12..at + 12 + namesz)?;
-            if kind == GO_NOTE_TYPE && name.strip_suffix(b"\0").unwrap_or(name) == b"Go" {
-                return Some(true);
-            }
-            at += 12 + namesz.next_multiple_of(4) + descsz.next_multiple_of(4);
-        }
+        at += 12 + namesz.next_multiple_of(4) + descsz.next_multiple_of(4);
     }
     Some(false)
 }
 
-/// Whether `path` is a 64-bit little-endian ELF file built by Go's linker.
-/// A file that cannot be read or parsed is not (the caller's own checks
-/// report why it cannot run).
-pub(super) fn is_go(path: &Path) -> bool {
-    let Ok(f) = File::open(path) else {
-        return false;
-    };
-    let Some(eh) = read_at(&f, 0, 64) else {
-        return false;
-    };
-    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+/// Whether the 64-bit little-endian ELF file `file`, whose 64-byte header
+/// is `head` and whose `PT_NOTE` segments are `notes` (file offset, size),
+/// was built by Go's linker. A file that cannot be parsed is not (the
+/// caller's own checks report why it cannot run).
+pub(super) fn is_go(file: &(impl BytesAt + ?Sized), head: &[u8], notes: &[(u64, u64)]) -> bool {
+    if head.get(..4) != Some(b"\x7fELF") || head.get(4..6) != Some(&[2, 1]) {
         return false;
     }
-    go_section(&f, &eh) == Some(true) || go_note(&f, &eh) == Some(true)
+    go_section(file, head) == Some(true) || notes.iter().any(|&n| go_note(file, n) == Some(true))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::run::{parse_elf, FileBytes};
 
     fn le32(n: usize) -> [u8; 4] {
         u32::try_from(n).expect("small").to_le_bytes()
@@ -147,8 +118,9 @@ mod tests {
         let mut note = Vec::new();
         let name = [owner, b"\0"].concat();
         note.extend_from_slice(&le32(name.len()));
+        // Four bytes of description; type 4, Go's build id.
         note.extend_from_slice(&4u32.to_le_bytes());
-        note.extend_from_slice(&GO_NOTE_TYPE.to_le_bytes());
+        note.extend_from_slice(&4u32.to_le_bytes());
         note.extend_from_slice(&name);
         note.resize(note.len().next_multiple_of(4), 0);
         note.extend_from_slice(b"abcd");
@@ -188,14 +160,14 @@ mod tests {
         b
     }
 
+    /// Whether `memveil run`'s reading of an executable calls it Go.
     fn check(bytes: &[u8]) -> bool {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("memveil-is-go-{}-{n}", std::process::id()));
-        std::fs::write(&p, bytes).expect("write");
-        let r = is_go(&p);
-        let _ = std::fs::remove_file(&p);
-        r
+        parse_elf(bytes).go
+    }
+
+    fn file_is_go(path: &str) -> bool {
+        let f = std::fs::File::open(path).expect(path);
+        parse_elf(&FileBytes(&f)).go
     }
 
     #[test]
@@ -224,9 +196,9 @@ mod tests {
 
     #[test]
     fn debians_etcd_is_a_go_program_and_python_is_not() {
-        assert!(!is_go(Path::new("/usr/bin/python3")), "python3");
-        if Path::new("/usr/bin/etcd").is_file() {
-            assert!(is_go(Path::new("/usr/bin/etcd")), "etcd");
+        assert!(!file_is_go("/usr/bin/python3"), "python3");
+        if std::path::Path::new("/usr/bin/etcd").is_file() {
+            assert!(file_is_go("/usr/bin/etcd"), "etcd");
         } else {
             memveil_testkit::skip(
                 memveil_testkit::Need::Installed("etcd-server"),
