@@ -31,8 +31,13 @@ pub type Errno = c_int;
 
 const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
 
-/// The program's break lives in a slice of this many bytes of the page part.
+/// The program's break lives in a slice of at most this many bytes of the
+/// page part, and at most [`BRK_SHARE`]th of it: a 1 GiB region
+/// (`memveil run --region-gib 1`) whose break took all of it refused every
+/// `mmap` (a static glibc program's malloc then fell back to the break).
 const BRK_SLICE: usize = 1 << 30;
+/// The break's slice is at most this fraction (1/n) of the page part.
+const BRK_SHARE: usize = 8;
 
 /// How [`Region::mmap`] serves a mapping request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -667,8 +672,9 @@ impl Region {
     fn move_break(&self, to: impl FnOnce(usize) -> Option<usize>) -> Option<(usize, usize)> {
         let r = self.with_pages(|p| {
             if p.brk.is_none() {
-                let lo = p.alloc(BRK_SLICE)?;
-                p.brk = Some((lo, lo, lo + BRK_SLICE));
+                let len = BRK_SLICE.min((p.end - p.start) / BRK_SHARE / PAGE * PAGE);
+                let lo = p.alloc(len)?;
+                p.brk = Some((lo, lo, lo + len));
             }
             let (lo, cur, hi) = p.brk?;
             match to(cur).filter(|n| *n >= lo && *n <= hi) {

@@ -14,7 +14,7 @@ mod common;
 
 const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
 const ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-/// 2 GiB (of address space only): room for the break's 1 GiB slice.
+/// 2 GiB (of address space only).
 const REGION: usize = 2 << 30;
 const HEAP: usize = 16 << 20;
 const GO: MapOpts = MapOpts {
@@ -25,11 +25,16 @@ const GO: MapOpts = MapOpts {
 /// A region protected by a shield of `window` pages (both for good), or
 /// `None` where userfaultfd is not permitted (said by `common::shield`).
 fn region(window: usize) -> Option<(&'static Shield, Region)> {
+    region_of(REGION, window)
+}
+
+/// [`region`] of `len` bytes.
+fn region_of(len: usize, window: usize) -> Option<(&'static Shield, Region)> {
     let s: &'static Shield = Box::leak(Box::new(common::shield(&Config {
         window,
         ..Config::default()
     })?));
-    let r = Region::reserve(REGION, HEAP, None).expect("reserve");
+    let r = Region::reserve(len, HEAP, None).expect("reserve");
     let (base, end) = r.bounds();
     // SAFETY: the region's fresh mapping, reached only through `r` here.
     unsafe { s.encrypt_mprotect(base as *mut u8, end - base, RW, 1) }.expect("protect");
@@ -324,7 +329,31 @@ fn brk_moves_the_break_within_its_slice_as_the_kernel_does() {
     assert_eq!(r.sbrk(-(PAGE as isize)), Ok(lo + 4 * PAGE));
     assert_eq!(r.brk(0), lo + 3 * PAGE);
     assert_eq!(r.sbrk(isize::MAX), Err(libc::ENOMEM));
-    // The slice is the break's: mmap never hands it out.
+    // The slice is the break's: mmap never hands it out (the break may not
+    // move into what mmap gave).
     let m = map(&r, 0, 16, RW, ANON, GO);
-    assert!(m >= lo + (1 << 30) || m + 16 * PAGE <= lo, "{m:#x}");
+    assert_eq!(
+        r.brk(m + PAGE),
+        lo + 3 * PAGE,
+        "{m:#x} in the break's slice"
+    );
+}
+
+#[test]
+fn a_small_regions_break_leaves_room_for_mmap() {
+    // 1 GiB, as `memveil run --region-gib 1` gives: the break's slice once
+    // took all of it, and every mmap after the first brk was refused.
+    let Some((_, r)) = region_of(1 << 30, 8) else {
+        return;
+    };
+    let lo = r.brk(0);
+    assert_eq!(r.brk(lo + 64 * PAGE), lo + 64 * PAGE);
+    let m = map(&r, 0, 8 << 8, RW, ANON, MapOpts::default());
+    fill(m, 8, 5);
+    assert!(filled(m, 8, 5));
+    assert_eq!(
+        r.brk(m + PAGE),
+        lo + 64 * PAGE,
+        "{m:#x} in the break's slice"
+    );
 }
