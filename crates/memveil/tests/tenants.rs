@@ -58,10 +58,18 @@ fn ready(test: &str) -> bool {
 }
 
 fn tenant_exe(dir: &Path) -> PathBuf {
-    let exe = dir.join("tenant");
+    tenant_exe_with(dir, "tenant", &[])
+}
+
+/// tests/data/tenant.c built as `name` with the extra `cc` flags `flags`
+/// (`-static`: a program `memveil run` starts through its loader).
+fn tenant_exe_with(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tenant.c");
     let o = Command::new("cc")
-        .args(["-O1", "-o"])
+        .args(["-O1"])
+        .args(flags)
+        .arg("-o")
         .arg(&exe)
         .arg(src)
         .output()
@@ -297,53 +305,97 @@ fn a_tenants_pages_are_under_its_keyids_page_key_and_a_clear_stops_it() {
     }
     let v = VaultProcess::start(BIN, "tenant-clear", &[]);
     let exe = tenant_exe(&v.dir);
-    let k5 = software_key(5);
-    program(&v, 5, &k5);
-    let t = Tenant::start(&exe, &v, 5, "A", 2048);
+    pages_under_page_key_and_a_clear_stops_the_tenant(&v, &exe, 5);
+}
+
+/// The same through `memveil run`'s loader (issue 34): a statically linked
+/// tenant's heap is the loader's region, under the same KeyID tenancy.
+#[test]
+fn a_static_tenant_through_the_loader_is_under_its_keyids_page_key() {
+    let test = "tenant_clear_static";
+    if !ready(test) {
+        return;
+    }
+    let v = VaultProcess::start(BIN, "tenant-static", &[]);
+    let exe = tenant_exe_with(&v.dir, "tenant-static", &["-static"]);
+    let o = Command::new(BIN)
+        .args([
+            "run",
+            "--keyid",
+            "6",
+            "--vault",
+            &v.socket,
+            "--region-gib",
+            "1",
+        ])
+        .arg(&exe)
+        .output()
+        .expect("run");
+    // Not programmed yet: refused before the program starts.
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("KeyID 6 holds no key"), "{}", text(&o));
+    pages_under_page_key_and_a_clear_stops_the_tenant(&v, &exe, 6);
+}
+
+/// A tenant `exe` under KeyID `keyid` of vault `v`: its evicted pages
+/// decrypt under the page key the engine model derives, not under the
+/// KeyID's key; a clear of the KeyID stops it (exit 123) and the model and
+/// the real table then give no key.
+fn pages_under_page_key_and_a_clear_stops_the_tenant(v: &VaultProcess, exe: &Path, keyid: u16) {
+    let k = software_key(keyid);
+    program(v, keyid, &k);
+    let t = Tenant::start(exe, v, keyid, "A", 2048);
     let pages = store_pages(t.pid);
     assert!(pages.len() > 1000, "most pages evicted: {}", pages.len());
-    // The model's page key for KeyID 5, generation 1, opens the page
+    // The model's page key for the KeyID, generation 1, opens the page
     // (positive control); the KeyID's own key does not: the tenant never
     // held it.
-    let pk = model_page_key(5, &k5, &[true]).expect("page key");
+    let pk = model_page_key(keyid, &k, &[true]).expect("page key");
     assert!(
         decrypts(&pages, &pk, t.addr, "A"),
-        "the model and the real path agree"
+        "the model and the real path agree\n{}",
+        t.err()
     );
-    assert!(!decrypts(&pages, &k5, t.addr, "A"));
+    assert!(!decrypts(&pages, &k, t.addr, "A"));
     assert!(!pages
         .iter()
         .any(|p| p.windows(14).any(|w| w == b"TENANT-A-PAGE-")));
 
     // Crypto-erase: the clear stops the tenant, and says so on both sides.
     let (addr, pid) = (t.addr, t.pid);
-    let o = v.key(&["clear", "5"]);
+    let id = keyid.to_string();
+    let o = v.key(&["clear", &id]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("1 running tenant(s) under KeyID 5 stopped"),
+        text(&o).contains(&format!("1 running tenant(s) under KeyID {keyid} stopped")),
         "{}",
         text(&o)
     );
     let (code, err) = t.stopped();
     assert_eq!(code, Some(123), "{err}");
     assert!(
-        err.contains("KeyID 5 was cleared by uid 0") && err.contains("cannot be decrypted"),
+        err.contains(&format!("KeyID {keyid} was cleared by uid 0"))
+            && err.contains("cannot be decrypted"),
         "{err}"
     );
     assert!(gone(pid), "tenant {pid} is gone");
     // The model: no key for a cleared KeyID; programmed again with the same
     // key, a new page key that the old pages do not decrypt under.
-    assert_eq!(model_page_key(5, &k5, &[true, false]), None);
-    let again = model_page_key(5, &k5, &[true, false, true]).expect("again");
+    assert_eq!(model_page_key(keyid, &k, &[true, false]), None);
+    let again = model_page_key(keyid, &k, &[true, false, true]).expect("again");
     assert_ne!(again, pk);
     assert!(!decrypts(&pages, &again, addr, "A"));
     // The real table agrees: a cleared KeyID gives no tenant key.
     let o = Command::new(BIN)
-        .args(["run", "--keyid", "5", "--vault", &v.socket, "true"])
+        .args(["run", "--keyid", &id, "--vault", &v.socket, "true"])
         .output()
         .expect("run");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("KeyID 5 holds no key"), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("KeyID {keyid} holds no key")),
+        "{}",
+        text(&o)
+    );
     assert!(v.log().contains("tenants_stopped=1"), "{}", v.log());
 }
 
