@@ -685,3 +685,65 @@ fn a_short_tenant_ends_with_its_program_not_held_by_memveil_run_s_guardian() {
         );
     }
 }
+
+#[test]
+fn a_tenants_shield_looks_up_nothing_under_its_proc_task_for_wait4_to_tear_down() {
+    // The watchdog read the handler's run delay as /proc/self/task/TID/
+    // schedstat once a tick. The kernel keeps the entries a lookup made;
+    // when the program ended, its last thread woke memveil run and then
+    // tore down its task/TID entries while memveil run's wait4 tore down
+    // /proc/TGID around them, spinning (shrink_dcache_parent) until the
+    // thread was done: 18% of the CPU of 18 python3 tenants at once on 2
+    // vCPUs (perf: kernel_wait4 > release_task > d_invalidate). The same
+    // run delay read as /proc/TID/schedstat leaves nothing under /proc/TGID.
+    let test = "tenant_proc_task";
+    if !ready(test) {
+        return;
+    }
+    if Command::new("strace").arg("-V").output().is_err() {
+        skip(
+            Need::Installed("strace"),
+            format!("{test}: strace lists the paths the shield looks up"),
+        );
+        return;
+    }
+    let v = VaultProcess::start(BIN, "tenant-proc-task", &[]);
+    program(&v, 6, &software_key(6));
+    let trace = v.dir.join("strace.txt");
+    // sleep 0.5: the watchdog ticks several times while the program lives.
+    let o = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=%file", "-o"])
+        .arg(&trace)
+        .arg(BIN)
+        .args([
+            "run", "--keyid", "6", "--vault", &v.socket, "--", "sleep", "0.5",
+        ])
+        .output()
+        .expect("strace memveil run");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let calls = std::fs::read_to_string(&trace).expect("strace's output");
+    // Positive control: strace saw the shield's reads of /proc.
+    assert!(
+        calls.contains("schedstat"),
+        "no read of the handler's schedstat traced: {calls}"
+    );
+    let under_task: Vec<&str> = calls
+        .lines()
+        .filter(|l| {
+            l.split('"').skip(1).step_by(2).any(|path| {
+                let rest = path.strip_prefix("/proc/").unwrap_or("");
+                let mut parts = rest.split('/');
+                let owner = parts.next().unwrap_or("");
+                (owner == "self"
+                    || owner == "thread-self"
+                    || owner.bytes().all(|b| b.is_ascii_digit()) && !owner.is_empty())
+                    && (owner == "thread-self" || parts.next() == Some("task"))
+            })
+        })
+        .collect();
+    assert!(
+        under_task.is_empty(),
+        "looked up under /proc/PID/task (or /proc/thread-self):\n{}",
+        under_task.join("\n")
+    );
+}
