@@ -82,14 +82,28 @@ const _: () = assert!(WORDS * 8 <= LEDGER_LEN);
 pub const NO_BID: u8 = u8::MAX;
 const STAMP_MASK: u64 = (1 << 56) - 1;
 
-/// CPUs of this host (online), at least 1.
+/// CPUs of this host (online), at least 1; read again at most once a
+/// second (`available_parallelism` reads the cgroup's files: every sweep
+/// step asked, 18% of the watchdog's CPU under etcd).
 #[must_use]
 pub fn host_cpus() -> u64 {
-    std::thread::available_parallelism()
+    static CACHED: AtomicU64 = AtomicU64::new(0);
+    static READ_AT_S: AtomicU64 = AtomicU64::new(0);
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let cached = CACHED.load(Ordering::Relaxed);
+    if cached != 0 && READ_AT_S.load(Ordering::Relaxed) == now_s {
+        return cached;
+    }
+    let n = std::thread::available_parallelism()
         .ok()
         .and_then(|n| u64::try_from(n.get()).ok())
         .unwrap_or(1)
-        .max(1)
+        .max(1);
+    CACHED.store(n, Ordering::Relaxed);
+    READ_AT_S.store(now_s, Ordering::Relaxed);
+    n
 }
 
 /// The most budget a ledger may name: every CPU of the host, ns per s.
