@@ -539,6 +539,20 @@ impl Shield {
         self.inner.program_time(t0);
     }
 
+    /// How many chunks of the lazily registered ranges are marked in use
+    /// ([`Shield::note_in_use`]): the chunks the budget's scan walks for
+    /// data (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn chunks_in_use(&self) -> usize {
+        let st = self.inner.lock();
+        st.ranges
+            .iter()
+            .filter_map(|r| r.chunks.as_ref())
+            .map(|c| c.in_use.iter().filter(|u| **u).count())
+            .sum()
+    }
+
     /// Publishes what the shield has cost so far and the time it has
     /// protected the process, up to now (the watchdog does every tick):
     /// called as the process exits, so that the statistics cover its last

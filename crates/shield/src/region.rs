@@ -249,9 +249,6 @@ pub struct Region {
     /// How far the page part has been handed out (`PageAlloc::next`, as
     /// of the last release of the lock).
     top: AtomicUsize,
-    /// How far the page part has been handed out, as last told to the
-    /// shield ([`Shield::note_in_use`]).
-    noted: AtomicUsize,
     /// Set once the program gives pages a protection other than read-write:
     /// from then on pages are made writable again before they are wiped
     /// (and before they are handed out again).
@@ -308,7 +305,6 @@ impl Region {
             }),
             shield: AtomicPtr::new(null_mut()),
             top: AtomicUsize::new(base + heap_len),
-            noted: AtomicUsize::new(0),
             prot_changed: AtomicBool::new(false),
             full_said: AtomicBool::new(false),
         })
@@ -321,8 +317,12 @@ impl Region {
     pub fn attach(&self, shield: &'static Shield) {
         self.shield
             .store(std::ptr::from_ref(shield).cast_mut(), Ordering::Release);
-        self.noted.store(0, Ordering::Release);
-        self.note_growth();
+        // Everything handed out so far (a forked child's new shield knows
+        // none of it; which of it is PROT_NONE is not kept).
+        let (from, top) = (self.base + self.heap_len, self.top.load(Ordering::Acquire));
+        if top > from {
+            shield.note_in_use(from, top - from);
+        }
     }
 
     /// Forgets the shield (in a forked child, whose inherited shield is
@@ -386,22 +386,23 @@ impl Region {
         let r = f(pages);
         self.top.store(pages.next, Ordering::Release);
         self.lock.unlock();
-        self.note_growth();
         r
     }
 
-    /// Tells the shield which part of the page part was handed out since it
-    /// last did (a shield under a cost budget alone scans only those for
-    /// data to sweep).
-    fn note_growth(&self) {
-        let Some(s) = self.shield() else { return };
-        let top = self.top.load(Ordering::Acquire);
-        let was = self
-            .noted
-            .load(Ordering::Acquire)
-            .max(self.base + self.heap_len);
-        if top > was && self.noted.fetch_max(top, Ordering::AcqRel) < top {
-            s.note_in_use(was, top - was);
+    /// Tells the shield that `[addr, addr+len)` may now hold data (a
+    /// shield under a cost budget alone scans only such chunks for data to
+    /// sweep). Called where pages become accessible: handed out with a
+    /// protection other than `PROT_NONE`, given one, or grown into. Pages
+    /// handed out `PROT_NONE` (a Go heap's reservations: gigabytes) are
+    /// not, so the scan's `mincore` does not walk them every 50 ms (measured
+    /// under etcd: 40% of the watchdog's CPU); a page can hold data only
+    /// after one of those calls, and a chunk once noted stays noted.
+    fn note_accessible(&self, addr: usize, len: usize, prot: c_int) {
+        if prot == libc::PROT_NONE || len == 0 {
+            return;
+        }
+        if let Some(s) = self.shield() {
+            s.note_in_use(addr, len.next_multiple_of(PAGE));
         }
     }
 
@@ -427,7 +428,9 @@ impl Region {
     /// large blocks and thread stacks): `len` bytes rounded up to pages,
     /// reading as zeros, given back with [`Region::munmap`].
     pub fn alloc(&self, len: usize) -> Option<usize> {
-        self.with_pages(|p| p.alloc(len))
+        let a = self.with_pages(|p| p.alloc(len))?;
+        self.note_accessible(a, len, RW);
+        Some(a)
     }
 
     /// Gives back pages [`Region::alloc`] handed out (any part of them):
@@ -443,7 +446,11 @@ impl Region {
     /// `new_len` bytes in place when the pages after them are free (they
     /// read as zeros); false otherwise.
     pub fn grow(&self, addr: usize, len: usize, new_len: usize) -> bool {
-        self.with_pages(|p| p.grow(addr, len, new_len))
+        let grown = self.with_pages(|p| p.grow(addr, len, new_len));
+        if grown && new_len > len {
+            self.note_accessible(addr + len, new_len - len, RW);
+        }
+        grown
     }
 
     /// `mmap(2)` on the region: anonymous private read-write mappings (of
@@ -540,11 +547,11 @@ impl Region {
             }
             return Err(libc::ENOMEM);
         };
-        if prot != RW {
-            if let Err(e) = self.protect(a, len, prot) {
-                self.munmap(a, len);
-                return Err(e);
-            }
+        if prot == RW {
+            self.note_accessible(a, len, RW);
+        } else if let Err(e) = self.protect(a, len, prot) {
+            self.munmap(a, len);
+            return Err(e);
         }
         Ok(a)
     }
@@ -609,6 +616,8 @@ impl Region {
         if prot != RW {
             self.prot_changed.store(true, Ordering::Relaxed);
         }
+        // Noted before the pages become accessible.
+        self.note_accessible(addr, len, prot);
         // SAFETY: pages of the region the caller owns (mprotect(2)'s
         // contract, passed on).
         unsafe { uffd::mprotect_direct(addr as *mut u8, len, prot) }
@@ -686,6 +695,9 @@ impl Region {
             }
         })?;
         let (old, new) = r;
+        if new > old {
+            self.note_accessible(old, new - old, RW);
+        }
         if new < old {
             let from = new.next_multiple_of(PAGE);
             if from < old {
