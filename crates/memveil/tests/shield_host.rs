@@ -122,8 +122,15 @@ fn num(v: &serde_json::Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"))
 }
 
-/// Runs two workloads at once; returns their summed cost (ns of CPU per s
-/// of the longer run) and pages swept.
+/// Runs two workloads at once; returns what the budgets hold back of their
+/// summed cost (ns per s of the longer run) and the pages swept.
+///
+/// That is the cost less the handler's waits for a CPU and the shield's
+/// time on the program's own threads (the wipe of what it frees, timed in
+/// wall clock): both grow with the host's load whatever any budget does (two
+/// runs spent 54-94 ms/s against a 10 ms/s host budget on a loaded host,
+/// with almost nothing swept), while the shield's threads' CPU and the
+/// faults' hand-offs are what sweeping buys.
 fn two_at_once(d: &TempDir, tag: &str) -> (f64, f64) {
     let mut kids = Children::default();
     let jsons: Vec<PathBuf> = (0..2).map(|i| d.0.join(format!("{tag}{i}.json"))).collect();
@@ -138,7 +145,10 @@ fn two_at_once(d: &TempDir, tag: &str) -> (f64, f64) {
         assert!(String::from_utf8_lossy(&o.stdout).contains("ok True"));
     }
     let s: Vec<serde_json::Value> = jsons.iter().map(|j| stats(j)).collect();
-    let cost: f64 = s.iter().map(|v| num(v, "cost_ns")).sum();
+    let cost: f64 = s
+        .iter()
+        .map(|v| num(v, "cost_ns") - num(v, "handler_wait_ns") - num(v, "program_ns"))
+        .sum();
     let secs = s.iter().map(|v| num(v, "seconds")).fold(0.0, f64::max);
     let swept = s.iter().map(|v| num(v, "swept")).sum();
     (cost / secs, swept)
@@ -399,9 +409,17 @@ fn the_exporter_under_its_seccomp_filter_publishes_every_protected_program() {
     let pid = kids.0[1].id();
     let until = Instant::now() + Duration::from_secs(15);
     let want = format!("memveil_shield_program_protected{{pid=\"{pid}\"");
+    // memveil run lists the program before it starts it: the program is
+    // listed unprotected (0) until its shield runs and joins the host's
+    // budget (seen in CI under load: the first scrape that named it came
+    // before that), so the scrape is repeated until its protected line says 1.
+    let protected = |b: &str| {
+        b.lines()
+            .any(|l| l.starts_with(&want) && l.ends_with("} 1"))
+    };
     let body = loop {
         let b = scrape(&addr);
-        if b.contains(&want) || Instant::now() > until {
+        if protected(&b) || Instant::now() > until {
             break b;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -409,7 +427,7 @@ fn the_exporter_under_its_seccomp_filter_publishes_every_protected_program() {
     // Before the filter allowed lseek, reading the registry killed the
     // scrape's thread (SIGSYS): no answer at all.
     assert!(body.contains("memveil_shield_programs 1"), "{body}");
-    assert!(body.contains(&want), "{body}");
+    assert!(protected(&body), "{body}");
     assert!(
         body.contains("memveil_shield_host_budget_fraction 0.05"),
         "{body}"
