@@ -9,9 +9,14 @@
 
 use std::ffi::c_int;
 use std::io;
-use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use memveil_shield::region::{Errno, MapOpts, Region};
+use memveil_sys::fdguard;
+
+/// Whether a refused dup2/dup3 was reported (once per run).
+static SAID: AtomicBool = AtomicBool::new(false);
 
 /// How the region serves the program's mappings: Go reserves `PROT_NONE`
 /// and maps over it, and asks for its arenas at hints it then checks.
@@ -95,6 +100,41 @@ fn answer(region: &Region, program: &str, n: &libc::seccomp_notif) -> Answer {
             addr_result(region.mremap(addr(a[0]), addr(a[1]), addr(a[2]), int(a[3]), addr(a[4])))
         }
         libc::SYS_brk => value(region.brk(addr(a[0]))),
+        libc::SYS_close => {
+            if fdguard::is_held(int(a[0])) {
+                Answer::Error(libc::EBADF)
+            } else {
+                Answer::Continue
+            }
+        }
+        // Served here, on the table the agent shares with the program's
+        // threads, around the held descriptors. With CLOSE_RANGE_UNSHARE
+        // the caller's own copy of the table is closed and the shield's
+        // stays whole: the kernel may do it.
+        libc::SYS_close_range => {
+            if a[2] & u64::from(libc::CLOSE_RANGE_UNSHARE) != 0 {
+                return Answer::Continue;
+            }
+            let word = |v: u64| u32::try_from(v & 0xffff_ffff).unwrap_or(u32::MAX);
+            match fdguard::close_range(word(a[0]), word(a[1]), word(a[2])) {
+                Ok(()) => Answer::Value(0),
+                Err(e) => Answer::Error(e.raw_os_error().unwrap_or(libc::EIO)),
+            }
+        }
+        libc::SYS_dup2 | libc::SYS_dup3 => {
+            let (old, new) = (int(a[0]), int(a[1]));
+            if old == new || !fdguard::is_held(new) {
+                return Answer::Continue;
+            }
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "memveil-shield-loader: refused a dup2/dup3 by {program} onto descriptor \
+                     {new}, which the shield holds (its userfaultfd, key file or this filter's \
+                     listener); it fails with EBADF, as for a number out of range (said once)"
+                );
+            }
+            Answer::Error(libc::EBADF)
+        }
         libc::SYS_execve | libc::SYS_execveat => {
             eprintln!(
                 "memveil-shield-loader: refused an execve by {program} itself (pid {}): the \
@@ -131,7 +171,7 @@ fn undo(region: &Region, n: &libc::seccomp_notif, a: &Answer) {
 
 /// Serves the listener until it fails (it never does while the process
 /// lives: the program's end ends this thread with it).
-pub fn serve(listener: &OwnedFd, region: &Region, program: &str) -> io::Error {
+pub fn serve(listener: &impl AsRawFd, region: &Region, program: &str) -> io::Error {
     let fd = listener.as_raw_fd();
     loop {
         // SAFETY: all-zero is a valid seccomp_notif (plain integers); the

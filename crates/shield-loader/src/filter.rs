@@ -3,7 +3,10 @@
 //! `execveat` and `clone` without `CLONE_VM` (a fork) become user
 //! notifications; `clone3`, whose
 //! flags a filter cannot read, fails with ENOSYS so the C library falls back
-//! to `clone`; everything else is allowed.
+//! to `clone`; `close`, `close_range`, `dup2` and `dup3` on a number from
+//! the shield's held descriptors' base up (`memveil_sys::fdguard`) go to
+//! the agent too, which keeps those descriptors open; everything else is
+//! allowed.
 
 use std::io;
 use std::os::fd::{FromRawFd as _, OwnedFd};
@@ -13,6 +16,15 @@ const X32_BIT: u32 = 0x4000_0000;
 const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
 const OFF_ARG0: u32 = 16;
+
+/// The calls the agent sees when their argument (index) names a
+/// descriptor from the held descriptors' base up.
+pub const GUARDED: [(libc::c_long, u32); 4] = [
+    (libc::SYS_close, 0),
+    (libc::SYS_close_range, 1),
+    (libc::SYS_dup2, 1),
+    (libc::SYS_dup3, 1),
+];
 
 /// The calls the agent serves.
 pub const NOTIFIED: [libc::c_long; 8] = [
@@ -48,8 +60,8 @@ fn nr(n: libc::c_long) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// The filter program.
-pub fn program() -> Vec<libc::sock_filter> {
+/// The filter program; `fd_base` is where the held descriptors start.
+pub fn program(fd_base: u32) -> Vec<libc::sock_filter> {
     use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
     let ld = BPF_LD | BPF_W | BPF_ABS;
     let ret = BPF_RET | BPF_K;
@@ -65,14 +77,19 @@ pub fn program() -> Vec<libc::sock_filter> {
         jump(BPF_JMP | BPF_JGE | BPF_K, X32_BIT, 0, 1),
         allow,
     ];
-    // Each notified call: equal -> the notify at the end of the run.
-    let n = NOTIFIED.len();
-    for (i, &c) in NOTIFIED.iter().enumerate() {
-        // Jump over the remaining comparisons and the clone block (7).
-        let skip = u8::try_from(n - 1 - i + 7).unwrap_or(0);
-        p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(c), skip, 0));
+    // After the comparisons of the notified calls: a block per guarded
+    // call, then clone3 and clone; the notify comes last.
+    let mut tail = Vec::new();
+    let mut to_notify = Vec::new();
+    for &(c, arg) in &GUARDED {
+        tail.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(c), 0, 3));
+        // The argument's low 32 bits (an int; little-endian).
+        tail.push(stmt(ld, OFF_ARG0 + 8 * arg));
+        to_notify.push(tail.len());
+        tail.push(jump(BPF_JMP | BPF_JGE | BPF_K, fd_base, 0, 0));
+        tail.push(allow);
     }
-    p.extend([
+    tail.extend([
         jump(BPF_JMP | BPF_JEQ | BPF_K, nr(libc::SYS_clone3), 0, 1),
         enosys,
         jump(BPF_JMP | BPF_JEQ | BPF_K, nr(libc::SYS_clone), 0, 3),
@@ -80,8 +97,18 @@ pub fn program() -> Vec<libc::sock_filter> {
         jump(BPF_JMP | BPF_JSET | BPF_K, nr(libc::CLONE_VM.into()), 0, 2),
         allow,
         allow,
-        notify,
     ]);
+    for at in to_notify {
+        tail[at].jt = u8::try_from(tail.len() - at - 1).unwrap_or(0);
+    }
+    // Each notified call: equal -> the notify after the tail.
+    let n = NOTIFIED.len();
+    for (i, &c) in NOTIFIED.iter().enumerate() {
+        let skip = u8::try_from(n - 1 - i + tail.len()).unwrap_or(0);
+        p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(c), skip, 0));
+    }
+    p.extend(tail);
+    p.push(notify);
     p
 }
 
@@ -90,7 +117,7 @@ pub fn program() -> Vec<libc::sock_filter> {
 /// Without CAP_SYS_ADMIN this needs no_new_privs, which it then sets; the
 /// bool says whether it did.
 pub fn install() -> io::Result<(OwnedFd, bool)> {
-    let prog = program();
+    let prog = program(u32::try_from(memveil_sys::fdguard::base()).unwrap_or(u32::MAX));
     let fprog = libc::sock_fprog {
         len: u16::try_from(prog.len()).unwrap_or(0),
         filter: prog.as_ptr().cast_mut(),

@@ -106,8 +106,8 @@ fn block_all_signals() -> libc::sigset_t {
 fn start_agent(
     region: &'static Region,
     program: String,
-) -> std::sync::mpsc::Sender<std::os::fd::OwnedFd> {
-    let (tx, rx) = std::sync::mpsc::channel::<std::os::fd::OwnedFd>();
+) -> std::sync::mpsc::Sender<memveil_sys::fdguard::Held> {
+    let (tx, rx) = std::sync::mpsc::channel::<memveil_sys::fdguard::Held>();
     let spawned = std::thread::Builder::new()
         .name("memveil-agent".into())
         .spawn(move || {
@@ -153,6 +153,8 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
     let tx = start_agent(region, shown.clone());
     let (listener, nnp) = filter::install()
         .unwrap_or_else(|e| die(&format!("cannot install the seccomp filter: {e}")));
+    // Out of the program's way (the filter keeps it from closing it).
+    let listener = memveil_sys::fdguard::move_high(listener, false);
     if nnp {
         eprintln!(
             "memveil-shield-loader: no_new_privs set (the filter needs it without \

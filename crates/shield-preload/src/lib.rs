@@ -61,6 +61,7 @@ use memveil_shield::{Shield, PAGE};
 use memveil_sys::uffd;
 use talc::{OomHandler, Span, Talc};
 
+mod fds;
 mod shared;
 mod stacks;
 

@@ -56,7 +56,7 @@ mod sweep;
 mod threads;
 mod zeropool;
 
-pub use pagekey::{inheritable, page_key_file, watch_supervisor, PageKey};
+pub use pagekey::{page_key_file, watch_supervisor, PageKey};
 pub use policy::{Bound, RUN_MAX};
 pub use shared::{
     parse_shared_policy, SharedConfig, SharedKind, SharedMode, SharedShield, MAX_MAPPINGS,
@@ -621,7 +621,7 @@ impl Shield {
     pub unsafe fn abandon_in_forked_child(&self) {
         // SAFETY: the caller promises this shield is never used or dropped
         // again, so nothing reads or closes the descriptor after this.
-        let _ = unsafe { libc::close(self.inner.uffd.raw_fd()) };
+        let _ = unsafe { memveil_sys::fdguard::close_held(self.inner.uffd.raw_fd()) };
         // The parent's ciphertext store is no use to the child (the fork
         // came after `freeze`, so the child's copy of every range is
         // plaintext in place): drop the child's copy of it, which would

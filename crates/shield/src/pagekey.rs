@@ -10,7 +10,7 @@
 //! heap and its shared memory under it, so every process under KeyID N
 //! shares one key, as TME-MK's KeyIDs do.
 
-use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd as _, OwnedFd, RawFd};
 
 use memveil_cipher::Xts;
 use memveil_secmem::{Level, Policy, SecretBox, SecretPool};
@@ -248,19 +248,6 @@ fn write_key(map: &memveil_sys::mem::Mapping, raw: &[u8]) {
     // 32 or 64, checked by the caller.
     page[0] = u8::try_from(raw.len()).unwrap_or(0);
     page[1..=raw.len()].copy_from_slice(raw);
-}
-
-/// Lets `fd` pass to the programs `exec`ed from here (clears close-on-exec).
-///
-/// # Errors
-/// The error of `fcntl(2)`.
-pub fn inheritable(fd: BorrowedFd<'_>) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: F_SETFD takes an int argument and touches no memory.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -707,7 +707,7 @@ fn close_inherited_userfaultfds() {
         if std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]") {
             // SAFETY: a descriptor of the creator's, which nothing in this
             // process uses (see the caller).
-            let _ = unsafe { libc::close(n) };
+            let _ = unsafe { memveil_sys::fdguard::close_held(n) };
         }
     }
 }

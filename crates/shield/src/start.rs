@@ -106,7 +106,11 @@ pub fn config() -> Result<(Config, u16), String> {
         zero_pool: env_usize(c"MEMVEIL_SHIELD_ZERO_POOL") != Some(0),
         // The host's budget ledger memveil run left open (docs/shield.md,
         // "One budget per host").
-        host_fd: env_usize(c"MEMVEIL_SHIELD_HOST_FD").and_then(|fd| i32::try_from(fd).ok()),
+        host_fd: env_usize(c"MEMVEIL_SHIELD_HOST_FD")
+            .and_then(|fd| i32::try_from(fd).ok())
+            .inspect(|&fd| {
+                memveil_sys::fdguard::hold(fd);
+            }),
         handler_cpu: if env_usize(c"MEMVEIL_SHIELD_FOLLOW") == Some(0) {
             HandlerCpu::Current
         } else {
@@ -131,6 +135,8 @@ fn page_key(keyid: u16, cfg: &Config) -> Result<Option<Arc<PageKey>>, String> {
     };
     let fd = i32::try_from(fd).map_err(|_| format!("MEMVEIL_SHIELD_KEY_FD {fd} out of range"))?;
     let key = PageKey::from_fd(fd, keyid, cfg.policy).map_err(|e| e.to_string())?;
+    // Left open for the descendants: out of the program's reach.
+    memveil_sys::fdguard::hold(fd);
     // A tenant stops when memveil run, which would stop it on a clear, is gone.
     let supervisor = env_usize(c"MEMVEIL_SHIELD_SUPERVISOR")
         .and_then(|p| u32::try_from(p).ok())

@@ -14,6 +14,7 @@
 
 pub mod cgroup;
 pub mod cpu;
+pub mod fdguard;
 pub mod ipc;
 pub mod mem;
 pub mod mount;

@@ -171,7 +171,9 @@ pub struct OpenError {
 /// An owned userfaultfd (non-blocking, close-on-exec).
 #[derive(Debug)]
 pub struct Uffd {
-    fd: OwnedFd,
+    /// Held high, out of the way of a program closing or replacing
+    /// descriptors by number (`crate::fdguard`).
+    fd: crate::fdguard::Held,
     origin: Origin,
 }
 
@@ -273,7 +275,10 @@ impl Uffd {
         let fd = RawFd::try_from(fd).unwrap_or(-1);
         // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Self { fd, origin }
+        Self {
+            fd: crate::fdguard::move_high(fd, false),
+            origin,
+        }
     }
 
     /// How the descriptor was obtained.

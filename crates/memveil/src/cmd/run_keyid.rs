@@ -72,7 +72,9 @@ impl HostKeyId {
                 .with_context(|| format!("--keyid {keyid}"))?;
             // The program's copy is the file's; this process needs none.
             tenant.wipe_key();
-            memveil_shield::inheritable(fd.as_fd())
+            // Inherited high, out of the way of a program's own
+            // descriptors (`memveil_sys::fdguard`).
+            let fd = memveil_sys::fdguard::dup_high_inheritable(fd.as_fd())
                 .context("letting the program inherit the page-key file")?;
             (Some(fd), Some(level))
         };

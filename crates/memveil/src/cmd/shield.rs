@@ -243,9 +243,11 @@ pub(crate) fn join_host() -> Result<(File, LedgerView), String> {
             path.display()
         ));
     }
-    memveil_shield::inheritable(std::os::fd::AsFd::as_fd(&f))
+    // Inherited high, out of the way of a program's own descriptors
+    // (`memveil_sys::fdguard`).
+    let f = memveil_sys::fdguard::dup_high_inheritable(std::os::fd::AsFd::as_fd(&f))
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((f, v))
+    Ok((File::from(f), v))
 }
 
 /// The registry of runs (`runs/`, sticky and writable by all, as /tmp),

@@ -352,6 +352,9 @@ impl Inner {
             self.uffd
                 .register(addr as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
         {
+            if e.raw_os_error() == Some(libc::EBADF) {
+                super::lost_uffd(self.uffd.raw_fd());
+            }
             let n = self
                 .stats
                 .counters()

@@ -439,6 +439,7 @@ impl Inner {
         while !self.stop.load(Ordering::Relaxed) {
             let n = match self.uffd.read_faults(&mut faults) {
                 Ok(n) => n,
+                Err(e) if e.raw_os_error() == Some(libc::EBADF) => lost_uffd(self.uffd.raw_fd()),
                 Err(e) => {
                     eprintln!("memveil-shield: reading faults failed: {e}");
                     std::thread::sleep(std::time::Duration::from_millis(10));
@@ -1174,4 +1175,22 @@ unsafe fn release_slot(slot: *mut u8) {
         zeroize_page(slot);
         let _ = uffd::madvise_direct(slot, PAGE, libc::MADV_DONTNEED);
     }
+}
+
+/// The userfaultfd was closed behind the shield's back (a raw `close` or
+/// `close_range` system call, which neither the preload's wrappers nor the
+/// loader's filter saw): its ranges are unregistered, and every page it
+/// had evicted would read back as zeros. The program is ended at once
+/// rather than let it run on with lost data.
+pub(crate) fn lost_uffd(fd: i32) -> ! {
+    eprintln!(
+        "memveil-shield: the shield's userfaultfd (descriptor {fd}) was closed behind its back \
+         (a raw close or close_range system call): the pages it had evicted would read back as \
+         zeros; ending the program (exit 125) rather than let it run on with lost data. Close \
+         descriptors through the C library (close, closefrom, close_range), whose wrappers leave \
+         the shield's own open"
+    );
+    // SAFETY: _exit ends the process at once; nothing of this process runs
+    // on with the lost pages.
+    unsafe { libc::_exit(125) }
 }
