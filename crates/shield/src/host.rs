@@ -339,7 +339,16 @@ impl LedgerView {
         }
         let rate = w(W_RATE).min(max_rate());
         let cap = cap_of(rate);
-        let tokens = signed(w(W_TOKENS)).clamp(floor_of(rate), cap);
+        // As the next refill would find them: the words hold the tokens
+        // of the last draw, and a ledger no run has drawn on since (none
+        // running) showed its old debt ("-26.6 ms left").
+        let since = now_ns.saturating_sub(w(W_LAST)).min(10 * WINDOW_NS);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+        let refill = (since as f64 * rate as f64 / 1e9) as i64;
+        let tokens = signed(w(W_TOKENS))
+            .clamp(floor_of(rate), cap)
+            .saturating_add(refill)
+            .clamp(floor_of(rate), cap);
         let last_len = w(W_LAST_WIN_NS);
         let win_start = w(W_WIN_START);
         // A window older than two is stale: nothing was drawn since.
@@ -856,6 +865,25 @@ mod tests {
         let l = d.0.join("link");
         std::os::unix::fs::symlink(&p, &l).expect("symlink");
         assert!(open_ledger(&l, 1).is_err(), "a symlink is not followed");
+    }
+
+    #[test]
+    fn a_debt_left_by_the_last_run_is_refilled_in_the_view() {
+        let (d, f) = ledger(100_000_000);
+        let mut bytes = vec![0u8; LEDGER_LEN];
+        f.read_exact_at(&mut bytes, 0).expect("read");
+        let now = monotonic_ns();
+        bytes[W_TOKENS * 8..W_TOKENS * 8 + 8].copy_from_slice(&word(-20_000_000).to_le_bytes());
+        bytes[W_LAST * 8..W_LAST * 8 + 8].copy_from_slice(&now.to_le_bytes());
+        let owed = LedgerView::parse(&bytes, now).expect("view");
+        assert!(owed.tokens_ns < 0, "{}", owed.tokens_ns);
+        // A second later, nothing drawn: the rate's second refilled it to the cap.
+        let later = LedgerView::parse(&bytes, now + 1_000_000_000).expect("view");
+        assert_eq!(later.tokens_ns, later.cap_ns);
+        // Halfway there after 0.1 s: 10 ms of the 20 owed come back.
+        let soon = LedgerView::parse(&bytes, now + 100_000_000).expect("view");
+        assert_eq!(soon.tokens_ns, -10_000_000);
+        drop(d);
     }
 
     #[test]

@@ -212,7 +212,7 @@ pub(super) fn summary(s: &Snapshot) -> String {
         format!("window {} pages (fixed)", s.window)
     };
     format!(
-        "{} process(es), {window}, keys {}, eviction {}; protected {} pages; plaintext {} pages \
+        "{} process(es), {window}, keys {}, eviction {}; region {} pages under the shield (reserved address space, not use); plaintext {} pages \
          ({:.1}% of {} holding data, max {}); faults {} decrypt + {} zero-fill (+{} pages read ahead, {} \
          filled ahead; {} never-written pages from the zero pool), evictions {} ({} by write-protect), \
          handler {:.1} ms{}{}{}",
