@@ -475,6 +475,9 @@ impl State {
                     sw.pending.back(now_ms.saturating_sub(away), now_ms);
                     sw.returns
                         .back(sweep::class_of(word), now_ms.saturating_sub(away), now_ms);
+                    if sweep::class_of(word) == sweep::QUIET_CLASS && away < sweep::PENDING_MS {
+                        sw.quick_back += 1;
+                    }
                     if sweep::is_learned(word) && away < sweep::QUIET_MS {
                         // Its quick sweep bought a fault: the next quiet
                         // pages' sweeps reserve more, and this one follows
@@ -1150,6 +1153,10 @@ mod tests {
         assert_eq!(plain_ms, 20 * sweep::QUICK_MS, "plaintext QUICK_MS a read");
         let sw = st.sweep.as_ref().expect("sweep");
         assert_eq!((sw.quiet_swept, sw.quiet_back), (20, 0));
+        // Each quick sweep but the last bought a fault within PENDING_MS
+        // (`quick_back`, published as the statistics' `quick_back`): the
+        // first read came back from a level sweep.
+        assert_eq!(sw.quick_back, 19);
         assert!((sw.quiet_share() - sweep::QUIET_BACK_FLOOR).abs() < 1e-9);
     }
 

@@ -183,6 +183,12 @@ pub struct Counters {
     /// Time the fault handler waited for a CPU, runnable but off it (its
     /// `schedstat` run delay), ns: faults waited that long (in `cost_ns`).
     pub handler_wait_ns: AtomicU64,
+    /// Quick sweeps: pages known quiet swept [`crate::sweep::QUICK_MS`]
+    /// after they came in.
+    pub quick_swept: AtomicU64,
+    /// Pages of quick sweeps that came back within
+    /// [`crate::sweep::PENDING_MS`] (each a fault the quick sweep bought).
+    pub quick_back: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -315,6 +321,10 @@ pub struct Snapshot {
     pub host_colder: u64,
     /// Time the fault handler waited for a CPU (ns, in `cost_ns`).
     pub handler_wait_ns: u64,
+    /// Quick sweeps of pages known quiet.
+    pub quick_swept: u64,
+    /// Of those, pages back within [`crate::sweep::PENDING_MS`].
+    pub quick_back: u64,
 }
 
 impl Snapshot {
@@ -434,6 +444,8 @@ impl Snapshot {
         self.host_waits += o.host_waits;
         self.host_colder += o.host_colder;
         self.handler_wait_ns += o.handler_wait_ns;
+        self.quick_swept += o.quick_swept;
+        self.quick_back += o.quick_back;
     }
 }
 
@@ -503,6 +515,8 @@ impl Counters {
             host_waits: g(&self.host_waits),
             host_colder: g(&self.host_colder),
             handler_wait_ns: g(&self.handler_wait_ns),
+            quick_swept: g(&self.quick_swept),
+            quick_back: g(&self.quick_back),
         }
     }
 }

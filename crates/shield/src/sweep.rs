@@ -607,6 +607,8 @@ pub(crate) struct Sweep {
     /// sooner than [`QUIET_MS`] (their quick sweep bought a fault).
     pub(crate) quiet_swept: u64,
     pub(crate) quiet_back: u64,
+    /// Pages of quick sweeps back within [`PENDING_MS`] (a fault each).
+    pub(crate) quick_back: u64,
     /// What each class's sweeps bought ([`Returns`]).
     pub(crate) returns: Returns,
 }
@@ -622,6 +624,7 @@ impl Sweep {
             released_at: 0,
             quiet_swept: 0,
             quiet_back: 0,
+            quick_back: 0,
             returns: Returns::default(),
         }
     }

@@ -549,6 +549,10 @@ impl Inner {
         c.evicted.store(st.evicted as u64, Ordering::Relaxed);
         c.max_resident.fetch_max(resident, Ordering::Relaxed);
         c.max_data.fetch_max(data as u64, Ordering::Relaxed);
+        if let Some(sw) = st.sweep.as_ref() {
+            c.quick_swept.store(sw.quiet_swept, Ordering::Relaxed);
+            c.quick_back.store(sw.quick_back, Ordering::Relaxed);
+        }
     }
 
     /// Moves the handler to the CPU thread `tid` last ran on when that is
