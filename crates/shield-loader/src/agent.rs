@@ -13,6 +13,8 @@ use std::os::fd::{AsRawFd as _, OwnedFd};
 
 use memveil_shield::region::{Errno, MapOpts, Region};
 
+use crate::keeper::Seen;
+
 /// How the region serves the program's mappings: Go reserves `PROT_NONE`
 /// and maps over it, and asks for its arenas at hints it then checks.
 const OPTS: MapOpts = MapOpts {
@@ -130,8 +132,10 @@ fn undo(region: &Region, n: &libc::seccomp_notif, a: &Answer) {
 }
 
 /// Serves the listener until it fails (it never does while the process
-/// lives: the program's end ends this thread with it).
-pub fn serve(listener: &OwnedFd, region: &Region, program: &str) -> io::Error {
+/// lives: the program's end ends this thread with it). The id of each
+/// notification received goes to `seen` first (for the keeper: see
+/// `keeper.rs`).
+pub fn serve(listener: &OwnedFd, region: &Region, program: &str, seen: &Seen) -> io::Error {
     let fd = listener.as_raw_fd();
     loop {
         // SAFETY: all-zero is a valid seccomp_notif (plain integers); the
@@ -146,6 +150,7 @@ pub fn serve(listener: &OwnedFd, region: &Region, program: &str) -> io::Error {
                 _ => return e,
             }
         }
+        seen.record(n.id);
         let a = answer(region, program, &n);
         // SAFETY: all-zero is a valid seccomp_notif_resp.
         let mut r: libc::seccomp_notif_resp = unsafe { std::mem::zeroed() };
