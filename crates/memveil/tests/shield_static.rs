@@ -608,3 +608,171 @@ fn user_option_runs_a_static_program_through_the_loader_as_that_user() {
         text(&o.stderr)
     );
 }
+
+/// Kills, when dropped, what is left in a cgroup memveil run made
+/// (`cgroup.kill`): the children a test's program left running.
+struct CgroupKill(Option<PathBuf>);
+
+impl Drop for CgroupKill {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        }
+    }
+}
+
+#[test]
+fn a_child_left_running_by_a_static_program_keeps_working_after_it_ends() {
+    if !root("static_daemon") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("daemon");
+    let Some(exe) = compile_static(&dir, "cc", "static_daemon") else {
+        return;
+    };
+    let done = dir.path("done");
+    let stats = dir.path("stats.json");
+    let o = run(
+        Command::new(MEMVEIL)
+            .args(["run", "--stats-json"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .arg("1")
+            .arg(format!("sleep 1; /bin/echo ok > '{}'", done.display())),
+        b"",
+        Duration::from_secs(60),
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap_or_default())
+            .unwrap_or_default();
+    let _kill = CgroupKill(j["cgroup"]["path"].as_str().map(PathBuf::from));
+    assert_eq!(text(&o.stdout), "spawned 1\n", "{}", text(&o.stderr));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // The program has gone; the shell sleeps a second, then forks and
+    // /bin/echo maps its libraries: before the keeper both failed (ENOSYS)
+    // and the file stayed empty.
+    let start = Instant::now();
+    while std::fs::read_to_string(&done).unwrap_or_default() != "ok\n" {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the shell the program left running did not write {}: {:?} (memveil run: {})",
+            done.display(),
+            std::fs::read_to_string(&done),
+            text(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The shell (and its sleep, if forked by then) go on; the keeper is
+    // memveil's, not counted.
+    let left = j["cgroup"]["left_running"].as_u64();
+    assert!(
+        matches!(left, Some(1 | 2)),
+        "left_running {left:?}: {j}; {}",
+        text(&o.stderr)
+    );
+    // Once the shell has ended the keeper ends too: the cgroup empties and
+    // its guardian (which looks once a second) removes it.
+    if let Some(path) = j["cgroup"]["path"].as_str() {
+        let start = Instant::now();
+        while Path::new(path).exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{path} still holds {:?} after the shell ended",
+                std::fs::read_to_string(Path::new(path).join("cgroup.procs"))
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_keeper_with_nothing_to_serve_is_not_counted_and_ends() {
+    if !root("static_keeper_alone") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("keeper-alone");
+    let Some(exe) = compile_static(&dir, "cc", "static_fork") else {
+        return;
+    };
+    // static_fork spawns /bin/echo and waits for it: the keeper has
+    // nothing to serve, and ends once the loader is released.
+    for round in 0..3 {
+        let stats = dir.path(&format!("stats-{round}.json"));
+        let o = run(
+            Command::new(MEMVEIL)
+                .args(["run", "--stats-json"])
+                .arg(&stats)
+                .arg("--")
+                .arg(&exe),
+            b"",
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+        assert_eq!(j["cgroup"]["left_running"], 0, "{j}");
+        assert!(
+            text(&o.stderr).contains("killed whole had memveil run been killed")
+                && !text(&o.stderr).contains("left running"),
+            "{}",
+            text(&o.stderr)
+        );
+        // The cgroup went with memveil run, so did every process in it,
+        // the keeper included.
+        if let Some(path) = j["cgroup"]["path"].as_str() {
+            assert!(!Path::new(path).exists(), "{path} is left");
+        }
+    }
+}
+
+#[test]
+fn children_starting_while_a_static_program_ends_are_all_answered() {
+    if !root("static_spawn_exit") {
+        return;
+    }
+    loader_built();
+    let dir = TempDir::new("spawn-exit");
+    let Some(exe) = compile_static(&dir, "cc", "static_daemon") else {
+        return;
+    };
+    // Four shells map their libraries and execute while the program ends:
+    // the agent may have received a call of theirs when it was killed with
+    // the program. Before the keeper answered that call, its shell waited
+    // for ever (most rounds by hand: 41 shells stuck in about 50 rounds).
+    for round in 0..20 {
+        let lines = dir.path(&format!("lines-{round}"));
+        let stats = dir.path(&format!("stats-{round}.json"));
+        let o = run(
+            Command::new(MEMVEIL)
+                .args(["run", "--quiet", "--stats-json"])
+                .arg(&stats)
+                .arg("--")
+                .arg(&exe)
+                .arg("4")
+                .arg(format!(
+                    "/bin/echo ok >> '{}'; /bin/cat /dev/null",
+                    lines.display()
+                )),
+            b"",
+            Duration::from_secs(60),
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap_or_default())
+                .unwrap_or_default();
+        let _kill = CgroupKill(j["cgroup"]["path"].as_str().map(PathBuf::from));
+        assert_eq!(text(&o.stdout), "spawned 4\n", "{}", text(&o.stderr));
+        let start = Instant::now();
+        while std::fs::read_to_string(&lines).unwrap_or_default() != "ok\nok\nok\nok\n" {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "round {round}: the shells wrote {:?} (4 lines expected); cgroup {}",
+                std::fs::read_to_string(&lines),
+                j["cgroup"]
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -18,6 +18,8 @@ use memveil_sys::fdguard;
 /// Whether a refused dup2/dup3 was reported (once per run).
 static SAID: AtomicBool = AtomicBool::new(false);
 
+use crate::keeper::Seen;
+
 /// How the region serves the program's mappings: Go reserves `PROT_NONE`
 /// and maps over it, and asks for its arenas at hints it then checks.
 const OPTS: MapOpts = MapOpts {
@@ -170,8 +172,10 @@ fn undo(region: &Region, n: &libc::seccomp_notif, a: &Answer) {
 }
 
 /// Serves the listener until it fails (it never does while the process
-/// lives: the program's end ends this thread with it).
-pub fn serve(listener: &impl AsRawFd, region: &Region, program: &str) -> io::Error {
+/// lives: the program's end ends this thread with it). The id of each
+/// notification received goes to `seen` first (for the keeper: see
+/// `keeper.rs`).
+pub fn serve(listener: &impl AsRawFd, region: &Region, program: &str, seen: &Seen) -> io::Error {
     let fd = listener.as_raw_fd();
     loop {
         // SAFETY: all-zero is a valid seccomp_notif (plain integers); the
@@ -186,6 +190,7 @@ pub fn serve(listener: &impl AsRawFd, region: &Region, program: &str) -> io::Err
                 _ => return e,
             }
         }
+        seen.record(n.id);
         let a = answer(region, program, &n);
         // SAFETY: all-zero is a valid seccomp_notif_resp.
         let mut r: libc::seccomp_notif_resp = unsafe { std::mem::zeroed() };

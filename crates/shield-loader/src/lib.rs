@@ -24,6 +24,13 @@
 //! memory of programs it executes (they inherit the filter, whose calls are
 //! let through), and `/proc/self/exe` names the loader. If the shield cannot
 //! start the program is not run: exit status 125 and the reason on stderr.
+//!
+//! Children that outlive the program (a daemon started with `posix_spawn` or
+//! `os/exec`) keep the filter: a keeper process, forked first, holds the
+//! listener and lets their calls through once the loader has ended, until no
+//! task uses the filter any more (see `keeper.rs`). Without it the kernel
+//! would fail their notified calls with ENOSYS; if it cannot start, the
+//! loader says so on stderr and runs the program.
 
 use std::ffi::{c_char, c_int, CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt as _;
@@ -35,6 +42,7 @@ mod agent;
 mod elf;
 mod enter;
 mod filter;
+mod keeper;
 mod load;
 
 /// Where the region is reserved when that address is free: the Go
@@ -106,13 +114,14 @@ fn block_all_signals() -> libc::sigset_t {
 fn start_agent(
     region: &'static Region,
     program: String,
+    seen: &'static keeper::Seen,
 ) -> std::sync::mpsc::Sender<memveil_sys::fdguard::Held> {
     let (tx, rx) = std::sync::mpsc::channel::<memveil_sys::fdguard::Held>();
     let spawned = std::thread::Builder::new()
         .name("memveil-agent".into())
         .spawn(move || {
             let Ok(listener) = rx.recv() else { return };
-            let e = agent::serve(&listener, region, &program);
+            let e = agent::serve(&listener, region, &program, seen);
             // The program's memory calls would wait forever: end it loudly.
             eprintln!("memveil-shield-loader: the agent cannot serve {program} any more: {e}");
             std::process::abort();
@@ -121,6 +130,15 @@ fn start_agent(
         die(&format!("cannot start the agent thread: {e}"));
     }
     tx
+}
+
+/// Says, once, that the keeper could not start and what follows from it.
+fn keeper_missing(program: &str, why: &str) {
+    eprintln!(
+        "memveil-shield-loader: cannot start the keeper ({why}): children {program} starts \
+         (posix_spawn, os/exec) that outlive it will fail their memory calls (mmap, brk, \
+         mprotect, execve, fork) with ENOSYS once it has ended"
+    );
 }
 
 /// Loads and enters the program `argv[1]` (see the crate's documentation).
@@ -144,13 +162,21 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
         ));
     };
     let shown = path.display().to_string();
+    // Before any thread exists (it forks).
+    // SAFETY: the initial thread, alone (the caller's promise).
+    let keeper = unsafe { keeper::Keeper::start() }
+        .inspect_err(|e| keeper_missing(&shown, e))
+        .ok();
     let mask = block_all_signals();
     let loaded = load::load(&path).unwrap_or_else(|e| die(&e));
     let region = match protect() {
         Ok(p) => p,
         Err(e) => die(&format!("refusing to run {shown} unprotected: {e}")),
     };
-    let tx = start_agent(region, shown.clone());
+    let seen = keeper
+        .as_ref()
+        .map_or_else(keeper::no_keeper, keeper::Keeper::seen);
+    let tx = start_agent(region, shown.clone(), seen);
     let (listener, nnp) = filter::install()
         .unwrap_or_else(|e| die(&format!("cannot install the seccomp filter: {e}")));
     // Out of the program's way (the filter keeps it from closing it).
@@ -161,8 +187,24 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
              CAP_SYS_ADMIN): setuid programs {shown} runs gain no privileges"
         );
     }
+    // The keeper's copy first; the loader's end of its socket closes here
+    // (no descriptor of the loader's reaches the program).
+    let kept = keeper.is_some_and(|k| {
+        k.hand(std::os::fd::AsFd::as_fd(&listener))
+            .inspect_err(|e| {
+                keeper_missing(&shown, &format!("it ended before it had the listener: {e}"));
+            })
+            .is_ok()
+    });
     if tx.send(listener).is_err() {
         die("the agent thread ended before it started serving");
+    }
+    // One notified call of the loader's own (let through), so that the
+    // agent has recorded an id before the program runs: the keeper looks
+    // for a notification left unanswered from the last one recorded.
+    if kept {
+        // SAFETY: madvise of an empty range touches no memory.
+        unsafe { libc::syscall(libc::SYS_madvise, 0usize, 0usize, libc::MADV_NORMAL) };
     }
     let execfn: &'static CStr = Box::leak(
         CString::new(path.as_os_str().as_bytes())

@@ -407,7 +407,9 @@ fn loader_limits(program: &str, dynamic: bool, go: bool) -> String {
         "{program} {how}, its memory calls served from \
          the protected region; not covered: its .data/.bss, its initial stack and the thread \
          stacks a C library maps (MAP_STACK), and the programs \
-         it executes (they run unprotected); a fork without CLONE_VM is refused (EAGAIN), \
+         it executes (they run unprotected; what it leaves running works on after it ends, \
+         its calls let through by a process memveil-keeper); a fork without CLONE_VM is \
+         refused (EAGAIN), \
          and so is an execve in place (EPERM); \
          /proc/PID/exe names the loader"
     )

@@ -290,28 +290,37 @@ impl ProgramCgroup {
         }
     }
 
-    /// Kills every process in the cgroup now; returns how many there were.
+    /// Kills every process in the cgroup now; returns how many of the
+    /// program's there were (the loader's keeper is not counted).
     pub fn kill(&mut self) -> usize {
         if self.stuck_inside {
             return 0;
         }
-        let n = self.count();
-        if n > 0 {
+        let listed = self.listed();
+        if !listed.is_empty() {
             let _ = self.kill.write_all(b"1");
         }
-        n
+        listed.into_iter().filter(|&p| !is_keeper(p)).count()
     }
 
-    /// How many processes are in the cgroup.
+    /// Every process in the cgroup (`cgroup.procs`; empty when unreadable).
+    fn listed(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// How many of the program's processes are in the cgroup (the
+    /// loader's keeper is memveil's, not the program's: not counted).
     #[must_use]
     pub fn count(&self) -> usize {
-        std::fs::read_to_string(self.dir.join("cgroup.procs"))
-            .map_or(0, |s| s.lines().filter(|l| !l.trim().is_empty()).count())
+        self.listed().into_iter().filter(|&p| !is_keeper(p)).count()
     }
 
-    /// The processes in the cgroup; `None` when it cannot be read (or this
-    /// process could not move back out of it: the cgroup then holds
-    /// processes that are not the program's).
+    /// The program's processes in the cgroup (not the loader's keeper);
+    /// `None` when it cannot be read (or this process could not move back
+    /// out of it: the cgroup then holds processes that are not the
+    /// program's).
     #[must_use]
     pub fn pids(&self) -> Option<Vec<u32>> {
         if self.stuck_inside {
@@ -322,6 +331,7 @@ impl ProgramCgroup {
             procs
                 .lines()
                 .filter_map(|l| l.trim().parse().ok())
+                .filter(|&p| !is_keeper(p))
                 .collect(),
         )
     }
@@ -329,13 +339,39 @@ impl ProgramCgroup {
     /// The end of the run: the guardian removes the cgroup once what the
     /// program left running has ended; waits up to [`FINISH_WAIT`] for that
     /// when nothing is left (`false`: it did not, and said why), not at all
-    /// otherwise.
+    /// otherwise. A keeper left alone ends the moment the kernel has
+    /// released the loader (it is waited for, up to [`KEEPER_WAIT`], before
+    /// the guardian, which looks at the cgroup once a second, is told).
     pub fn finish(mut self) -> bool {
-        let empty = self.count() == 0;
+        let listed = self.listed();
+        let keepers: Vec<u32> = listed.iter().copied().filter(|&p| is_keeper(p)).collect();
+        let empty = listed.len() == keepers.len();
+        if empty {
+            for k in keepers {
+                if let Ok(Some(fd)) = memveil_sys::process::PidFd::open(k) {
+                    fd.wait(Some(KEEPER_WAIT));
+                }
+            }
+        }
         self.guardian
             .take()
             .is_some_and(|g| !empty || g.finish(FINISH_WAIT))
     }
+}
+
+/// The name memveil-shield-loader's keeper takes (`/proc/PID/comm`): the
+/// process that lets the calls of the children a static program started
+/// through the loader's seccomp filter once the program has ended
+/// (crates/shield-loader/src/keeper.rs). It ends when they all have.
+const KEEPER: &str = "memveil-keeper";
+
+/// How long memveil run waits at its end for a keeper with nothing left
+/// to serve.
+const KEEPER_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether process `pid` is a loader's keeper.
+fn is_keeper(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == KEEPER)
 }
 
 /// One line for the summary: the program's cgroup and what was killed in
