@@ -436,6 +436,7 @@ impl Inner {
         // Without a spin the handler sleeps in read(2) itself: one system
         // call per wake-up instead of read, poll and read again.
         let blocking = self.spin.is_zero() && self.uffd.set_blocking(true).is_ok();
+        self.cpu.handler_ready(self.uffd.pending());
         while !self.stop.load(Ordering::Relaxed) {
             let n = match self.uffd.read_faults(&mut faults) {
                 Ok(n) => n,
