@@ -47,6 +47,7 @@ mod handler;
 pub mod host;
 mod pagekey;
 mod policy;
+mod queue;
 pub mod region;
 mod shared;
 pub mod start;

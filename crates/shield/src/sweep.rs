@@ -37,6 +37,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use crate::queue::Queue;
+
 /// Periods: level `l` sweeps a page `BASE_PERIOD_MS << l` ms after it
 /// came in.
 pub(crate) const LEVELS: usize = 10;
@@ -581,16 +583,13 @@ impl Returns {
     }
 }
 
-/// A queued page: `(arrival in ms, page address)`, earliest first.
-pub(crate) type Entry = Reverse<(u64, usize)>;
-
 /// The sweep: resident pages waiting for their period to end, one queue per
 /// level ordered by arrival (the first is due first), and the budget.
 #[derive(Debug)]
 pub(crate) struct Sweep {
     /// An entry whose page has left or come in again since (another tick in
     /// its time word) is stale and skipped.
-    pub(crate) queues: [BinaryHeap<Entry>; LEVELS],
+    pub(crate) queues: [Queue; LEVELS],
     /// Pages known quiet (their time word's learned bit), by when they are
     /// due: `(due, address, arrival)`. Swept before any level's pages: they
     /// are the cheapest (they stay out) and the most worth it.
@@ -616,7 +615,7 @@ pub(crate) struct Sweep {
 impl Sweep {
     pub(crate) fn new(budget: Budget, now_ms: u64) -> Self {
         Self {
-            queues: std::array::from_fn(|_| BinaryHeap::new()),
+            queues: std::array::from_fn(|_| Queue::new()),
             quiet: BinaryHeap::new(),
             credit: Credit::new(budget.fraction, now_ms),
             pending: Pending::default(),

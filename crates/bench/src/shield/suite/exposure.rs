@@ -638,11 +638,23 @@ pub fn server_part(opts: &crate::BenchOpts) -> Result<crate::Section, crate::Ben
     let plain_run = run / 3;
     let wrap = wrap_default(&memveil);
     let mut rows: Vec<(Served, Served)> = Vec::new();
+    // Other protected programs draw on the host's budget the server sweeps
+    // from: the figure is the server's alone on the host.
+    let mut beside: Vec<String> = Vec::new();
     let result = exe.and_then(|exe| {
         for round in 0..ROUNDS {
             let say = |what: &str| {
                 opts.say(&format!("coldserver: round {}/{ROUNDS}: {what}", round + 1));
             };
+            for p in protected_programs(&memveil) {
+                if !beside.contains(&p) {
+                    opts.say(&format!(
+                        "coldserver: WARNING: {p} is protected on this host and shares its budget: the figure \
+                         needs a quiet host (none listed by `memveil shield status`)"
+                    ));
+                    beside.push(p);
+                }
+            }
             let plain_first = round % 2 == 0;
             let mut plain = None;
             let mut shield = None;
@@ -683,11 +695,20 @@ pub fn server_part(opts: &crate::BenchOpts) -> Result<crate::Section, crate::Ben
             s.ramp_s.map_or("never".into(), |t| format!("{t:.1} s")),
         );
     }
-    let what = format!(
+    let mut what = format!(
         "a request loop (coldserver.c) over a {heap_mib} MiB heap written at start, {}% of its pages hot (runs of \
          16 pages at random places) and the rest never touched again",
         permille / 10
     );
+    if !beside.is_empty() {
+        let _ = write!(
+            what,
+            " (NOT alone on the host: {} other protected program(s) shared the host's budget: {}; the figure is \
+             the server alone and needs a quiet host)",
+            beside.len(),
+            beside.join(", ")
+        );
+    }
     let figures = vec![
         crate::Figure::plain(
             "shield.server_cold_coverage",
@@ -739,9 +760,53 @@ pub fn server_part(opts: &crate::BenchOpts) -> Result<crate::Section, crate::Ben
     })
 }
 
+/// The protected programs `memveil shield status --json` lists now, as
+/// `pid N (command)`; none when it cannot be run or read.
+fn protected_programs(memveil: &Path) -> Vec<String> {
+    std::process::Command::new(memveil)
+        .args(["shield", "status", "--json"])
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .map_or_else(Vec::new, |v| listed(&v))
+}
+
+/// The programs of a `memveil shield status --json` answer, as `pid N
+/// (command)`.
+fn listed(status: &serde_json::Value) -> Vec<String> {
+    status["programs"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .map(|p| {
+                    format!(
+                        "pid {} ({})",
+                        p["pid"].as_u64().unwrap_or(0),
+                        p["command"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_programs_shield_status_lists_are_named_for_the_cold_servers_warning() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"host": {"cpus": 2}, "on_host_budget": 1, "programs": [
+                {"pid": 15329, "command": "/usr/bin/python3 w.py 200000", "on_host_budget": true}]}"#,
+        )
+        .expect("json");
+        assert_eq!(listed(&v), ["pid 15329 (/usr/bin/python3 w.py 200000)"]);
+        let none: serde_json::Value =
+            serde_json::from_str(r#"{"host": {"cpus": 2}, "programs": []}"#).expect("json");
+        assert!(listed(&none).is_empty());
+        assert!(listed(&serde_json::Value::Null).is_empty());
+    }
 
     #[test]
     fn the_layout_line_is_parsed_and_bad_ones_refused() {
