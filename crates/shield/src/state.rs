@@ -742,16 +742,24 @@ impl State {
                 }
                 let (probe, probe_level) = r.probes[b];
                 let left = sweep::since(now_ms, probe.wrapping_sub(1));
-                let out = sweep::PROBE_WAIT * sweep::period_ms(probe_level);
+                let out = sweep::probe_out_ms(probe_level);
                 if !own && probe != 0 && left < out {
                     // The block's probe left less than its period ago: what
                     // it learns decides for this page; due again when the
-                    // probe has been out its period.
+                    // probe has been out its period. At the top level it
+                    // waits for a probe once: it follows its own level
+                    // after (a probe back to the block's hot page and the
+                    // next one taken would hold it again and again).
                     q.pop();
                     let again = (now_ms + out - left).saturating_sub(period);
+                    let w = sweep::retick(word, sweep::tick_of(sweep::pack(again, 0)), level);
                     self.ranges[pos].set_time(
                         i,
-                        sweep::retick(word, sweep::tick_of(sweep::pack(again, 0)), level),
+                        if level == sweep::TOP {
+                            sweep::learned(w)
+                        } else {
+                            w
+                        },
                     );
                     later.push((addr, again, level));
                     continue;
@@ -761,17 +769,16 @@ impl State {
                     && sw.returns.pass_over(usize::from(level))
                 {
                     // Pages swept at this period come straight back, this
-                    // one too last time: it takes the next period (same
-                    // arrival), as a block's hint would raise it, without a
-                    // fault; at the last level it waits that period again.
-                    // A page that never came back is swept (the hot pages
-                    // that close a level hold no cold page back).
+                    // one too last time: it waits without a fault
+                    // (`sweep::pass_over_to`: the next period, or at the
+                    // last level that period again, once). A page that
+                    // never came back is swept (the hot pages that close a
+                    // level hold no cold page back).
                     q.pop();
-                    let (at, up) = if level < sweep::TOP {
-                        (at, level + 1)
-                    } else {
-                        (now_ms, level)
-                    };
+                    let (at, up, again) = sweep::pass_over_to(at, level, now_ms);
+                    if !again {
+                        self.ranges[pos].set_state(i, st & !CAME_BACK);
+                    }
                     self.ranges[pos].set_time(
                         i,
                         sweep::retick(word, sweep::tick_of(sweep::pack(at, 0)), up),
@@ -1258,6 +1265,48 @@ mod tests {
         }
         assert_ne!(st.ranges[0].state(0) & CAME_BACK, 0);
         assert_eq!(st.ranges[0].state(8) & CAME_BACK, 0);
+    }
+
+    #[test]
+    fn a_page_the_closed_top_level_passed_over_is_swept_one_period_later() {
+        // An idle etcd: pages it used hard during its workload sit at the
+        // longest period, which their returns closed; once idle, each is
+        // ciphertext one more period after it was passed over, not 7 in 8
+        // of them period after period.
+        let mut st = state(8);
+        let top = sweep::period_ms(sweep::TOP);
+        came_straight_back(&mut st, usize::from(sweep::TOP), 32);
+        for i in 0..8 {
+            let addr = st.ranges[0].addr(i);
+            st.ranges[0].set_state(i, RESIDENT | CAME_BACK);
+            st.ranges[0].set_time(i, sweep::learned(sweep::pack(0, sweep::TOP)));
+            let sw = st.sweep.as_mut().expect("sweep");
+            sw.arrived(addr, 0, sweep::TOP, false);
+        }
+        // Its probe leaves, the other 7 are passed over...
+        assert_eq!(sweep(&mut st, top).len(), 1);
+        assert_eq!(sweep(&mut st, 2 * top - 1), Vec::<usize>::new());
+        // ...and leave one period later.
+        assert_eq!(sweep(&mut st, 2 * top).len(), 7);
+    }
+
+    #[test]
+    fn pages_behind_a_top_level_probe_leave_one_top_period_after_it() {
+        // A block of an idle etcd at the longest period: its probe leaves
+        // first, the others wait for it one top period (not PROBE_WAIT of
+        // them: 51 s), then follow their own level.
+        let mut st = state(64);
+        let top = sweep::period_ms(sweep::TOP);
+        for i in 0..64 {
+            let addr = st.ranges[0].addr(i);
+            st.ranges[0].set_time(i, sweep::pack(0, sweep::TOP));
+            let sw = st.sweep.as_mut().expect("sweep");
+            sw.arrived(addr, 0, sweep::TOP, false);
+        }
+        assert_eq!(sweep(&mut st, top), [0]);
+        assert!((1..64).all(|i| sweep::is_learned(st.ranges[0].time(i))));
+        assert_eq!(sweep(&mut st, 2 * top - 1), Vec::<usize>::new());
+        assert_eq!(sweep(&mut st, 2 * top), (1..64).collect::<Vec<_>>());
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //! learn from one probe page, so a hot array pays one fault per block and
 //! level rather than one per page. A level whose swept pages come back
 //! within [`PENDING_MS`] three times in four is closed ([`Returns`]): its
-//! due pages take the next period without a fault.
+//! due pages take the next period without a fault (at the top level, one
+//! more period once: [`pass_over_to`]).
 //!
 //! [`Credit`] is the budget itself, a token bucket in nanoseconds of the
 //! program's time: it fills at the budget's rate and empties by what faults
@@ -78,7 +79,8 @@ pub(crate) const HINT_PAGES: usize = 64;
 /// How many of its periods a block's probe must stay out before the block
 /// is taken as idle at that level (a program that faults often runs slower,
 /// and its hot pages come back later than they would plainly); a probe
-/// back within that time raises the block's hint.
+/// back within that time raises the block's hint. The wait is at most
+/// the longest period ([`probe_out_ms`]).
 pub(crate) const PROBE_WAIT: u64 = 4;
 
 /// Bits of the tick (ms) in a page's time word; above it the "learned"
@@ -583,6 +585,32 @@ impl Returns {
     }
 }
 
+/// Where a due page that closed `level` passes over waits next (its
+/// arrival and level, for the queue and its time word), and whether it may
+/// be passed over again. Below the top level it takes the next period from
+/// the same arrival, as a block's hint would raise it. At the top level it
+/// waits that period once more from `now_ms` and is then swept whatever
+/// its level's other pages do (`false`: its came-back mark is cleared), so
+/// a page left alone is ciphertext at most two top periods after it
+/// reached the top level. Passed over again and again (7 times in
+/// [`CLOSED_PROBE_EVERY`]), an idle etcd's raft entries stayed plaintext
+/// for over 30 s of idleness, pages it had used hard during its workload.
+pub(crate) fn pass_over_to(at_ms: u64, level: u8, now_ms: u64) -> (u64, u8, bool) {
+    if level < TOP {
+        (at_ms, level + 1, true)
+    } else {
+        (now_ms, TOP, false)
+    }
+}
+
+/// How long a block's probe swept at `probe_level` must stay out before
+/// it vouches for its block ([`PROBE_WAIT`] of its periods), at most the
+/// longest period: at the top level four periods held the pages behind an
+/// idle etcd's probe plaintext 51 s past their own due time.
+pub(crate) fn probe_out_ms(probe_level: u8) -> u64 {
+    (PROBE_WAIT * period_ms(probe_level)).min(period_ms(TOP))
+}
+
 /// The sweep: resident pages waiting for their period to end, one queue per
 /// level ordered by arrival (the first is due first), and the budget.
 #[derive(Debug)]
@@ -868,6 +896,20 @@ mod tests {
         }
         few.settle(PENDING_MS + BUCKET_MS);
         assert!(!few.closed(2));
+    }
+
+    #[test]
+    fn a_page_passed_over_at_the_top_level_is_swept_at_its_next_due() {
+        // Below the top: the next period from the same arrival, and it may
+        // be passed over again there.
+        assert_eq!(pass_over_to(1_000, 3, 1_200), (1_000, 4, true));
+        assert_eq!(pass_over_to(1_000, TOP - 1, 7_400), (1_000, TOP, true));
+        // At the top: one more period from now, then swept.
+        assert_eq!(pass_over_to(1_000, TOP, 13_800), (13_800, TOP, false));
+        // A probe vouches after PROBE_WAIT of its periods, at most the top
+        // one.
+        assert_eq!(probe_out_ms(0), PROBE_WAIT * BASE_PERIOD_MS);
+        assert_eq!(probe_out_ms(TOP), period_ms(TOP));
     }
 
     #[test]

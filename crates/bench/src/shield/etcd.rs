@@ -1,6 +1,6 @@
 //! etcd under `memveil run` (issue 34: `shield.etcd_put_vs_plain`,
 //! `shield.etcd_get_vs_plain`): Debian's etcd-server (a Go program) run
-//! plainly and protected in alternating rounds, its data directory on
+//! plainly and protected side by side, loaded in turns, its data directory on
 //! tmpfs, driven over its HTTP/JSON gateway (`/v3/kv/put`, `/v3/kv/range`)
 //! by client threads on kept-alive connections.
 
@@ -17,8 +17,8 @@ use crate::procs::{exited_within, in_path, scratch_dir};
 use crate::timing::median;
 use crate::{BenchOpts, Figure};
 
-/// Rounds (each a plain and a protected server, alternating which first).
-const ROUNDS: usize = 3;
+/// Rounds (each a plain and a protected server side by side, see [`round`]).
+const ROUNDS: usize = 5;
 /// Client threads, each on its own connection.
 const CLIENTS: usize = 8;
 /// Keys the load writes and reads.
@@ -262,8 +262,9 @@ fn value(tag: u64, i: usize) -> Vec<u8> {
     (0..32).flat_map(|_| rng.next().to_le_bytes()).collect()
 }
 
-/// Requests per second of `CLIENTS` threads doing `op` for `secs`.
-fn load(port: u16, secs: f64, put: bool, tag: u64) -> Result<f64, String> {
+/// Requests `CLIENTS` threads doing `op` for `secs` completed, and the
+/// seconds they took.
+fn load(port: u16, secs: f64, put: bool, tag: u64) -> Result<(u64, f64), String> {
     let t = Instant::now();
     let until = t + Duration::from_secs_f64(secs);
     let handles: Vec<_> = (0..CLIENTS)
@@ -293,32 +294,104 @@ fn load(port: u16, secs: f64, put: bool, tag: u64) -> Result<f64, String> {
     for h in handles {
         total += h.join().map_err(|_| "a client thread panicked")??;
     }
-    #[allow(clippy::cast_precision_loss)]
-    Ok(total as f64 / t.elapsed().as_secs_f64())
+    Ok((total, t.elapsed().as_secs_f64()))
 }
 
-/// One server's put and get rates.
-fn measure(
+/// Writes every key once (the gets read them all).
+fn fill(port: u16, tag: u64) -> Result<(), String> {
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut cl = Client::connect(port)?;
+                for k in (c..KEYS).step_by(CLIENTS) {
+                    cl.put(&format!("bench/{k}"), &value(tag, k))?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().map_err(|_| "a client thread panicked")??;
+    }
+    Ok(())
+}
+
+/// Interleaved load slices per phase and round (each server's share of a
+/// phase is cut into this many slices, taken in turns with the other
+/// server's, ABBA).
+const SLICES: usize = 4;
+
+/// One round: a plain and a protected server side by side (each with its
+/// keys written and `warm` s of puts untimed), then `SLICES` slices of
+/// `slice` s of puts per server taken in turns, then as many of gets. A
+/// slice's neighbour in time is the other server's, so a change of the
+/// host's speed (another program, the CPU's turbo) weighs on both alike;
+/// plain etcd's rates moved up to 2.5x between the rounds of the bench's
+/// first method (one server at a time, 3-10 s each).
+/// `[plain, protected]` rates: `(put/s, get/s)`.
+fn round(
     wrap: &[&std::ffi::OsStr],
     dir: &Path,
-    secs: f64,
-    tag: u64,
-) -> Result<(f64, f64), String> {
-    let data = dir.join(format!("data-{tag}"));
-    let _ = std::fs::remove_dir_all(&data);
-    let log = dir.join(format!("etcd-{tag}.log"));
-    let s = Server::start(wrap, &data, &log)?;
-    let put = load(s.port, secs, true, tag)?;
-    let get = load(s.port, secs, false, tag)?;
-    let stopped = s.stop();
-    let _ = std::fs::remove_dir_all(&data);
-    match stopped {
-        Some(st) if clean_stop(st) => Ok((put, get)),
-        other => Err(format!(
-            "etcd did not stop cleanly on SIGTERM ({other:?}): {}",
-            crate::procs::tail(&log)
-        )),
+    warm: f64,
+    slice: f64,
+    round: usize,
+) -> Result<[(f64, f64); 2], String> {
+    let mut servers = Vec::new();
+    for which in 0..2 {
+        let tag = (round * 2 + which) as u64 + 1;
+        let data = dir.join(format!("data-{tag}"));
+        let _ = std::fs::remove_dir_all(&data);
+        let log = dir.join(format!("etcd-{tag}.log"));
+        let w: &[&std::ffi::OsStr] = if which == 0 { &[] } else { wrap };
+        let s = Server::start(w, &data, &log)?;
+        fill(s.port, tag)?;
+        servers.push((s, tag, log));
     }
+    for (s, tag, _) in &servers {
+        load(s.port, warm, true, *tag)?;
+    }
+    let mut rates = [(0.0, 0.0); 2];
+    for put in [true, false] {
+        let mut done = [(0u64, 0.0f64); 2];
+        for k in 0..SLICES {
+            // ABBA: each server goes first as often as second.
+            let order: [usize; 2] = if (k + round).is_multiple_of(2) {
+                [0, 1]
+            } else {
+                [1, 0]
+            };
+            for which in order {
+                let (s, tag, _) = &servers[which];
+                let (n, t) = load(s.port, slice, put, *tag)?;
+                done[which].0 += n;
+                done[which].1 += t;
+            }
+        }
+        for which in 0..2 {
+            #[allow(clippy::cast_precision_loss)]
+            let rate = done[which].0 as f64 / done[which].1;
+            if put {
+                rates[which].0 = rate;
+            } else {
+                rates[which].1 = rate;
+            }
+        }
+    }
+    for (s, _, log) in servers {
+        let data = s.data.clone();
+        let stopped = s.stop();
+        let _ = std::fs::remove_dir_all(&data);
+        match stopped {
+            Some(st) if clean_stop(st) => {}
+            other => {
+                return Err(format!(
+                    "etcd did not stop cleanly on SIGTERM ({other:?}): {}",
+                    crate::procs::tail(&log)
+                ))
+            }
+        }
+    }
+    Ok(rates)
 }
 
 /// The etcd figures.
@@ -339,34 +412,28 @@ pub(crate) fn figures(
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let wrap = super::suite::exposure::wrap_default(memveil);
-    let secs: f64 = opts.pick(3.0, 10.0);
+    let (warm, slice): (f64, f64) = opts.pick((1.0, 1.0), (3.0, 2.0));
     let (mut puts, mut gets) = (Vec::new(), Vec::new());
     let mut rows = String::new();
     let result = (|| -> Result<(), String> {
-        for round in 0..ROUNDS {
-            let mut got = [(0.0, 0.0); 2];
-            let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-            for which in order {
-                opts.say(&format!(
-                    "shield etcd: round {}/{ROUNDS}, {}",
-                    round + 1,
-                    if which == 0 { "plain" } else { "memveil run" }
-                ));
-                let w: &[&std::ffi::OsStr] = if which == 0 { &[] } else { &wrap };
-                got[which] = measure(w, &dir, secs, (round * 2 + which) as u64 + 1)?;
-            }
-            puts.push(got[1].0 / got[0].0);
-            gets.push(got[1].1 / got[0].1);
+        for r in 0..ROUNDS {
+            opts.say(&format!(
+                "shield etcd: round {}/{ROUNDS}, plain and memveil run side by side",
+                r + 1
+            ));
+            let [plain, prot] = round(&wrap, &dir, warm, slice, r)?;
+            puts.push(prot.0 / plain.0);
+            gets.push(prot.1 / plain.1);
             let _ = writeln!(
                 rows,
                 "| {} | {:.0} / {:.0} | {:.3} | {:.0} / {:.0} | {:.3} |",
-                round + 1,
-                got[1].0,
-                got[0].0,
-                got[1].0 / got[0].0,
-                got[1].1,
-                got[0].1,
-                got[1].1 / got[0].1
+                r + 1,
+                prot.0,
+                plain.0,
+                prot.0 / plain.0,
+                prot.1,
+                plain.1,
+                prot.1 / plain.1
             );
         }
         Ok(())
@@ -376,8 +443,10 @@ pub(crate) fn figures(
     let _ = writeln!(
         md,
         "\netcd (Debian's etcd-server, a Go program) plainly and under `memveil run` at its defaults, data on tmpfs, \
-         {CLIENTS} clients on kept-alive connections to its JSON gateway for {secs} s of puts (256-byte values, {KEYS} \
-         keys) then {secs} s of gets (each value checked):\n\n| round | put/s protected / plain | ratio | get/s \
+         both servers up side by side, {CLIENTS} clients on kept-alive connections to its JSON gateway; per round \
+         each server's {KEYS} keys written, {warm} s of puts untimed, then {SLICES} slices of {slice} s of puts \
+         (256-byte values) per server taken in turns with the other server's (ABBA), then as many of gets (each \
+         value checked):\n\n| round | put/s protected / plain | ratio | get/s \
          protected / plain | ratio |\n|---|---|---|---|---|\n{rows}"
     );
     let fig = |id: &str, v: &[f64], target: &str, what: &str| {
