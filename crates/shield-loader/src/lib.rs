@@ -191,9 +191,7 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
     // (no descriptor of the loader's reaches the program).
     let kept = keeper.is_some_and(|k| {
         k.hand(std::os::fd::AsFd::as_fd(&listener))
-            .inspect_err(|e| {
-                keeper_missing(&shown, &format!("it ended before it had the listener: {e}"));
-            })
+            .inspect_err(|e| keeper_missing(&shown, e))
             .is_ok()
     });
     if tx.send(listener).is_err() {
