@@ -2768,6 +2768,27 @@ fn the_budget_and_a_bound_together_the_bound_wins_and_bad_budgets_are_refused() 
     );
 }
 
+/// `memveil run --quiet --region-gib 1 --` on a private ledger of the
+/// host's budget in `dir` (`env MEMVEIL_SHIELD_DIR=...`): a lone program's
+/// behaviour at the defaults, whatever the other tests of this binary
+/// running beside it draw on the host's real ledger.
+fn on_a_host_of_its_own(dir: &TempDir) -> Vec<std::ffi::OsString> {
+    let host = format!("MEMVEIL_SHIELD_DIR={}", dir.path("host").display());
+    [
+        "env",
+        &host,
+        MEMVEIL,
+        "run",
+        "--quiet",
+        "--region-gib",
+        "1",
+        "--",
+    ]
+    .iter()
+    .map(std::ffi::OsString::from)
+    .collect()
+}
+
 /// The canary plainly (the positive control: the sampler finds its secret
 /// in every sample) and under `memveil run` at the defaults, reading its
 /// secret at `period`; `None` after a skip line.
@@ -2799,18 +2820,8 @@ fn canary_plain_and_protected(
     // drew on the same 5% of the host, and below half of it only the
     // coldest bid on the host sweeps: the secret's quick sweep waited
     // behind their pages (85 of 193 samples plaintext, once, in CI).
-    let host = format!("MEMVEIL_SHIELD_DIR={}", dir.path("host").display());
-    let args = [
-        "env",
-        &host,
-        MEMVEIL,
-        "run",
-        "--quiet",
-        "--region-gib",
-        "1",
-        "--",
-    ];
-    let wrap: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let args = on_a_host_of_its_own(&dir);
+    let wrap: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsString::as_os_str).collect();
     let prot = exposure::measure(&exe, &wrap, 64, period, warm, run).expect("protected canary");
     Some((plain, prot))
 }
@@ -2875,18 +2886,8 @@ fn a_cold_server_heap_is_swept_while_it_serves_with_a_positive_control() {
     // real ledger the other tests of this binary running beside it drew on
     // the same 5% of the host, and the server's sweep waited behind them
     // (failed once with the host under a load average of 10).
-    let host = format!("MEMVEIL_SHIELD_DIR={}", dir.path("host").display());
-    let args = [
-        "env",
-        &host,
-        MEMVEIL,
-        "run",
-        "--quiet",
-        "--region-gib",
-        "1",
-        "--",
-    ];
-    let wrap: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let args = on_a_host_of_its_own(&dir);
+    let wrap: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsString::as_os_str).collect();
     let prot = exposure::serve(&exe, &wrap, 64, 50, 16, run).expect("protected server");
     // 95% of the 64 MiB is cold: most of it leaves within the run.
     assert!(
