@@ -183,11 +183,11 @@ pub struct Counters {
     /// Time the fault handler waited for a CPU, runnable but off it (its
     /// `schedstat` run delay), ns: faults waited that long (in `cost_ns`).
     pub handler_wait_ns: AtomicU64,
-    /// Quick sweeps: pages known quiet swept [`crate::sweep::QUICK_MS`]
+    /// Quick sweeps: pages known quiet swept `QUICK_MS` (2 ms)
     /// after they came in.
     pub quick_swept: AtomicU64,
     /// Pages of quick sweeps that came back within
-    /// [`crate::sweep::PENDING_MS`] (each a fault the quick sweep bought).
+    /// `PENDING_MS` (400 ms) (each a fault the quick sweep bought).
     pub quick_back: AtomicU64,
 }
 
@@ -323,7 +323,7 @@ pub struct Snapshot {
     pub handler_wait_ns: u64,
     /// Quick sweeps of pages known quiet.
     pub quick_swept: u64,
-    /// Of those, pages back within [`crate::sweep::PENDING_MS`].
+    /// Of those, pages back within `PENDING_MS` (400 ms).
     pub quick_back: u64,
 }
 
