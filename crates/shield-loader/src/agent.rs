@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use memveil_shield::region::{Errno, MapOpts, Region};
 use memveil_sys::fdguard;
 
+use crate::keeper::Seen;
+
 /// Whether a refused dup2/dup3 was reported (once per run).
 static SAID: AtomicBool = AtomicBool::new(false);
-
-use crate::keeper::Seen;
 
 /// How the region serves the program's mappings: Go reserves `PROT_NONE`
 /// and maps over it, and asks for its arenas at hints it then checks.

@@ -180,7 +180,7 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
     let (listener, nnp) = filter::install()
         .unwrap_or_else(|e| die(&format!("cannot install the seccomp filter: {e}")));
     // Out of the program's way (the filter keeps it from closing it).
-    let listener = memveil_sys::fdguard::move_high(listener, false);
+    let listener = memveil_sys::fdguard::move_high(listener);
     if nnp {
         eprintln!(
             "memveil-shield-loader: no_new_privs set (the filter needs it without \

@@ -136,25 +136,27 @@ impl AsFd for Held {
     }
 }
 
-/// `fd` moved to the lowest free number from [`base`] on (close-on-exec
-/// unless `inherit`) and held; where no such number is free it stays where
-/// it is, held all the same.
-#[must_use]
-pub fn move_high(fd: OwnedFd, inherit: bool) -> Held {
-    let cmd = if inherit {
-        libc::F_DUPFD
-    } else {
-        libc::F_DUPFD_CLOEXEC
-    };
-    // SAFETY: fcntl(F_DUPFD*) on a descriptor we own returns a new one.
+/// A duplicate of `fd` at the lowest free number from [`base`] on, made
+/// by `fcntl(cmd)` (`F_DUPFD` or `F_DUPFD_CLOEXEC`).
+fn dup_from_base(fd: BorrowedFd<'_>, cmd: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_DUPFD*) on a borrowed descriptor returns a new one.
     let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, base()) };
     if r < 0 {
-        return Held::at(fd);
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: a descriptor the kernel just returned, owned by nobody else.
-    let high = unsafe { OwnedFd::from_raw_fd(r) };
-    drop(fd);
-    Held::at(high)
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// `fd` moved to the lowest free number from [`base`] on (close-on-exec)
+/// and held; where no such number is free it stays where it is, held all
+/// the same.
+#[must_use]
+pub fn move_high(fd: OwnedFd) -> Held {
+    match dup_from_base(fd.as_fd(), libc::F_DUPFD_CLOEXEC) {
+        Ok(high) => Held::at(high),
+        Err(_) => Held::at(fd),
+    }
 }
 
 /// Closes a held descriptor the shield is done with (taken out of the set
@@ -180,13 +182,7 @@ pub unsafe fn close_held(fd: RawFd) -> io::Result<()> {
 /// # Errors
 /// The error of `fcntl(F_DUPFD)`.
 pub fn dup_high_inheritable(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    // SAFETY: fcntl(F_DUPFD) on a borrowed descriptor returns a new one.
-    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD, base()) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor the kernel just returned, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+    dup_from_base(fd, libc::F_DUPFD)
 }
 
 /// `close_range(lo, hi, flags)` that leaves the held descriptors open: the
@@ -273,7 +269,7 @@ mod tests {
     fn held_descriptors_live_high_and_survive_a_close_range_of_everything_else() {
         assert_eq!(
             in_child(|| {
-                let held = move_high(open_null(), false);
+                let held = move_high(open_null());
                 let fd = held.as_raw_fd();
                 if fd < base() || !is_held(fd) {
                     return 1;
@@ -303,7 +299,7 @@ mod tests {
     fn a_range_that_ends_at_a_held_number_closes_up_to_it() {
         assert_eq!(
             in_child(|| {
-                let held = move_high(open_null(), false);
+                let held = move_high(open_null());
                 let fd = held.as_raw_fd();
                 let b = open_null().into_raw_fd();
                 let (Ok(lo), Ok(hi)) = (u32::try_from(b), u32::try_from(fd)) else {
@@ -323,7 +319,7 @@ mod tests {
         // Positive control: the same range closed by the kernel directly.
         assert_eq!(
             in_child(|| {
-                let held = move_high(open_null(), false);
+                let held = move_high(open_null());
                 let fd = held.as_raw_fd();
                 if raw_close_range(3, u32::MAX, 0).is_err() {
                     return 2;

@@ -276,7 +276,7 @@ impl Uffd {
         // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Self {
-            fd: crate::fdguard::move_high(fd, false),
+            fd: crate::fdguard::move_high(fd),
             origin,
         }
     }
