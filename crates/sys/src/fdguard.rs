@@ -19,7 +19,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd as _, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// Numbers kept for the shield below the placement limit.
 pub const RESERVE: RawFd = 64;
@@ -35,6 +35,8 @@ static HELD: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 /// The lowest number ever held: below it nothing is (one load on the
 /// program's every `close`).
 static LOWEST: AtomicI32 = AtomicI32::new(RawFd::MAX);
+/// Whether a full set has been reported.
+static SAID_FULL: AtomicBool = AtomicBool::new(false);
 
 /// The lowest number [`move_high`] places descriptors at:
 /// `min(soft RLIMIT_NOFILE, 1024) - 64` (half the limit when it is below
@@ -59,8 +61,10 @@ pub fn base() -> RawFd {
     }
 }
 
-/// Adds `fd` to the held set; false when the set is full (the descriptor
-/// is then not guarded).
+/// Adds `fd` to the held set; false when the set is full: the descriptor
+/// is then not guarded, and stderr says so once (a program that closes it
+/// loses the shield's hold on it; for the userfaultfd that ends the program
+/// with exit 125, docs/shield.md "Limits").
 pub fn hold(fd: RawFd) -> bool {
     if fd < 0 {
         return false;
@@ -75,6 +79,12 @@ pub fn hold(fd: RawFd) -> bool {
             LOWEST.fetch_min(fd, Ordering::AcqRel);
             return true;
         }
+    }
+    if !SAID_FULL.swap(true, Ordering::AcqRel) {
+        eprintln!(
+            "memveil shield: more than {SLOTS} descriptors held; descriptor {fd} is not guarded \
+             against the program closing it (further ones are not either)"
+        );
     }
     false
 }
@@ -309,6 +319,29 @@ mod tests {
                     return 2;
                 }
                 i32::from(is_open(b)) * 3 + i32::from(!is_open(fd)) * 4
+            }),
+            0
+        );
+    }
+
+    #[test]
+    fn a_full_set_refuses_one_more_and_says_so_through_its_answer() {
+        assert_eq!(
+            in_child(|| {
+                let mut held: Vec<Held> = (0..SLOTS).map(|_| move_high(open_null())).collect();
+                if held.iter().any(|h| !is_held(h.as_raw_fd())) {
+                    return 1;
+                }
+                let extra = open_null().into_raw_fd();
+                if hold(extra) || is_held(extra) || !SAID_FULL.load(Ordering::Acquire) {
+                    return 2;
+                }
+                // A slot freed is taken again; the others stay held.
+                let first = held.remove(0);
+                let n = first.as_raw_fd();
+                drop(first);
+                let others = held.iter().all(|h| is_held(h.as_raw_fd()));
+                i32::from(!hold(extra) || is_held(n) || !others) * 3
             }),
             0
         );
