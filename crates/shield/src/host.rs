@@ -703,9 +703,11 @@ impl Drop for HostShare {
 /// bid is an estimate); a closed class ([`crate::sweep::Returns`]) bids
 /// nothing.
 pub(crate) fn coldest_due(sw: &Sweep, now_ms: u64) -> Option<(u8, u64)> {
-    if let Some(std::cmp::Reverse((due, _, _))) = sw.quiet.peek() {
-        if *due <= now_ms {
-            return Some((0, now_ms - due));
+    for heap in [&sw.long_quiet, &sw.quiet] {
+        if let Some(std::cmp::Reverse((due, _, _))) = heap.peek() {
+            if *due <= now_ms {
+                return Some((0, now_ms - due));
+            }
         }
     }
     (0u8..).zip(sw.queues.iter()).find_map(|(l, q)| {

@@ -175,12 +175,13 @@ impl Inner {
         };
         sw.credit.refill(now, cost);
         let hold = self.host_hold(sw, now, cost);
+        // Held for the host's budget, only long quiet pages leave (a few:
+        // `sweep::DEBT_PAGES`).
         let (victims, lag) = if st.frozen {
             (Vec::new(), 0)
-        } else if let Some((_, lag)) = hold {
-            (Vec::new(), lag)
         } else {
-            st.due(SWEEP_BATCH, now, fault_ns, quiet_ns)
+            let (v, lag) = st.due(SWEEP_BATCH, now, fault_ns, quiet_ns, hold.is_some());
+            (v, hold.map_or(lag, |(_, lag)| lag))
         };
         let done = self.evict_list(st, &victims, true);
         // In debt: the chunks that hold no ciphertext go back to the kernel
