@@ -4,7 +4,8 @@
 //! a thread's wake-ups, its reads of the userfaultfd, its `mincore` scans
 //! outside the lock; the thread's clock does not.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The shield's threads.
 #[derive(Clone, Copy)]
@@ -21,6 +22,17 @@ pub(crate) struct ShieldCpu {
     seen: [AtomicU64; 3],
     /// The handler's run delay faults waited for ([`WaitSplit`]).
     handler_wait: AtomicU64,
+    /// The descriptors of the handler's [`SchedFile`]s (its own, the
+    /// faulting thread's), plus one (0: none), for a forked child to close: the
+    /// handler that owns them does not exist there.
+    files: [AtomicI32; 2],
+}
+
+/// Which of the handler's [`SchedFile`]s ([`ShieldCpu::note_file`]).
+#[derive(Clone, Copy)]
+pub(crate) enum FileSlot {
+    Own = 0,
+    Faulter = 1,
 }
 
 impl ShieldCpu {
@@ -41,6 +53,29 @@ impl ShieldCpu {
     /// clock alone.
     pub(crate) fn handler_ns(&self) -> u64 {
         self.read(Worker::Handler as usize)
+    }
+
+    /// Notes `f` as the handler's file in `slot` (before the file it
+    /// replaces is closed: a fork meanwhile leaves the child one more
+    /// descriptor, never one closed and reused).
+    pub(crate) fn note_file(&self, slot: FileSlot, f: Option<&SchedFile>) {
+        let fd = f.map_or(0, |f| f.fd.as_raw_fd().saturating_add(1));
+        self.files[slot as usize].store(fd, Ordering::Release);
+    }
+
+    /// Closes the handler's files in a forked child.
+    ///
+    /// # Safety
+    /// Only in a forked child, where the handler that owns the files does
+    /// not exist, once: the numbers are closed here and may be reused.
+    pub(crate) unsafe fn close_files_in_forked_child(&self) {
+        for f in &self.files {
+            let fd: RawFd = f.swap(0, Ordering::AcqRel) - 1;
+            if fd >= 0 {
+                // SAFETY: the caller promises nothing in the child uses it.
+                let _ = unsafe { memveil_sys::fdguard::close_held(fd) };
+            }
+        }
     }
 
     /// Adds `ns` of the handler's run delay that faults waited for
@@ -109,7 +144,6 @@ impl SchedFile {
 
     /// The reading now (`None`: the thread is gone).
     pub(crate) fn read(&self) -> Option<Sched> {
-        use std::os::fd::AsRawFd;
         let mut buf = [0u8; 96];
         // SAFETY: `buf` is writable for its length; the descriptor is ours
         // (held: the program cannot close it).
@@ -361,5 +395,35 @@ mod tests {
         let tid = memveil_sys::process::gettid();
         let by_tid = SchedFile::of(tid).and_then(|f| f.read()).expect("by tid");
         assert!(by_tid.cpu >= b.cpu, "{by_tid:?} before {b:?}");
+    }
+
+    #[test]
+    fn a_forked_child_closes_the_handlers_files_and_only_those() {
+        let cpu = ShieldCpu::default();
+        // Nothing noted: nothing closed (descriptor 0 stays as it was).
+        // SAFETY: F_GETFD only reads descriptor flags.
+        let stdin = unsafe { libc::fcntl(0, libc::F_GETFD) };
+        // SAFETY: no file is noted.
+        unsafe { cpu.close_files_in_forked_child() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fcntl(0, libc::F_GETFD) }, stdin);
+        let Some(f) = SchedFile::own() else {
+            memveil_testkit::skip(
+                memveil_testkit::Need::HostSetting("CONFIG_SCHED_INFO"),
+                "no /proc/TID/schedstat",
+            );
+            return;
+        };
+        let fd = f.fd.as_raw_fd();
+        cpu.note_file(FileSlot::Faulter, Some(&f));
+        assert!(memveil_sys::fdguard::is_held(fd), "held high");
+        // As in a child, where the handler owning `f` does not exist.
+        std::mem::forget(f);
+        // SAFETY: `f` is forgotten: nothing uses or closes its descriptor.
+        unsafe { cpu.close_files_in_forked_child() };
+        // SAFETY: F_GETFD only reads descriptor flags.
+        let r = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_eq!(r, -1, "descriptor {fd} still open");
+        assert!(!memveil_sys::fdguard::is_held(fd), "still held");
     }
 }

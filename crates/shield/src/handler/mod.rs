@@ -450,6 +450,7 @@ impl Inner {
             .is_zero()
             .then(crate::cpu::SchedFile::own)
             .flatten();
+        self.cpu.note_file(crate::cpu::FileSlot::Own, own.as_ref());
         let mut split = crate::cpu::WaitSplit::default();
         // The faulting thread's schedstat, kept open while it faults alone
         // (read as each of its batches is read: it waits in its fault).
@@ -478,7 +479,10 @@ impl Inner {
                     if tid.is_some_and(|t| {
                         t == last_tid && faulter.as_ref().is_none_or(|f| f.tid != t)
                     }) {
-                        faulter = crate::cpu::SchedFile::of(last_tid);
+                        let new = crate::cpu::SchedFile::of(last_tid);
+                        self.cpu
+                            .note_file(crate::cpu::FileSlot::Faulter, new.as_ref());
+                        faulter = new;
                     }
                     last_tid = tid.unwrap_or(0);
                     let now = faulter
@@ -525,6 +529,9 @@ impl Inner {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
+        // Its files close as it returns: a fork from now on has none to close.
+        self.cpu.note_file(crate::cpu::FileSlot::Own, None);
+        self.cpu.note_file(crate::cpu::FileSlot::Faulter, None);
         // Stopped before the doorbell rang (or before the fault was read):
         // fill it now, which releases a toucher already waiting and spares
         // one still to come the fault.
