@@ -623,6 +623,9 @@ impl Shield {
         // SAFETY: the caller promises this shield is never used or dropped
         // again, so nothing reads or closes the descriptor after this.
         let _ = unsafe { memveil_sys::fdguard::close_held(self.inner.uffd.raw_fd()) };
+        // SAFETY: as above; the handler that read these files is not in
+        // the child.
+        unsafe { self.inner.cpu.close_files_in_forked_child() };
         // The parent's ciphertext store is no use to the child (the fork
         // came after `freeze`, so the child's copy of every range is
         // plaintext in place): drop the child's copy of it, which would

@@ -63,7 +63,7 @@ impl Inner {
     /// calls included; never less than their timed sections), a hand-off
     /// ([`Budget::fault_ns`]) per fault the handler took (what the faulting
     /// thread loses beyond the handler's CPU), the time the handler waited
-    /// for a CPU with a fault in hand ([`crate::cpu::ShieldCpu::handler_wait_ns`]),
+    /// for a CPU with a fault in hand or waiting ([`crate::cpu::ShieldCpu::handler_wait_ns`]),
     /// and the shield's work on the program's own threads (discards, which
     /// wipe freed pages; the allocator's notes). The budget's bucket drains
     /// by this, and the summary reports it.
@@ -118,11 +118,6 @@ impl Inner {
                 .fetch_add(resident.saturating_mul(ms), Ordering::Relaxed);
             c.data_page_ms
                 .fetch_add(data.saturating_mul(ms), Ordering::Relaxed);
-        }
-        if self.spin.is_zero() {
-            // A spinning handler is runnable between faults too: its run
-            // delay is not the faults' wait.
-            self.cpu.refresh_handler_wait();
         }
         // Every part only grows: the largest of each published belong to the
         // same (latest) reading.

@@ -172,6 +172,13 @@ impl Threads {
     }
 }
 
+/// The one thread that took every fault of `faults` (`None`: several, or
+/// the kernel does not say).
+fn single_thread(faults: &[Fault]) -> Option<u32> {
+    let tid = faults.first()?.tid;
+    (tid != 0 && faults.iter().all(|f| f.tid == tid)).then_some(tid)
+}
+
 /// Source of the zeros mapped at the doorbell.
 fn doorbell_zeros() -> &'static [u8] {
     &ZEROS[..PAGE]
@@ -436,8 +443,24 @@ impl Inner {
         // Without a spin the handler sleeps in read(2) itself: one system
         // call per wake-up instead of read, poll and read again.
         let blocking = self.spin.is_zero() && self.uffd.set_blocking(true).is_ok();
-        self.cpu.handler_ready(self.uffd.pending());
+        // The run delay faults wait for (see `crate::cpu::WaitSplit`); not
+        // for a handler that spins between faults, runnable all along.
+        let own = self
+            .spin
+            .is_zero()
+            .then(crate::cpu::SchedFile::own)
+            .flatten();
+        self.cpu.note_file(crate::cpu::FileSlot::Own, own.as_ref());
+        let mut split = crate::cpu::WaitSplit::default();
+        // The faulting thread's schedstat, kept open while it faults alone
+        // (read as each of its batches is read: it waits in its fault).
+        let mut faulter: Option<crate::cpu::SchedFile> = None;
+        let mut last_tid = 0;
         while !self.stop.load(Ordering::Relaxed) {
+            if let Some(d) = own.as_ref().and_then(crate::cpu::SchedFile::read) {
+                let pending = split.wants_pending() && self.uffd.pending();
+                split.before_read(d.delay, pending);
+            }
             let n = match self.uffd.read_faults(&mut faults) {
                 Ok(n) => n,
                 Err(e) if e.raw_os_error() == Some(libc::EBADF) => lost_uffd(self.uffd.raw_fd()),
@@ -448,9 +471,37 @@ impl Inner {
                 }
             };
             if n > 0 {
+                let mut one = None;
+                if own.is_some() {
+                    let tid = single_thread(&faults[..n]);
+                    // Opened when the same thread faults twice in a row:
+                    // threads taking turns cost no open each.
+                    if tid.is_some_and(|t| {
+                        t == last_tid && faulter.as_ref().is_none_or(|f| f.tid != t)
+                    }) {
+                        let new = crate::cpu::SchedFile::of(last_tid);
+                        self.cpu
+                            .note_file(crate::cpu::FileSlot::Faulter, new.as_ref());
+                        faulter = new;
+                    }
+                    last_tid = tid.unwrap_or(0);
+                    let now = faulter
+                        .as_ref()
+                        .filter(|f| Some(f.tid) == tid)
+                        .and_then(crate::cpu::SchedFile::read);
+                    one = tid.zip(now);
+                    let at = nanos(self.epoch.elapsed());
+                    self.cpu.add_handler_wait(split.after_read(tid, now, at));
+                }
                 // Odd while a batch is in hand (see `progress`).
                 self.progress.fetch_add(1, Ordering::Release);
-                let cpu = self.handle(&faults[..n], &mut wakes);
+                let cpu = self.handle(&faults[..n], &mut wakes, &mut || {
+                    if let Some(d) = own.as_ref().and_then(crate::cpu::SchedFile::read) {
+                        let at = nanos(self.epoch.elapsed());
+                        self.cpu
+                            .add_handler_wait(split.before_wake(d.delay, at, one));
+                    }
+                });
                 self.progress.fetch_add(1, Ordering::Release);
                 if self.follow {
                     if let Some(cpu) = cpu {
@@ -478,6 +529,9 @@ impl Inner {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
+        // Its files close as it returns: a fork from now on has none to close.
+        self.cpu.note_file(crate::cpu::FileSlot::Own, None);
+        self.cpu.note_file(crate::cpu::FileSlot::Faulter, None);
         // Stopped before the doorbell rang (or before the fault was read):
         // fill it now, which releases a toucher already waiting and spares
         // one still to come the fault.
@@ -487,7 +541,12 @@ impl Inner {
     /// Resolves a batch of faults, makes room, then wakes the faulting
     /// threads with the lock released. Returns the CPU of the last faulting
     /// thread when it registered where it runs (see [`crate::threads`]).
-    fn handle(&self, faults: &[Fault], wakes: &mut Wakes) -> Option<usize> {
+    fn handle(
+        &self,
+        faults: &[Fault],
+        wakes: &mut Wakes,
+        before_wake: &mut dyn FnMut(),
+    ) -> Option<usize> {
         let t0 = Instant::now();
         wakes.clear();
         let cpu = {
@@ -528,6 +587,7 @@ impl Inner {
             .counters()
             .handler_ns
             .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+        before_wake();
         for &(a, len) in wakes.iter() {
             let _ = self.uffd.wake(a, len);
         }
