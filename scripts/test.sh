@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { echo; echo "==> $*"; }
+# Each step's header shows the seconds since the start, so a log tells what each step costs.
+step() { echo; echo "==> [$((SECONDS))s] $*"; }
 
 # Every skip appends `SKIP <test>: <reason>: <detail>` here (memveil_testkit::skip).
 MEMVEIL_SKIP_LOG=$(mktemp "${TMPDIR:-/tmp}/memveil-skips.XXXXXX")
@@ -86,24 +87,76 @@ check_leftovers() {
     return 1
 }
 
+# The scripts of scripts/test.d (fuzz smoke runs of fixed length, and checks),
+# two at a time: on the two cores CI gives, each fuzzer has a core of its own
+# for its whole -max_total_time, as when they ran one after the other. The
+# fuzz targets are built first, all in one cargo command. Longest first (the
+# seconds a script's `# test.sh: N s` line gives), so both lanes end
+# together; each script's output is shown whole, under its own header.
+run_test_d() {
+    local f n i=0 rc=0 out
+    local -a scripts=()
+    if [ -d fuzz ] && { command -v cargo-fuzz >/dev/null 2>&1 ||
+        [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; }; then
+        step "the fuzz targets (scripts/test.d runs them)"
+        (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer none)
+    fi
+    mapfile -t scripts < <(for f in scripts/test.d/*.sh; do
+        [ -e "$f" ] || continue
+        n=$(sed -n 's/^# test\.sh: \([0-9]*\) s.*/\1/p' "$f" | head -n1)
+        echo "${n:-0} $f"
+    done | sort -k1,1nr -k2)
+    out=$(mktemp -d "${TMPDIR:-/tmp}/memveil-testd.XXXXXX")
+    for f in "${scripts[@]}"; do
+        f=${f#* }
+        while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n || true; done
+        (
+            s=$SECONDS
+            rc=0
+            bash "$f" > "$out/$i.log" 2>&1 || rc=$?
+            echo "$rc $((SECONDS - s))" > "$out/$i.rc"
+        ) &
+        i=$((i + 1))
+    done
+    wait
+    i=0
+    for f in "${scripts[@]}"; do
+        f=${f#* }
+        step "$f ($(cut -d' ' -f2 "$out/$i.rc") s)"
+        cat "$out/$i.log"
+        [ "$(cut -d' ' -f1 "$out/$i.rc")" = 0 ] || { echo "test.sh: $f failed"; rc=1; }
+        i=$((i + 1))
+    done
+    rm -rf "$out"
+    return "$rc"
+}
+
 scripts/install.sh --deps
 
+# One build serves every step (ARCHITECTURE.md, "The test run"): every cargo
+# command below takes the release profile, so build scripts (aws-lc-sys's C
+# library) and proc macros are built once, and the ones that compile code
+# take --workspace with the tests selected, so features resolve once, with
+# the tests' dev-dependencies (aes's hazmat, getrandom's std, ...). A plain
+# `cargo build --release` resolves without them, and `-p X` with X's alone:
+# each of those would compile most of the workspace again.
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
-cargo clippy --locked --workspace --all-targets -- -D warnings
-step "cargo doc"
-RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps --quiet
-step "cargo build (the preload library the end-to-end tests run programs under)"
-cargo build --locked --workspace --release
+cargo clippy --locked --workspace --all-targets --release -- -D warnings
+step "cargo check and doc (the features a plain cargo build --release resolves: what install.sh builds and the package ships)"
+cargo check --locked --workspace --release
+RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps --release --quiet
+step "cargo build (the binaries and preload library the end-to-end tests run programs under, and the tests)"
+cargo build --locked --workspace --release --lib --bins --tests --examples --timings
 step "BENCHMARKS.md's figure table against docs/figures/*.json"
 scripts/figures.sh --check
 step "the figure sheet: a target says what it is of; a missed µs target with a passing ratio is missed"
-cargo test --locked --release -q -p memveil-bench --lib sheet
+cargo test --locked --release -q --workspace --lib sheet
 step "docs agree with the CLI (commands, flags, links, anchors, sections); every -h and --help in 100 columns"
-cargo test --locked --release -q -p memveil --bin memveil -- doc_check every_subcommand
+cargo test --locked --release -q --workspace --bin memveil -- doc_check every_subcommand
 step "memveil probe's report in 100 columns"
-cargo test --locked --release -q -p memveil-probe --test fixtures
+cargo test --locked --release -q --workspace --test fixtures
 step "the Debian package: systemd-analyze verify, installed into a fresh root, smoke path"
 scripts/test-package.sh
 step "cargo test"
@@ -111,12 +164,8 @@ DAEMONS_BEFORE=$(pgrep -f -- "$DAEMONS" || true)
 MEMVEIL_TEST_RUN="$$-$(date +%s%N)"
 export MEMVEIL_TEST_RUN
 cargo test --locked --workspace --release --no-fail-fast 2>&1
-for f in scripts/test.d/*.sh; do
-    [ -e "$f" ] || continue
-    step "$f"
-    bash "$f"
-done
+run_test_d
 step "no process the tests started is left"
 check_leftovers
 echo
-echo "test.sh: all checks passed"
+echo "test.sh: all checks passed in $((SECONDS))s"

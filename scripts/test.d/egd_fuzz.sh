@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# test.sh: 20 s of fuzzing (scripts/test.sh runs two scripts at a time, the longest first)
 # Fuzz smoke run of the EGD decoder (crates/drng/src/egd.rs): 20 s of
 # libFuzzer on stable Rust. A crash leaves its input in fuzz/artifacts/egd_decode/.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# test.sh: 10 s of fuzzing (scripts/test.sh runs two scripts at a time, the longest first)
 # Fuzz smoke run of the PKCS#11 module's CKM_ECDH1_DERIVE parameters
 # (crates/pkcs11/src/asym.rs: Ecdh::new, peer_point): 10 s of libFuzzer on
 # stable Rust. A crash leaves its input in fuzz/artifacts/pkcs11_ecdh/.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# test.sh: 20 s of fuzzing (scripts/test.sh runs two scripts at a time, the longest first)
 # Fuzz smoke run of the probe's parsers (recorded-facts JSON, kernel log,
 # cpuinfo, sysfs and /proc/swaps text; crates/probe): 20 s of libFuzzer on
 # stable Rust. A crash leaves its input in fuzz/artifacts/probe_facts/.

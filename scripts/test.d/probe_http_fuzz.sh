@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# test.sh: 10 s of fuzzing (scripts/test.sh runs two scripts at a time, the longest first)
 # Fuzz smoke run of the request-head parser of `memveil probe --serve`
 # (crates/probe/src/http.rs): 10 s of libFuzzer on stable Rust, seeded with a
 # good request and near misses. A crash leaves its input in

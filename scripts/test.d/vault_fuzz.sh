@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# test.sh: 90 s of fuzzing (scripts/test.sh runs two scripts at a time, the longest first)
 # Fuzz smoke runs of the vault's control codec and ring-descriptor checks
 # (crates/vault/src/proto/, ring.rs), the key-file reader (keyfile.rs),
 # memveil agent's ssh-agent codec (crates/agent/src/proto.rs) and its
