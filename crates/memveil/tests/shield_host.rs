@@ -147,7 +147,7 @@ fn two_at_once(d: &TempDir, tag: &str) -> (f64, f64) {
     let s: Vec<serde_json::Value> = jsons.iter().map(|j| stats(j)).collect();
     let cost: f64 = s
         .iter()
-        .map(|v| num(v, "cost_ns") - num(v, "handler_wait_ns") - num(v, "program_ns"))
+        .map(|v| num(v, "host_cost_ns") - num(v, "handler_wait_ns") - num(v, "program_ns"))
         .sum();
     let secs = s.iter().map(|v| num(v, "seconds")).fold(0.0, f64::max);
     let swept = s.iter().map(|v| num(v, "swept")).sum();

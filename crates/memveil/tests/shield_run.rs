@@ -2704,8 +2704,16 @@ fn the_summary_cost_counts_the_shield_threads_and_the_wipes_of_freed_memory() {
     // 64 x 8 MiB wiped on the program's thread: counted, and in the cost.
     assert!(n("program_ns") > 0 && n("shield_cpu_ns") > 0, "{j}");
     assert!(
-        n("cost_ns") >= n("program_ns") + n("shield_cpu_ns") + n("handoffs") * n("fault_floor_ns"),
-        "the cost leaves out a part: {j}"
+        n("host_cost_ns")
+            >= n("program_ns") + n("shield_cpu_ns") + n("handoffs") * n("fault_floor_ns"),
+        "the host's cost leaves out a part: {j}"
+    );
+    // What the program lost: its own thread's wipes and the hand-offs in
+    // full, never more than the host's cost.
+    assert!(
+        n("cost_ns") >= n("program_ns") + n("handoffs") * n("fault_floor_ns")
+            && n("cost_ns") <= n("host_cost_ns"),
+        "the program's loss leaves out a part: {j}"
     );
     let line = text(&o.stderr);
     assert!(

@@ -45,6 +45,7 @@
 mod cpu;
 mod handler;
 pub mod host;
+mod loss;
 mod pagekey;
 mod policy;
 mod queue;
@@ -557,9 +558,13 @@ impl Shield {
     /// Publishes what the shield has cost so far and the time it has
     /// protected the process, up to now (the watchdog does every tick):
     /// called as the process exits, so that the statistics cover its last
-    /// moments too.
+    /// moments too. The handler also leaves `SCHED_IDLE` then: the
+    /// process's exit waits for every thread to die, and a `SCHED_IDLE`
+    /// thread runs its exit only once no other thread wants its CPU (on a
+    /// loaded host, many milliseconds), time a plain run does not wait.
     pub fn flush_stats(&self) {
-        self.inner.integrate();
+        self.inner.integrate(true);
+        let _ = handler::set_handler_policy(&self.inner, memveil_sys::process::SchedPolicy::Normal);
     }
 
     /// Records the protection the program gave pages (`mprotect`): pages it

@@ -146,7 +146,8 @@ pub struct Counters {
     pub max_sweep_lag_ms: AtomicU64,
     /// The longest sweep period pages are queued at now (ms).
     pub max_period_ms: AtomicU64,
-    /// What faults and sweeps have cost the program, as the budget counts it (ns).
+    /// What the shield has cost the program in wall time against a plain
+    /// run (ns): the summary's cost (the budgets draw `host_cost_ns`).
     pub cost_ns: AtomicU64,
     /// Chunks registered with the userfaultfd as the sweep needed them.
     pub chunks_registered: AtomicU64,
@@ -189,6 +190,16 @@ pub struct Counters {
     /// Pages of quick sweeps that came back within
     /// `PENDING_MS` (400 ms) (each a fault the quick sweep bought).
     pub quick_back: AtomicU64,
+    /// What the shield has cost in CPU time of the host (ns): the budgets,
+    /// the process's and the host's, draw this (see
+    /// [`Snapshot::host_cost_ns`]).
+    pub host_cost_ns: AtomicU64,
+    /// The program's threads' wait for a CPU behind the watchdog and the
+    /// zero filler (ns, in `cost_ns`; see `crate::loss`).
+    pub contention_ns: AtomicU64,
+    /// Time the fault handler waited for the shield's lock with faults in
+    /// hand (ns, in `cost_ns`).
+    pub handler_lock_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -290,7 +301,8 @@ pub struct Snapshot {
     pub max_sweep_lag_ms: u64,
     /// The longest sweep period pages are queued at now (ms).
     pub max_period_ms: u64,
-    /// What faults and sweeps have cost the program, as the budget counts it (ns).
+    /// What the shield has cost the program in wall time against a plain
+    /// run (ns): the summary's cost (the budgets draw `host_cost_ns`).
     pub cost_ns: u64,
     /// Chunks registered with the userfaultfd as the sweep needed them.
     pub chunks_registered: u64,
@@ -325,6 +337,17 @@ pub struct Snapshot {
     pub quick_swept: u64,
     /// Of those, pages back within `PENDING_MS` (400 ms).
     pub quick_back: u64,
+    /// What the shield has cost in CPU time of the host (ns): the CPU time
+    /// of its threads (their timed sections at least), a hand-off per
+    /// fault, the faults' wait for the handler and its work on the
+    /// program's threads. The budgets draw this; `cost_ns` is the part the
+    /// program loses in wall time, never more than this.
+    pub host_cost_ns: u64,
+    /// The program's threads' wait for a CPU behind the watchdog and the
+    /// zero filler (ns, in `cost_ns`).
+    pub contention_ns: u64,
+    /// Time the fault handler waited for the shield's lock (ns, in `cost_ns`).
+    pub handler_lock_ns: u64,
 }
 
 impl Snapshot {
@@ -446,6 +469,9 @@ impl Snapshot {
         self.handler_wait_ns += o.handler_wait_ns;
         self.quick_swept += o.quick_swept;
         self.quick_back += o.quick_back;
+        self.host_cost_ns += o.host_cost_ns;
+        self.contention_ns += o.contention_ns;
+        self.handler_lock_ns += o.handler_lock_ns;
     }
 }
 
@@ -517,6 +543,9 @@ impl Counters {
             handler_wait_ns: g(&self.handler_wait_ns),
             quick_swept: g(&self.quick_swept),
             quick_back: g(&self.quick_back),
+            host_cost_ns: g(&self.host_cost_ns),
+            contention_ns: g(&self.contention_ns),
+            handler_lock_ns: g(&self.handler_lock_ns),
         }
     }
 }

@@ -100,6 +100,16 @@ pub fn unregister_thread() {
     }
 }
 
+/// Calls `f` with the id of every registered thread of the program.
+pub(crate) fn each_registered(mut f: impl FnMut(u32)) {
+    for t in &TIDS {
+        match t.load(Ordering::Acquire) {
+            0 => {}
+            tid => f(tid),
+        }
+    }
+}
+
 fn find(tid: u32) -> Option<usize> {
     if tid == 0 {
         return None;

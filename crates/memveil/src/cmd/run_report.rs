@@ -73,10 +73,13 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
         let hand = s.fault_floor_ns as f64 / 1e3;
         let ms = |ns: u64| ns as f64 / 1e6;
         let spent = format!(
-            "the shield cost {} of the processes' time ({:.0} ms its threads' CPU, {} hand-offs{}, {:.0} ms \
-             faults waited for the handler to get a CPU, {:.0} ms on the program's threads wiping what it freed)",
+            "the shield cost {} of the processes' time, what they lost ({:.0} ms its threads' CPU, of which \
+             the sweep's counted only as far as the program waited for a CPU ({:.0} ms); {} hand-offs{}, {:.0} ms \
+             faults waited for the handler to get a CPU, {:.0} ms on the program's threads wiping what it freed; \
+             {:.0} ms of the host's CPU in all, what the budgets draw)",
             pct(cost),
             ms(s.shield_cpu_ns),
+            ms(s.contention_ns),
             s.handoffs,
             if s.fault_floor_ns > 0 {
                 format!(" counted at {hand:.1} us")
@@ -84,7 +87,8 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
                 String::new()
             },
             ms(s.handler_wait_ns),
-            ms(s.program_ns)
+            ms(s.program_ns),
+            ms(s.host_cost_ns)
         );
         parts.push(match g.budget {
             Some(p) if !budget_met(p, cost) => {

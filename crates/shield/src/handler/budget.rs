@@ -27,6 +27,29 @@ const HOST_COLDER_WAIT_MS: u64 = 50;
 /// budget is spent (see [`Inner::release_quiet_chunks`]).
 const RELEASE_ZERO_FILLS: u16 = 16;
 
+/// What the shield has cost so far, in ns.
+struct CostParts {
+    /// What the shield has cost the program so far: the wall time
+    /// its threads lost against a plain run (the summary's cost). Per
+    /// fault the faulting thread waits for a hand-off ([`Budget::fault_ns`]:
+    /// the kernel's path and the wake-ups, measured at start), for the
+    /// handler to get a CPU ([`crate::cpu::ShieldCpu::handler_wait_ns`]),
+    /// for the shield's lock (the watchdog's sweep step or scan holding it:
+    /// [`crate::Counters::handler_lock_ns`]) and for the handler's work (its
+    /// thread clock: all its CPU is spent on faults; its timed sections
+    /// are not used, as they also hold the woken program's run when it
+    /// preempts the `SCHED_IDLE` handler before the section ends); the
+    /// watchdog and the zero filler cost it only the CPU its threads
+    /// waited for meanwhile ([`crate::loss`]); and the shield's work on
+    /// its own threads (discards, which wipe freed pages; the allocator's
+    /// notes) is its time. Never more than `host`.
+    loss: u64,
+    /// In CPU time of the host: what the budgets draw.
+    host: u64,
+    /// CPU time of the shield's threads.
+    threads: u64,
+}
+
 /// What a sweep step left.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SweepStep {
@@ -57,33 +80,43 @@ impl Inner {
         self.guard_wake.notify_all();
     }
 
-    /// What the shield has cost the program so far, in ns: the CPU time of
-    /// the shield's threads (the handler, the watchdog's sweeps and scans,
-    /// the zero pool's filler: their thread clocks, wake-ups and system
-    /// calls included; never less than their timed sections), a hand-off
-    /// ([`Budget::fault_ns`]) per fault the handler took (what the faulting
-    /// thread loses beyond the handler's CPU), the time the handler waited
-    /// for a CPU with a fault in hand or waiting ([`crate::cpu::ShieldCpu::handler_wait_ns`]),
-    /// and the shield's work on the program's own threads (discards, which
-    /// wipe freed pages; the allocator's notes). The budget's bucket drains
-    /// by this, and the summary reports it.
-    pub(crate) fn cost_ns(&self) -> u64 {
-        self.cost_parts().0
+    /// What the shield has cost in CPU time of the host so far, in ns: the
+    /// CPU time of the shield's threads (the handler, the watchdog's sweeps
+    /// and scans, the zero pool's filler: their thread clocks, wake-ups and
+    /// system calls included; never less than their timed sections), a
+    /// hand-off per fault, the handler's wait for a CPU while a fault waited
+    /// ([`crate::cpu::ShieldCpu::handler_wait_ns`]), and the
+    /// shield's work on the program's own threads. The budgets, the
+    /// process's own bucket and the host's ledger, draw this: on an idle
+    /// CPU the sweep costs the program nothing, but the CPU is the host's
+    /// (18 programs' sweeps fill both CPUs), and a budget that drew only
+    /// the program's loss swept more and lost more (docs/shield.md, "What
+    /// the summary's cost is").
+    pub(crate) fn drawn_ns(&self) -> u64 {
+        self.cost_parts().host
     }
 
-    /// [`Inner::cost_ns`], and the CPU time of the shield's threads in it.
-    fn cost_parts(&self) -> (u64, u64) {
+    /// What the shield has cost so far, in its parts.
+    fn cost_parts(&self) -> CostParts {
         let c = self.stats.counters();
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let floor = self.budget.map_or(0, |b| b.fault_ns);
         let threads = self.cpu.total_ns();
         let timed = g(&c.handler_ns).saturating_add(g(&c.sweep_ns));
-        let total = g(&c.handoffs)
+        let common = g(&c.handoffs)
             .saturating_mul(floor)
-            .saturating_add(threads.max(timed))
             .saturating_add(self.cpu.handler_wait_ns())
             .saturating_add(g(&c.program_ns));
-        (total, threads)
+        let host = common.saturating_add(threads.max(timed));
+        let loss = common
+            .saturating_add(self.cpu.handler_ns())
+            .saturating_add(g(&c.handler_lock_ns))
+            .saturating_add(self.contention.ns());
+        CostParts {
+            loss: loss.min(host),
+            host,
+            threads,
+        }
     }
 
     /// Counts the time since `t0` as the shield's work on a thread of the
@@ -100,9 +133,10 @@ impl Inner {
     /// fraction), counts those milliseconds as the process's time under the
     /// shield, and publishes what the shield has cost so far. Called by the
     /// watchdog every tick and once more as the process exits
-    /// ([`crate::Shield::flush_stats`]); whichever call moves `alive_ms`
-    /// first adds the interval, so none is counted twice.
-    pub(crate) fn integrate(&self) {
+    /// ([`crate::Shield::flush_stats`], `last`: the program's threads' wait
+    /// for a CPU is read then however recently it was read); whichever call
+    /// moves `alive_ms` first adds the interval, so none is counted twice.
+    pub(crate) fn integrate(&self, last: bool) {
         let c = self.stats.counters();
         let now = self.lock_free_now_ms();
         let was = c.alive_ms.load(Ordering::Acquire);
@@ -121,11 +155,17 @@ impl Inner {
         }
         // Every part only grows: the largest of each published belong to the
         // same (latest) reading.
-        let (cost, threads) = self.cost_parts();
+        // The watchdog's and the filler's CPU: all but the handler's.
+        let background = self.cpu.total_ns().saturating_sub(self.cpu.handler_ns());
+        self.contention.look(background, last);
+        let p = self.cost_parts();
         c.handler_wait_ns
             .fetch_max(self.cpu.handler_wait_ns(), Ordering::Relaxed);
-        c.cost_ns.fetch_max(cost, Ordering::Relaxed);
-        c.shield_cpu_ns.fetch_max(threads, Ordering::Relaxed);
+        c.contention_ns
+            .fetch_max(self.contention.ns(), Ordering::Relaxed);
+        c.cost_ns.fetch_max(p.loss, Ordering::Relaxed);
+        c.host_cost_ns.fetch_max(p.host, Ordering::Relaxed);
+        c.shield_cpu_ns.fetch_max(p.threads, Ordering::Relaxed);
     }
 
     /// What sweeping a page is expected to cost, in ns: the share of swept
@@ -163,7 +203,7 @@ impl Inner {
     pub(crate) fn sweep_step(&self, st: &mut State) -> SweepStep {
         let t0 = Instant::now();
         let now = st.now_ms();
-        let cost = self.cost_ns();
+        let cost = self.drawn_ns();
         let (fault_ns, quiet_ns) = self.sweep_price();
         let Some(sw) = st.sweep.as_mut() else {
             return SweepStep::default();
@@ -298,7 +338,7 @@ impl Inner {
             }
             // Registering is what makes later first touches in the chunk
             // hand-offs: not while the budget is spent.
-            let cost = self.cost_ns();
+            let cost = self.drawn_ns();
             let afford = st.sweep.as_mut().is_some_and(|sw| {
                 sw.credit.refill(now, cost);
                 sw.credit.room(0.0) > 0.0

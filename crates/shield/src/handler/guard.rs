@@ -98,7 +98,7 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
             break;
         }
         let now = Instant::now();
-        inner.integrate();
+        inner.integrate(false);
         let progress = inner.progress.load(Ordering::Acquire);
         if idle {
             let waiting = progress % 2 == 1 || inner.uffd.pending();

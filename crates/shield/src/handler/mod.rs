@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     pub(crate) handler_tid: AtomicU32,
     /// The CPU time of the shield's threads (the budget counts it).
     pub(crate) cpu: crate::cpu::ShieldCpu,
+    /// The program's wait for a CPU behind the watchdog and the filler.
+    pub(crate) contention: crate::loss::Contention,
     /// The watchdog's view of progress: incremented when the handler takes
     /// a batch of faults in hand and again when it has woken their threads,
     /// so it is odd while a batch is in hand.
@@ -314,6 +316,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         lazy: !bounded,
         handler_tid: AtomicU32::new(0),
         cpu: crate::cpu::ShieldCpu::default(),
+        contention: crate::loss::Contention::default(),
         progress: AtomicU64::new(0),
         guard_stop: Mutex::new(false),
         guard_wake: Condvar::new(),
@@ -551,6 +554,12 @@ impl Inner {
         wakes.clear();
         let cpu = {
             let mut st = self.lock();
+            // The faults wait while the watchdog holds the lock (its CPU
+            // then is theirs: `Inner::cost_ns`).
+            self.stats
+                .counters()
+                .handler_lock_ns
+                .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
             let mut handoffs = 0;
             for f in faults {
                 if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
