@@ -1266,12 +1266,15 @@ fn supervise(
 /// libraries, its relocations, the command line), for [`outside_ns`].
 static RUN_START: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
 
-/// The calling thread's time since it was made, on a CPU or waiting for
-/// one (`/proc/thread-self/schedstat`: run time and run delay), in ns; 0
-/// where the kernel keeps no schedstat. Read first thing in [`run`], while
-/// this process has one thread: its start until then.
+/// The main thread's time since it was made, on a CPU or waiting for one
+/// (`/proc/self/schedstat`, the thread group leader's: run time and run
+/// delay), in ns; 0 where the kernel keeps no schedstat. Read first thing
+/// in [`run`], on the main thread while it is the process's only one: its
+/// start until then. Not `/proc/thread-self`: an entry looked up under
+/// `/proc/PID/task` stays until the process's `wait4` tears it down, which
+/// costs the waiter (the tenants' test on the shield's threads).
 fn time_since_exec_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
+    std::fs::read_to_string("/proc/self/schedstat")
         .ok()
         .map_or(0, |t| {
             t.split_ascii_whitespace()
