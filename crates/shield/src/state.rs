@@ -721,22 +721,16 @@ impl State {
                 }
                 let age = now_ms - at;
                 let t = sweep::tick_of(sweep::pack(at, 0));
-                let Some((pos, i)) = self.find(addr) else {
+                let Some((pos, i, word)) = self
+                    .as_queued(addr, at)
+                    .filter(|&(_, _, w)| sweep::level_of(w) == level)
+                else {
+                    // Stale: the page left or came in again since.
                     q.pop();
                     continue;
                 };
                 let r = &self.ranges[pos];
                 let st = r.state(i);
-                let word = r.time(i);
-                if st & STATE_MASK != RESIDENT
-                    || st & (CHOSEN | PINNED | KEEP) != 0
-                    || sweep::tick_of(word) != t
-                    || sweep::level_of(word) != level
-                {
-                    // Stale: the page left or came in again since.
-                    q.pop();
-                    continue;
-                }
                 let b = i / sweep::HINT_PAGES;
                 let hint = r.hints[b];
                 let own = sweep::is_learned(word);
@@ -843,25 +837,28 @@ impl State {
             if due > now_ms {
                 return None;
             }
-            let t = sweep::tick_of(sweep::pack(at, 0));
-            let Some((pos, i)) = self.find(addr) else {
-                heap.pop();
-                continue;
-            };
-            let r = &self.ranges[pos];
-            let st = r.state(i);
-            let word = r.time(i);
-            if st & STATE_MASK != RESIDENT
-                || st & (CHOSEN | PINNED | KEEP) != 0
-                || sweep::tick_of(word) != t
-                || !sweep::is_learned(word)
-            {
-                heap.pop();
-                continue;
+            match self.as_queued(addr, at) {
+                Some((pos, i, word)) if sweep::is_learned(word) => return Some((pos, i)),
+                _ => {
+                    heap.pop();
+                }
             }
-            return Some((pos, i));
         }
         None
+    }
+
+    /// Page `addr` as `(range, index, time word)` if it is still as the
+    /// sweep queued it at `at`: resident, neither chosen, pinned nor kept,
+    /// and not come in again since (the same arrival tick).
+    fn as_queued(&self, addr: usize, at: u64) -> Option<(usize, usize, u32)> {
+        let (pos, i) = self.find(addr)?;
+        let r = &self.ranges[pos];
+        let st = r.state(i);
+        let word = r.time(i);
+        (st & STATE_MASK == RESIDENT
+            && st & (CHOSEN | PINNED | KEEP) == 0
+            && sweep::tick_of(word) == sweep::tick_of(sweep::pack(at, 0)))
+        .then_some((pos, i, word))
     }
 
     /// Queues page `i` of range `pos`, resident, for the sweep again as if
