@@ -149,11 +149,8 @@ impl SchedFile {
         // (held: the program cannot close it).
         let n = unsafe { libc::pread(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         let text = std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?;
-        let mut it = text.split_ascii_whitespace().map(str::parse::<u64>);
-        Some(Sched {
-            cpu: it.next()?.ok()?,
-            delay: it.next()?.ok()?,
-        })
+        let (cpu, delay) = memveil_sys::process::parse_schedstat(text)?;
+        Some(Sched { cpu, delay })
     }
 }
 

@@ -630,12 +630,15 @@ pub fn thread_cpu_ns(tid: u32) -> io::Result<u64> {
 #[must_use]
 pub fn run_delay_ns(tid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?;
-    parse_run_delay(&text)
+    parse_schedstat(&text).map(|(_, delay)| delay)
 }
 
-/// The `run_delay` field of a `schedstat` line (`on-CPU run-delay slices`).
-fn parse_run_delay(text: &str) -> Option<u64> {
-    text.split_ascii_whitespace().nth(1)?.parse().ok()
+/// The first two fields of a `schedstat` line (`on-CPU run-delay slices`):
+/// the time on a CPU and the time runnable off one (the run delay), in ns.
+#[must_use]
+pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut it = text.split_ascii_whitespace().map(str::parse::<u64>);
+    Some((it.next()?.ok()?, it.next()?.ok()?))
 }
 
 /// Scheduling classes a thread of ours may be given (`sched_setscheduler(2)`).
@@ -691,9 +694,12 @@ mod tests {
 
     #[test]
     fn run_delay_is_the_second_schedstat_field_and_grows_for_a_waiting_thread() {
-        assert_eq!(parse_run_delay("5313 2784 17\n"), Some(2784));
-        assert_eq!(parse_run_delay("5313\n"), None);
-        assert_eq!(parse_run_delay("a b c"), None);
+        assert_eq!(
+            parse_schedstat("5313 2784 17\n").map(|(_, d)| d),
+            Some(2784)
+        );
+        assert_eq!(parse_schedstat("5313\n").map(|(_, d)| d), None);
+        assert_eq!(parse_schedstat("a b c").map(|(_, d)| d), None);
         // SAFETY: gettid takes no arguments.
         let tid = u32::try_from(unsafe { libc::gettid() }).unwrap_or(0);
         if std::path::Path::new("/proc/self/schedstat").exists() {

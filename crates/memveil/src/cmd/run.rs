@@ -1276,12 +1276,8 @@ static RUN_START: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new
 fn time_since_exec_ns() -> u64 {
     std::fs::read_to_string("/proc/self/schedstat")
         .ok()
-        .map_or(0, |t| {
-            t.split_ascii_whitespace()
-                .take(2)
-                .filter_map(|f| f.parse::<u64>().ok())
-                .fold(0, u64::saturating_add)
-        })
+        .and_then(|t| memveil_sys::process::parse_schedstat(&t))
+        .map_or(0, |(cpu, delay)| cpu.saturating_add(delay))
 }
 
 /// What the run cost outside the shielded process's life so far, in ns:
