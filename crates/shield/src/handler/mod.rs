@@ -555,7 +555,7 @@ impl Inner {
         let cpu = {
             let mut st = self.lock();
             // The faults wait while the watchdog holds the lock (its CPU
-            // then is theirs: `Inner::cost_ns`).
+            // then is theirs: the loss in `Inner::cost_parts`).
             self.stats
                 .counters()
                 .handler_lock_ns
