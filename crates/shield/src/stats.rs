@@ -373,7 +373,19 @@ impl Snapshot {
     /// under the shield (`None` before the watchdogs measured any).
     #[must_use]
     pub fn cost_fraction(&self) -> Option<f64> {
-        (self.alive_ms > 0).then(|| self.cost_ns as f64 / 1e6 / self.alive_ms as f64)
+        self.share_of_life(self.cost_ns)
+    }
+
+    /// What the budgets drew (`host_cost_ns`, CPU time of the host), as a
+    /// share of the processes' time under the shield (`None` as above).
+    #[must_use]
+    pub fn host_cost_fraction(&self) -> Option<f64> {
+        self.share_of_life(self.host_cost_ns)
+    }
+
+    /// `ns` over the processes' time under the shield.
+    fn share_of_life(&self, ns: u64) -> Option<f64> {
+        (self.alive_ms > 0).then(|| ns as f64 / 1e6 / self.alive_ms as f64)
     }
 
     /// Faults of any kind (decrypting and zero-fill).

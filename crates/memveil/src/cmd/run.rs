@@ -1241,9 +1241,7 @@ fn supervise(
         j["run_overhead_ns"] = outside.into();
         j["program_cost_fraction"] = s.cost_fraction().into();
         j["cost_fraction"] = run_cost_fraction(&s, outside).into();
-        j["host_cost_fraction"] = (s.alive_ms > 0)
-            .then(|| s.host_cost_ns as f64 / 1e6 / s.alive_ms as f64)
-            .into();
+        j["host_cost_fraction"] = s.host_cost_fraction().into();
         j["budget_met"] = match (g.budget, s.cost_fraction()) {
             (Some(p), Some(c)) => super::run_report::budget_met(p, c).into(),
             _ => serde_json::Value::Null,
