@@ -861,6 +861,47 @@ impl State {
         .then_some((pos, i, word))
     }
 
+    /// The known quiet pages that [`sweep::QuickFloor`] sweeps whatever the
+    /// budget: those of its latest arrivals that are due and still
+    /// resident, as far as the floor allows (after [`State::due`], which
+    /// takes them first when the budget allows).
+    pub(crate) fn due_floor(&mut self, max: usize, now_ms: u64) -> Vec<(usize, usize)> {
+        let Some(mut sw) = self.sweep.take() else {
+            return Vec::new();
+        };
+        sw.floor.refill(now_ms);
+        let mut victims = Vec::new();
+        while let Some(&(due, addr, at)) = sw.floor.recent.front() {
+            if due > now_ms || victims.len() >= max {
+                break;
+            }
+            let page = self
+                .as_queued(addr, at)
+                .filter(|&(_, _, word)| sweep::is_learned(word));
+            let Some((pos, i, _)) = page else {
+                // Swept already, or came in again since.
+                sw.floor.recent.pop_front();
+                continue;
+            };
+            if !sw.floor.take() {
+                break;
+            }
+            sw.floor.recent.pop_front();
+            sw.quiet_swept += 1;
+            sw.returns.swept(sweep::QUIET_CLASS, now_ms);
+            let st = self.ranges[pos].state(i);
+            self.ranges[pos].set_state(i, st | CHOSEN);
+            victims.push((pos, i));
+        }
+        self.sweep = Some(sw);
+        for &(pos, i) in &victims {
+            let s = self.ranges[pos].state(i);
+            self.ranges[pos].set_state(i, s & !CHOSEN);
+        }
+        victims.sort_unstable();
+        victims
+    }
+
     /// Queues page `i` of range `pos`, resident, for the sweep again as if
     /// it came in at `now_ms` (a sweep that could not evict it).
     pub(crate) fn requeue(&mut self, pos: usize, i: usize, now_ms: u64) {
@@ -1200,6 +1241,43 @@ mod tests {
         // first read came back from a level sweep.
         assert_eq!(sw.quick_back, 19);
         assert!((sw.quiet_share() - sweep::QUIET_BACK_FLOOR).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_quiet_page_leaves_quick_ms_after_a_read_even_with_the_budget_in_debt() {
+        let mut st = state(64);
+        for i in 0..64 {
+            st.mark_evicted(0, i, true, 0);
+        }
+        // The secret's page, known quiet, read at 100 ms.
+        st.mark_resident(0, 5, EVICTED | SWEPT, 100);
+        assert!(sweep::is_learned(st.ranges[0].time(5)));
+        // The budget a second in debt (faults that waited for a CPU):
+        // nothing leaves on the budget.
+        let sw = st.sweep.as_mut().expect("sweep");
+        sw.credit.refill(100, 2_000_000_000);
+        let now = 100 + sweep::QUICK_MS;
+        let (v, _) = st.due(10_000, now, 1_000.0, 100.0, false);
+        assert!(v.is_empty(), "{v:?}");
+        // The floor sweeps it all the same.
+        assert_eq!(st.due_floor(64, now), vec![(0, 5)]);
+        st.mark_evicted(0, 5, true, now);
+        // At most QUICK_FLOOR_PER_S a second: 40 pages back at once take
+        // the burst (8) now, and the rest as the floor refills (back
+        // before LONG_QUIET_MS: long quiet pages leave in debt anyway,
+        // `sweep::DEBT_PAGES`).
+        for i in 10..50 {
+            st.mark_resident(0, i, EVICTED | SWEPT, 900);
+        }
+        let now = 900 + sweep::QUICK_MS;
+        let first = st.due_floor(64, now);
+        assert_eq!(first.len(), 8, "{first:?}");
+        for &(_, i) in &first {
+            st.mark_evicted(0, i, true, now);
+        }
+        assert!(st.due_floor(64, now).is_empty());
+        let later = st.due_floor(64, now + 250);
+        assert_eq!(later.len(), 8, "a quarter second: 8 more");
     }
 
     #[test]

@@ -38,7 +38,7 @@
 //! ([`DEBT_PAGES`]).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use crate::queue::Queue;
 
@@ -639,6 +639,69 @@ pub(crate) fn probe_out_ms(probe_level: u8) -> u64 {
 /// Pages known quiet by when they are due: `(due, address, arrival)`.
 pub(crate) type QuietHeap = BinaryHeap<Reverse<(u64, usize, u64)>>;
 
+/// Quick sweeps of known quiet pages a second that neither the budget's
+/// debt nor the host's hold stops ([`QuickFloor`]).
+pub(crate) const QUICK_FLOOR_PER_S: f64 = 32.0;
+/// Most of them taken at once (the bucket's size).
+const QUICK_FLOOR_BURST: f64 = 8.0;
+/// Quiet pages' latest arrivals the floor looks at.
+const QUICK_FLOOR_RECENT: usize = 64;
+
+/// The quick sweeps' floor: a page known quiet (a secret read every 100 ms)
+/// leaves [`QUICK_MS`] after it came back even when the budget is spent or
+/// the host holds the sweep, up to [`QUICK_FLOOR_PER_S`] pages a second. On
+/// a saturated host (busy loops beside the 100 ms canary on 2 vCPUs) each
+/// fault waited milliseconds for a CPU, which the cost counts; the budget
+/// went into debt, or the host held the sweep, and the secret's quick sweep
+/// waited with every other. The floor costs at most that many faults a
+/// second (under 1 ms of CPU), and what they cost is counted in the cost
+/// as any fault's is. It looks at the latest [`QUICK_FLOOR_RECENT`]
+/// arrivals only, oldest first: quiet pages piled up while the budget was
+/// spent wait for the budget, and a page that just came back is not queued
+/// behind them.
+#[derive(Debug)]
+pub(crate) struct QuickFloor {
+    tokens: f64,
+    last_ms: u64,
+    /// `(due, address, arrival)` of the latest quiet arrivals, oldest first.
+    pub(crate) recent: VecDeque<(u64, usize, u64)>,
+}
+
+impl QuickFloor {
+    fn new(now_ms: u64) -> Self {
+        Self {
+            tokens: QUICK_FLOOR_BURST,
+            last_ms: now_ms,
+            recent: VecDeque::with_capacity(QUICK_FLOOR_RECENT),
+        }
+    }
+
+    /// Notes a quiet page's arrival (the oldest noted falls out).
+    fn note(&mut self, due: u64, addr: usize, at_ms: u64) {
+        if self.recent.len() == QUICK_FLOOR_RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((due, addr, at_ms));
+    }
+
+    /// Adds the floor's share of the time since the last call.
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn refill(&mut self, now_ms: u64) {
+        let dt = now_ms.saturating_sub(self.last_ms) as f64 / 1e3;
+        self.tokens = (self.tokens + dt * QUICK_FLOOR_PER_S).min(QUICK_FLOOR_BURST);
+        self.last_ms = self.last_ms.max(now_ms);
+    }
+
+    /// Takes one quick sweep from the floor, if one is left.
+    pub(crate) fn take(&mut self) -> bool {
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+}
+
 /// The sweep: resident pages waiting for their period to end, one queue per
 /// level ordered by arrival (the first is due first), and the budget.
 #[derive(Debug)]
@@ -672,6 +735,8 @@ pub(crate) struct Sweep {
     pub(crate) quick_back: u64,
     /// What each class's sweeps bought ([`Returns`]).
     pub(crate) returns: Returns,
+    /// The quick sweeps no debt stops ([`QuickFloor`]).
+    pub(crate) floor: QuickFloor,
 }
 
 impl Sweep {
@@ -689,6 +754,7 @@ impl Sweep {
             quiet_back: 0,
             quick_back: 0,
             returns: Returns::default(),
+            floor: QuickFloor::new(now_ms),
         }
     }
 
@@ -707,8 +773,9 @@ impl Sweep {
     /// quiet, see [`Sweep::quiet`]).
     pub(crate) fn arrived(&mut self, addr: usize, at_ms: u64, level: u8, quiet: bool) {
         if quiet {
-            self.quiet
-                .push(Reverse((due_ms(at_ms, level, true), addr, at_ms)));
+            let due = due_ms(at_ms, level, true);
+            self.quiet.push(Reverse((due, addr, at_ms)));
+            self.floor.note(due, addr, at_ms);
         } else {
             self.queues[usize::from(level.min(TOP))].push(Reverse((at_ms, addr)));
         }

@@ -219,6 +219,18 @@ impl Inner {
             (v, hold.map_or(lag, |(_, lag)| lag))
         };
         let done = self.evict_list(st, &victims, true);
+        // Known quiet pages the budget left (spent, or held for the host):
+        // the floor's quick sweeps (`sweep::QuickFloor`).
+        let floor = if st.frozen {
+            Vec::new()
+        } else {
+            st.due_floor(SWEEP_BATCH, now)
+        };
+        let floor_done = if floor.is_empty() {
+            0
+        } else {
+            self.evict_list(st, &floor, true)
+        };
         // In debt: the chunks that hold no ciphertext go back to the kernel
         // (their first touches, which would be hand-offs, cost what plain
         // page faults cost), at most every scan period.
@@ -246,7 +258,8 @@ impl Inner {
         }
         self.publish(st);
         let c = self.stats.counters();
-        c.swept.fetch_add(done as u64, Ordering::Relaxed);
+        c.swept
+            .fetch_add((done + floor_done) as u64, Ordering::Relaxed);
         c.sweep_lag_ms.store(lag, Ordering::Relaxed);
         c.max_sweep_lag_ms.fetch_max(lag, Ordering::Relaxed);
         c.max_period_ms.store(top, Ordering::Relaxed);
