@@ -347,12 +347,23 @@ fn a_handlers_wait_for_a_cpu_after_it_woke_a_busy_thread_is_not_counted() {
     eprintln!(
         "handler's run delay {total} ns, {unfelt} ns of it while no fault waited, {counted} ns counted"
     );
+    // The case arises only when the scheduler puts the woken thread on the
+    // handler's CPU and then lets the handler run on the other CPU before
+    // the next fault: a wait shows in `schedstat` only once it ends. Woken
+    // beside the spinner instead, the thread never preempts the handler;
+    // kept on one CPU with it (pinned), the handler's wait ends only at the
+    // next fault, where it cannot be told from the fault's. About one run
+    // in four here gets too few such waits: the run then cannot decide, and
+    // says why.
     if unfelt < 3_000_000 {
         memveil_testkit::skip(
-            memveil_testkit::Need::HostSetting("a scheduler that preempts a SCHED_IDLE thread"),
+            memveil_testkit::Need::HostSetting(
+                "a wake placed on the handler's CPU, the handler moved to the other",
+            ),
             format!(
-                "the handler waited only {unfelt} ns off a CPU while this thread computed: \
-                 no wake kept it off"
+                "the handler ended only {unfelt} ns of waiting off a CPU while this thread computed \
+                 (at least 3 ms decide): the scheduler woke this thread beside the spinner, so the \
+                 handler was not preempted, or the handler's wait ended only at the next fault"
             ),
         );
         return;
