@@ -179,6 +179,9 @@ pub unsafe fn run(argc: c_int, argv: *const *const c_char, envp: *const *const c
     let tx = start_agent(region, shown.clone(), seen);
     let (listener, nnp) = filter::install()
         .unwrap_or_else(|e| die(&format!("cannot install the seccomp filter: {e}")));
+    // A kernel older than 6.6 lacks it: the agent then answers as fast as
+    // an ordinary wake-up lets it.
+    let _ = filter::sync_wake_up(&listener);
     // Out of the program's way (the filter keeps it from closing it).
     let listener = memveil_sys::fdguard::move_high(listener);
     if nnp {

@@ -175,6 +175,10 @@ pub struct Uffd {
     /// descriptors by number (`crate::fdguard`).
     fd: crate::fdguard::Held,
     origin: Origin,
+    /// `/proc/self/fdinfo/FD`, opened (and held) the first time
+    /// [`Uffd::pending`] finds the descriptor blocking; `None` inside when
+    /// it would not open.
+    fdinfo: std::sync::OnceLock<Option<crate::fdguard::Held>>,
 }
 
 fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
@@ -278,6 +282,7 @@ impl Uffd {
         Self {
             fd: crate::fdguard::move_high(fd),
             origin,
+            fdinfo: std::sync::OnceLock::new(),
         }
     }
 
@@ -502,6 +507,16 @@ impl Uffd {
 
     /// Whether a fault message is waiting to be read (`poll(2)` with no
     /// wait): a watchdog's view of a handler that has fallen behind.
+    ///
+    /// The kernel answers every `poll` of a blocking userfaultfd with
+    /// `POLLERR` ("poll() never guarantees that read won't block"), and the
+    /// shield's handler makes its descriptor blocking (it sleeps in
+    /// `read(2)`): there the count of unread messages is read from the
+    /// descriptor's `fdinfo` (`pending:`) instead, one `pread` of a file
+    /// kept open (held high, as the descriptor is). Before, this said "no"
+    /// whenever the handler slept in `read`: the sweep never stood aside for
+    /// a waiting fault, and the watchdog saw a starved handler only while
+    /// it held a batch.
     #[must_use]
     pub fn pending(&self) -> bool {
         let mut fd = libc::pollfd {
@@ -511,7 +526,27 @@ impl Uffd {
         };
         // SAFETY: `fd` is one valid pollfd struct.
         let r = unsafe { libc::poll(&mut fd, 1, 0) };
+        if r > 0 && fd.revents & libc::POLLERR != 0 {
+            return self.pending_by_fdinfo().unwrap_or(false);
+        }
         r > 0 && fd.revents & libc::POLLIN != 0
+    }
+
+    /// [`Uffd::pending`] for a blocking descriptor: its `fdinfo`'s
+    /// `pending:` count (`None`: no `/proc`, or a kernel without the line).
+    fn pending_by_fdinfo(&self) -> Option<bool> {
+        let held = self.fdinfo.get_or_init(|| {
+            let path = format!("/proc/self/fdinfo/{}", self.fd.as_raw_fd());
+            let file = std::fs::File::open(path).ok()?;
+            Some(crate::fdguard::move_high(file.into()))
+        });
+        let f = held.as_ref()?;
+        let mut buf = [0u8; 512];
+        // SAFETY: `buf` is writable for its length; the descriptor is ours
+        // (held: the program cannot close it).
+        let n = unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        let text = std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?;
+        fdinfo_pending(text).map(|n| n > 0)
     }
 
     /// Waits up to `timeout_ms` (-1: forever) until a message is pending or
@@ -710,4 +745,70 @@ pub fn map_stack_direct(len: usize) -> io::Result<*mut u8> {
         let _ = madvise_direct(p, len, libc::MADV_DONTDUMP);
     }
     Ok(p)
+}
+
+/// The `pending:` count of a userfaultfd's `fdinfo` (messages not yet
+/// read).
+fn fdinfo_pending(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("pending:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pending_count_is_read_from_fdinfo() {
+        let text =
+            "pos:\t0\nflags:\t02000000\nmnt_id:\t17\nino:\t2693836\npending:\t3\ntotal:\t5\n\
+                    API:\taa:80000101:80000000000001ff\n";
+        assert_eq!(fdinfo_pending(text), Some(3));
+        assert_eq!(fdinfo_pending("pos:\t0\n"), None);
+        assert_eq!(fdinfo_pending("pending:\tmany\n"), None);
+    }
+
+    /// The handler's descriptor is blocking: a fault waiting there must
+    /// still show (it did not: `poll` says `POLLERR` on such a descriptor).
+    #[test]
+    fn a_blocking_userfaultfd_says_when_a_fault_waits() {
+        let u = match Uffd::open() {
+            Ok(u) => u,
+            Err(e) => {
+                memveil_testkit::skip(memveil_testkit::Need::Userfaultfd, e.syscall);
+                return;
+            }
+        };
+        u.handshake(0).expect("UFFDIO_API");
+        let page = 4096usize;
+        let mem = map_anonymous_direct(page).expect("mmap");
+        let at = mem as u64;
+        u.register(at, page as u64, MODE_MISSING).expect("register");
+        u.set_blocking(true).expect("blocking");
+        assert!(!u.pending(), "nothing faulted yet");
+        let addr = mem as usize;
+        // SAFETY: a read of the page just mapped; it blocks in its fault
+        // until the range is unregistered below, then reads a zero.
+        let t = std::thread::spawn(move || unsafe { std::ptr::read_volatile(addr as *const u8) });
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seen = false;
+        while std::time::Instant::now() < end {
+            if u.pending() {
+                seen = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Unregistering wakes the faulting thread, whose read then finds a
+        // zero page.
+        u.unregister(at, page as u64).expect("unregister");
+        assert_eq!(t.join().expect("reader"), 0);
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(mem.cast(), page) };
+        assert!(
+            seen,
+            "a fault waited 10 s on a blocking userfaultfd and pending() never said so"
+        );
+    }
 }
