@@ -220,7 +220,10 @@ fn run_paired(
     let (pl, de) = (Mode::Plain, Mode::Default);
     let mut times: [Vec<f64>; 5] = Default::default();
     let mut ratios: [Vec<f64>; 5] = Default::default();
-    let mut costs: [Vec<f64>; 5] = Default::default();
+    // One cost per round, beside its ratio (`Row::costs`): the round's
+    // protected runs' summary costs weighted by their times, `None` when a
+    // run of the round wrote no statistics.
+    let mut costs: [Vec<Option<f64>>; 5] = Default::default();
     let mut stats: [RunStats; 5] = Default::default();
     let mut problem = None;
     opts.say(&format!("shield go: {} (warm-up pair)", p.name));
@@ -241,6 +244,7 @@ fn run_paired(
             round + 1
         ));
         let (mut plain_sum, mut prot_sum) = (0.0, 0.0);
+        let mut cost_secs = Some(0.0);
         for k in 0..pairs {
             let order = if (round + k) % 2 == 0 {
                 [pl, de]
@@ -277,13 +281,15 @@ fn run_paired(
             prot_sum += b.secs;
             times[pl.index()].push(a.secs);
             times[de.index()].push(b.secs);
+            let cost = b.stats.as_ref().and_then(|st| st.cost_fraction);
+            cost_secs = cost_secs.zip(cost).map(|(sum, c)| sum + c * b.secs);
             if let Some(st) = b.stats {
-                costs[de.index()].extend(st.cost_fraction);
                 stats[de.index()] = st;
             }
         }
         if prot_sum > 0.0 {
             ratios[de.index()].push(plain_sum / prot_sum);
+            costs[de.index()].push(cost_secs.map(|c| c / prot_sum));
         }
     }
     let row = Row {
