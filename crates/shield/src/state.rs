@@ -465,6 +465,15 @@ impl State {
             }
         }
         let word = r.time(i);
+        // A known quiet page back within QUIET_MS of its quick sweep for the
+        // first time in a row keeps the quiet class (and level 0) once: a
+        // read preempted halfway is not a page in use (a hot page pays one
+        // fault more a quiet spell for it).
+        let quick_back = s & STATE_MASK == EVICTED
+            && s & SWEPT != 0
+            && sweep::class_of(word) == sweep::QUIET_CLASS
+            && sweep::since(now_ms, sweep::tick_of(word)) < sweep::QUIET_MS;
+        let chance = quick_back && !sweep::is_struck(word);
         let level = match s & STATE_MASK {
             EVICTED if s & SWEPT != 0 => {
                 let away = sweep::since(now_ms, sweep::tick_of(word));
@@ -480,12 +489,17 @@ impl State {
                     }
                     if sweep::is_learned(word) && away < sweep::QUIET_MS {
                         // Its quick sweep bought a fault: the next quiet
-                        // pages' sweeps reserve more, and this one follows
-                        // its level (not known quiet any more).
+                        // pages' sweeps reserve more, and this one, unless
+                        // it is its first in a row, follows its level (not
+                        // known quiet any more).
                         sw.quiet_back += 1;
                     }
                 }
-                let level = sweep::relevel(sweep::level_of(word), away);
+                let level = if chance {
+                    0
+                } else {
+                    sweep::relevel(sweep::level_of(word), away)
+                };
                 // Back sooner than its period: its block is in use at least
                 // that much (a page of it back late says nothing of the
                 // others: it follows its own level).
@@ -505,10 +519,10 @@ impl State {
         // Known quiet: it stayed out QUIET_MS or more, so it leaves again
         // QUICK_MS after it came in, whatever its block does (a secret read
         // once a second next to a hot array); a page back sooner follows its
-        // block.
+        // block (after its one chance above).
         let own = match s & STATE_MASK {
             EVICTED if s & SWEPT != 0 => {
-                sweep::since(now_ms, sweep::tick_of(word)) >= sweep::QUIET_MS
+                chance || sweep::since(now_ms, sweep::tick_of(word)) >= sweep::QUIET_MS
             }
             EVICTED => sweep::is_learned(word),
             _ => false,
@@ -517,6 +531,7 @@ impl State {
             && s & STATE_MASK == EVICTED
             && sweep::since(now_ms, sweep::tick_of(word)) >= sweep::LONG_QUIET_MS;
         let word = sweep::pack(now_ms, level);
+        let word = if chance { sweep::struck(word) } else { word };
         r.set_time(i, if own { sweep::learned(word) } else { word });
         if s & STATE_MASK == EVICTED {
             r.evicted_add(i, -1);
@@ -1281,30 +1296,34 @@ mod tests {
     }
 
     #[test]
-    fn a_quiet_page_in_a_burst_pays_one_more_fault_a_quiet_spell_at_most() {
+    fn a_quiet_page_in_a_burst_pays_two_more_faults_a_quiet_spell_at_most() {
         let mut st = state(64);
         for i in 0..64 {
             st.mark_evicted(0, i, true, 0);
         }
         // Page 5 is used in bursts every 200 ms, touched every ms for
         // 30 ms: each burst finds it out (one fault, as before), its quick
-        // sweep costs one more, and then it follows its level for the rest
-        // of the burst.
+        // sweep costs one more, the second chance of its quiet class (a
+        // read preempted halfway looks the same) one more again, and then
+        // it follows its level for the rest of the burst.
         let mut faults = 0;
         for k in 1..=10u64 {
             let start = k * 200;
+            let mut burst = 0;
             for t in start..start + 30 {
                 sweep(&mut st, t);
                 if st.ranges[0].state(5) & STATE_MASK == EVICTED {
                     st.mark_resident(0, 5, EVICTED | SWEPT, t);
-                    faults += 1;
+                    burst += 1;
                 }
             }
+            assert!(burst <= 3, "{burst} faults in burst {k}");
+            faults += burst;
             for t in start + 30..start + 200 {
                 sweep(&mut st, t);
             }
         }
-        assert!(faults <= 2 * 10, "{faults} faults in 10 bursts");
+        assert!(faults <= 3 * 10, "{faults} faults in 10 bursts");
         // Those extra faults raise what a quiet sweep reserves.
         let sw = st.sweep.as_ref().expect("sweep");
         assert!(
@@ -1317,6 +1336,56 @@ mod tests {
             "share {}",
             sw.quiet_share()
         );
+    }
+
+    /// Page 5 of `st`, resident since `from_ms`, swept ms by ms: how long
+    /// it stays plaintext (it must leave before `until_ms`).
+    fn plaintext_ms(st: &mut State, from_ms: u64, until_ms: u64) -> u64 {
+        let mut t = from_ms;
+        while st.ranges[0].state(5) & STATE_MASK == RESIDENT {
+            assert!(
+                t < until_ms,
+                "came in at {from_ms}: still plaintext at {until_ms}"
+            );
+            sweep(st, t);
+            t += 1;
+        }
+        t - 1 - from_ms
+    }
+
+    #[test]
+    fn a_quiet_page_whose_quick_sweep_came_straight_back_once_stays_quiet() {
+        let mut st = state(64);
+        for i in 0..64 {
+            st.mark_evicted(0, i, true, 0);
+        }
+        // The hot heap's returns closed every level, as on the host where
+        // the canary's page was traced.
+        for class in 0..sweep::LEVELS {
+            came_straight_back(&mut st, class, 32);
+        }
+        // The secret's page, read every 100 ms; read 5 is preempted halfway:
+        // its quick sweep takes the page, and the rest of the read brings it
+        // back 2 ms later. The reads after it find it out again and it
+        // leaves QUICK_MS after each (before: it lost the quiet class, took
+        // level 1, and the closed levels passed it over: plaintext to the
+        // end).
+        let mut plain_ms = 0;
+        for k in 1..=20u64 {
+            let read = k * 100;
+            assert_eq!(st.ranges[0].state(5) & STATE_MASK, EVICTED, "read {k}");
+            st.mark_resident(0, 5, EVICTED | SWEPT, read);
+            plain_ms += plaintext_ms(&mut st, read, read + 100);
+            if k == 5 {
+                let back = read + sweep::QUICK_MS + 2;
+                st.mark_resident(0, 5, EVICTED | SWEPT, back);
+                plain_ms += plaintext_ms(&mut st, back, read + 100);
+            }
+        }
+        assert_eq!(plain_ms, 21 * sweep::QUICK_MS, "plaintext QUICK_MS a read");
+        // The quick-back still counts against the quiet class's sweeps.
+        let sw = st.sweep.as_ref().expect("sweep");
+        assert_eq!(sw.quiet_back, 1);
     }
 
     /// Books `n` sweeps of `class` at 0 ms, all back 5 ms later, and lets

@@ -85,14 +85,19 @@ pub(crate) const HINT_PAGES: usize = 64;
 /// the longest period ([`probe_out_ms`]).
 pub(crate) const PROBE_WAIT: u64 = 4;
 
-/// Bits of the tick (ms) in a page's time word; above it the "learned"
-/// bit, then the level.
-const TICK_BITS: u32 = 27;
+/// Bits of the tick (ms) in a page's time word; above it the "struck"
+/// bit, the "learned" bit, then the level.
+const TICK_BITS: u32 = 26;
 const TICK_MASK: u32 = (1 << TICK_BITS) - 1;
+/// The page, known quiet, came back within [`QUIET_MS`] of its quick sweep
+/// once (a read preempted halfway, or the start of a burst): it kept the
+/// quiet class, and a second such return in a row ends it. Staying out
+/// [`QUIET_MS`] or more clears it.
+const STRUCK: u32 = 1 << TICK_BITS;
 /// The page is known quiet (once swept, it stayed out [`QUIET_MS`] or
 /// more): it follows its own level, not its block's hint.
-const LEARNED: u32 = 1 << TICK_BITS;
-const LEVEL_SHIFT: u32 = TICK_BITS + 1;
+const LEARNED: u32 = 1 << (TICK_BITS + 1);
+const LEVEL_SHIFT: u32 = TICK_BITS + 2;
 
 /// The sweep period of `level`, in ms.
 pub(crate) fn period_ms(level: u8) -> u64 {
@@ -105,8 +110,9 @@ pub(crate) const QUIET_MS: u64 = 50;
 
 /// How soon a page known quiet is swept again once it comes back, in ms:
 /// what brought it back (a read of a key, a request touching a record) is
-/// over within this, and one more fault per quiet spell is all it can cost
-/// when it is not ([`relevel`] then takes it out of the quiet pages). With
+/// over within this, and two more faults per quiet spell are all it can
+/// cost when it is not (the second chance of [`STRUCK`], then [`relevel`]
+/// takes it out of the quiet pages). With
 /// the shortest period instead, a secret read every 100 ms stayed
 /// plaintext a quarter of the time (`shield.canary_100ms_encrypted_fraction`
 /// 0.74), one read every second 2-3%.
@@ -137,7 +143,7 @@ pub(crate) const DEBT_WINDOW_MS: u64 = 100;
 
 /// Share of a sweep's fault cost reserved for a page known quiet before
 /// its quick sweeps have a history ([`Sweep::quiet_share`]), and the least
-/// after: a quiet page comes back once per quiet spell at most.
+/// after: a quiet page comes back twice per quiet spell at most ([`STRUCK`]).
 pub(crate) const QUIET_BACK_FLOOR: f64 = 0.05;
 
 /// When a page that came in at `at_ms` at `level` is due: [`QUICK_MS`]
@@ -169,11 +175,11 @@ pub(crate) fn relevel(level: u8, away_ms: u64) -> u8 {
 }
 
 /// A page's time word: the ms tick of its last arrival (resident) or sweep
-/// (evicted), 27 bits wrapping (37 hours: only equality and short
-/// differences are read), whether it is known quiet (learned), and its
-/// level.
+/// (evicted), 26 bits wrapping (18 hours: only equality and short
+/// differences are read), whether its quiet class had its second chance
+/// (struck), whether it is known quiet (learned), and its level.
 pub(crate) fn pack(now_ms: u64, level: u8) -> u32 {
-    // The tick is cut to 27 bits on purpose (it wraps).
+    // The tick is cut to 26 bits on purpose (it wraps).
     #[allow(clippy::cast_possible_truncation)]
     let t = (now_ms as u32) & TICK_MASK;
     pack_tick(t, level)
@@ -184,15 +190,26 @@ pub(crate) fn pack_tick(t: u32, level: u8) -> u32 {
     (t & TICK_MASK) | (u32::from(level.min(TOP)) << LEVEL_SHIFT)
 }
 
-/// `word` with its tick set to `now_ms`, level and learned bit kept.
+/// `word` with its tick set to `now_ms`, level, learned and struck bits
+/// kept.
 pub(crate) fn restamp(word: u32, now_ms: u64) -> u32 {
-    pack(now_ms, level_of(word)) | (word & LEARNED)
+    pack(now_ms, level_of(word)) | (word & (LEARNED | STRUCK))
 }
 
 /// `word` with its tick set to `t` (a tick) and its level to `level`, the
-/// learned bit kept.
+/// learned and struck bits kept.
 pub(crate) fn retick(word: u32, t: u32, level: u8) -> u32 {
-    pack_tick(t, level) | (word & LEARNED)
+    pack_tick(t, level) | (word & (LEARNED | STRUCK))
+}
+
+/// `word` marked struck (see [`STRUCK`]).
+pub(crate) fn struck(word: u32) -> u32 {
+    word | STRUCK
+}
+
+/// Whether `word`'s quiet class had its second chance ([`STRUCK`]).
+pub(crate) fn is_struck(word: u32) -> bool {
+    word & STRUCK != 0
 }
 
 /// `word` marked learned (its level is the page's own).

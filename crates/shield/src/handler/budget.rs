@@ -190,7 +190,7 @@ impl Inner {
         };
         // Half, until 64 sweeps say otherwise.
         let back = (g(&c.swept_back) as f64 + 32.0) / (g(&c.swept) as f64 + 64.0);
-        // A page known quiet comes back once per quiet spell at most (its
+        // A page known quiet comes back twice per quiet spell at most (its
         // quick sweeps' history scales this up: `State::due`).
         (
             per_page * back.clamp(0.05, 1.0),
