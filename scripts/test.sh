@@ -90,11 +90,9 @@ check_leftovers() {
 
 # The fuzz targets (scripts/test.d runs them), all in one cargo command, in
 # fuzz/target (cargo fuzz's own flags: every crate, aws-lc-sys's C library
-# too, compiles again there). Built beside `cargo test` under SCHED_IDLE
-# (`chrt --idle 0`, and nice 19 where chrt refuses): the tests take a core
-# whenever they want one (a CPU running only SCHED_IDLE work counts as idle
-# to the scheduler, so the timed shield tests' threads never queue behind
-# the build), the build takes what the tests' waits leave (etcd's
+# too, compiles again there). Built beside `cargo test` at nice 19: the tests
+# take a core whenever they want one (a nice-19 task weighs 15 against a
+# nice-0 task's 1024), the build takes what the tests' waits leave (etcd's
 # and the idle samplers' seconds of sleep). In its own session, so that a
 # failed run stops it whole (stop_background, from the EXIT trap).
 FUZZ_PID=
@@ -106,9 +104,7 @@ start_fuzz_build() {
         [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; } || return 0
     FUZZ_OUT=$(mktemp -d "${TMPDIR:-/tmp}/memveil-fuzzbuild.XXXXXX")
     setsid bash -c 'cd fuzz && s=$SECONDS rc=0
-        idle="nice -n 19"
-        chrt --idle 0 true 2>/dev/null && idle="chrt --idle 0 nice -n 19"
-        RUSTC_BOOTSTRAP=1 $idle cargo fuzz build --sanitizer none || rc=$?
+        RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz build --sanitizer none || rc=$?
         echo "$rc $((SECONDS - s))" > "$1/rc"' fuzzbuild "$FUZZ_OUT" > "$FUZZ_OUT/log" 2>&1 &
     FUZZ_PID=$!
 }
