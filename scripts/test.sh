@@ -16,7 +16,6 @@ MEMVEIL_SKIP_LOG=$(mktemp "${TMPDIR:-/tmp}/memveil-skips.XXXXXX")
 export MEMVEIL_SKIP_LOG
 count_skips() {
     local rc=$?
-    stop_background
     # The tests failed before the check at the end: name leftovers all the same.
     if [ -n "${MEMVEIL_TEST_RUN:-}" ] && [ -z "${LEFTOVERS_CHECKED:-}" ]; then
         step "processes the tests started"
@@ -88,103 +87,20 @@ check_leftovers() {
     return 1
 }
 
-# The fuzz targets (scripts/test.d runs them), all in one cargo command, in
-# fuzz/target (cargo fuzz's own flags: every crate, aws-lc-sys's C library
-# too, compiles again there). Built beside `cargo test` at nice 19: the tests
-# take a core whenever they want one (a nice-19 task weighs 15 against a
-# nice-0 task's 1024), the build takes what the tests' waits leave (etcd's
-# and the idle samplers' seconds of sleep). In its own session, so that a
-# failed run stops it whole (stop_background, from the EXIT trap).
-FUZZ_PID=
-FUZZ_OUT=
-BESIDE_PID=
-BESIDE_OUT=
-start_fuzz_build() {
-    [ -d fuzz ] && { command -v cargo-fuzz >/dev/null 2>&1 ||
-        [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; } || return 0
-    FUZZ_OUT=$(mktemp -d "${TMPDIR:-/tmp}/memveil-fuzzbuild.XXXXXX")
-    setsid bash -c 'cd fuzz && s=$SECONDS rc=0
-        RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz build --sanitizer none || rc=$?
-        echo "$rc $((SECONDS - s))" > "$1/rc"' fuzzbuild "$FUZZ_OUT" > "$FUZZ_OUT/log" 2>&1 &
-    FUZZ_PID=$!
-}
-# What runs in the background (the fuzz build, the tests beside cargo test),
-# stopped whole when the run ends early (from the EXIT trap).
-stop_background() {
-    local p
-    for p in "$FUZZ_PID" "$BESIDE_PID"; do
-        [ -z "$p" ] || kill -- "-$p" 2>/dev/null || true
-    done
-    rm -rf "$FUZZ_OUT" "$BESIDE_OUT"
-    FUZZ_PID= BESIDE_PID=
-}
-# Waits for the build; its output under its own header, with the seconds it
-# took and the seconds the run waited for it after cargo test.
-wait_fuzz_build() {
-    local rc s=$SECONDS
-    [ -n "$FUZZ_PID" ] || return 0
-    wait "$FUZZ_PID" || true
-    FUZZ_PID=
-    step "the fuzz targets, built beside cargo test ($(cut -d' ' -f2 "$FUZZ_OUT/rc" 2>/dev/null) s; waited $((SECONDS - s)) s for it here)"
-    cat "$FUZZ_OUT/log"
-    rc=$(cut -d' ' -f1 "$FUZZ_OUT/rc" 2>/dev/null || echo 1)
-    rm -rf "$FUZZ_OUT"
-    FUZZ_OUT=
-    [ "$rc" = 0 ] || { echo "test.sh: cargo fuzz build failed"; return 1; }
-}
-
-# The tests that run in a lane of their own beside the rest of `cargo test`
-# (ARCHITECTURE.md, "The test run"), one after the other: `test target` and
-# the test's exact name. shield_etcd sleeps most of its 138 s (it samples two
-# idle servers, 66 s each); the disk proof waits on fio, gcore and two
-# scanners. The rest of `cargo test` skips exactly these names, so each test
-# runs once; a name that no longer matches a test fails the run (it would
-# otherwise run in neither lane).
-BESIDE=(
-    "shield_etcd etcd_answers_as_plainly_keeps_a_secret_value_out_of_its_heap_and_stops_cleanly"
-    "proof key_is_not_in_dumps_of_the_disk_server_or_vault_but_gocryptfs_key_is_found"
-)
-start_beside() {
-    BESIDE_OUT=$(mktemp -d "${TMPDIR:-/tmp}/memveil-beside.XXXXXX")
-    # shellcheck disable=SC2016 # expanded by the lane's own bash
-    setsid bash -c 'set -o pipefail
-        out=$1 s=$SECONDS rc=0 n=0
-        shift
-        for t in "$@"; do
-            n=$((n + 1))
-            cargo test --locked --workspace --release --no-fail-fast --test "${t%% *}" \
-                -- --exact "${t#* }" 2>&1 | tee "$out/$n.log" || rc=1
-            grep -q "^test ${t#* } \.\.\. " "$out/$n.log" ||
-                { echo "test.sh: no test ${t#* } in --test ${t%% *} (BESIDE in scripts/test.sh)"; rc=1; }
-        done
-        echo "$rc $((SECONDS - s))" > "$out/rc"' beside "$BESIDE_OUT" "${BESIDE[@]}" \
-        > "$BESIDE_OUT/log" 2>&1 &
-    BESIDE_PID=$!
-}
-# Waits for the lane beside cargo test; its output under its own header.
-wait_beside() {
-    local rc
-    [ -n "$BESIDE_PID" ] || return 0
-    wait "$BESIDE_PID" || true
-    BESIDE_PID=
-    step "cargo test, the lane beside it: ${BESIDE[*]%% *} ($(cut -d' ' -f2 "$BESIDE_OUT/rc" 2>/dev/null) s)"
-    cat "$BESIDE_OUT/log"
-    rc=$(cut -d' ' -f1 "$BESIDE_OUT/rc" 2>/dev/null || echo 1)
-    rm -rf "$BESIDE_OUT"
-    BESIDE_OUT=
-    [ "$rc" = 0 ] || { echo "test.sh: a test beside cargo test failed"; return 1; }
-}
-
 # The scripts of scripts/test.d (fuzz smoke runs of fixed length, and checks),
 # two at a time: on the two cores CI gives, each fuzzer has a core of its own
-# for its whole -max_total_time, as when they ran one after the other. They
-# start once the fuzz targets are built (wait_fuzz_build). Longest first (the
+# for its whole -max_total_time, as when they ran one after the other. The
+# fuzz targets are built first, all in one cargo command. Longest first (the
 # seconds a script's `# test.sh: N s` line gives), so both lanes end
 # together; each script's output is shown whole, under its own header.
 run_test_d() {
     local f n i=0 rc=0 out
     local -a scripts=()
-    wait_fuzz_build
+    if [ -d fuzz ] && { command -v cargo-fuzz >/dev/null 2>&1 ||
+        [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; }; then
+        step "the fuzz targets (scripts/test.d runs them)"
+        (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer none)
+    fi
     mapfile -t scripts < <(for f in scripts/test.d/*.sh; do
         [ -e "$f" ] || continue
         n=$(sed -n 's/^# test\.sh: \([0-9]*\) s.*/\1/p' "$f" | head -n1)
@@ -247,14 +163,7 @@ step "cargo test"
 DAEMONS_BEFORE=$(pgrep -f -- "$DAEMONS" || true)
 MEMVEIL_TEST_RUN="$$-$(date +%s%N)"
 export MEMVEIL_TEST_RUN
-start_fuzz_build
-start_beside
-skips=()
-for t in "${BESIDE[@]}"; do skips+=(--skip "${t#* }"); done
-rc=0
-cargo test --locked --workspace --release --no-fail-fast -- --exact "${skips[@]}" 2>&1 || rc=$?
-wait_beside || rc=1
-[ "$rc" = 0 ] || exit "$rc"
+cargo test --locked --workspace --release --no-fail-fast 2>&1
 run_test_d
 step "no process the tests started is left"
 check_leftovers
