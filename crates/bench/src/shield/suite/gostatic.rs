@@ -292,15 +292,7 @@ fn run_paired(
             costs[de.index()].push(cost_secs.map(|c| c / prot_sum));
         }
     }
-    let row = Row {
-        name: p.name,
-        what: p.what.clone(),
-        secs: std::array::from_fn(|i| median(&mut times[i])),
-        ratios,
-        costs,
-        stats,
-        problem,
-    };
+    let row = Row::from_rounds(p, times, ratios, costs, stats, problem);
     Ok((row, pairs))
 }
 

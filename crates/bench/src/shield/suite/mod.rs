@@ -179,6 +179,27 @@ pub(crate) struct Row {
 }
 
 impl Row {
+    /// The row of program `p` from its rounds: each mode's wall time is the
+    /// median of `times`, the rest is kept as measured.
+    fn from_rounds(
+        p: &Program,
+        mut times: [Vec<f64>; MODES],
+        ratios: [Vec<f64>; MODES],
+        costs: [Vec<Option<f64>>; MODES],
+        stats: [RunStats; MODES],
+        problem: Option<String>,
+    ) -> Self {
+        Self {
+            name: p.name,
+            what: p.what.clone(),
+            secs: std::array::from_fn(|i| median(&mut times[i])),
+            ratios,
+            costs,
+            stats,
+            problem,
+        }
+    }
+
     fn ratio(&self, m: Mode) -> f64 {
         if self.problem.is_some() {
             return 0.0;
@@ -723,15 +744,7 @@ fn run_programs(
                 }
             }
         }
-        rows.push(Row {
-            name: p.name,
-            what: p.what.clone(),
-            secs: std::array::from_fn(|i| median(&mut times[i])),
-            ratios,
-            costs,
-            stats,
-            problem,
-        });
+        rows.push(Row::from_rounds(p, times, ratios, costs, stats, problem));
         if let Some(f) = &p.fresh {
             let _ = std::fs::remove_file(f);
         }
