@@ -200,9 +200,6 @@ pub struct Counters {
     /// Time the fault handler waited for the shield's lock with faults in
     /// hand (ns, in `cost_ns`).
     pub handler_lock_ns: AtomicU64,
-    /// Times the watchdog kept the handler normal, its back-off over,
-    /// because the host's CPUs were contended (see `handler::guard`).
-    pub idle_held: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -351,9 +348,6 @@ pub struct Snapshot {
     pub contention_ns: u64,
     /// Time the fault handler waited for the shield's lock (ns, in `cost_ns`).
     pub handler_lock_ns: u64,
-    /// Times the handler was kept normal because the host's CPUs were
-    /// contended.
-    pub idle_held: u64,
 }
 
 impl Snapshot {
@@ -490,7 +484,6 @@ impl Snapshot {
         self.host_cost_ns += o.host_cost_ns;
         self.contention_ns += o.contention_ns;
         self.handler_lock_ns += o.handler_lock_ns;
-        self.idle_held += o.idle_held;
     }
 }
 
@@ -565,7 +558,6 @@ impl Counters {
             host_cost_ns: g(&self.host_cost_ns),
             contention_ns: g(&self.contention_ns),
             handler_lock_ns: g(&self.handler_lock_ns),
-            idle_held: g(&self.idle_held),
         }
     }
 }

@@ -74,23 +74,12 @@ fn handler_runs_idle_and_is_made_normal_when_starved() {
     sweep(buf, 256, 1);
     let t = Instant::now();
     let mut before = s.stats();
-    // The handler goes idle only on a calm host: on one whose CPUs are
-    // contended (other tests, builds) the watchdog holds it normal
-    // (`idle_held`), which the contended part below checks as well.
     while before.handler_idle == 0
         && before.idle_rescues == 0
-        && before.idle_held == 0
         && t.elapsed() < Duration::from_secs(30)
     {
         sweep(buf, 256, 2);
         before = s.stats();
-    }
-    if before.handler_idle == 0 && before.idle_rescues == 0 && before.idle_held > 0 {
-        skip(
-            Need::HostSetting("calm CPUs"),
-            format!("the host's CPUs were contended: the handler was held normal: {before:?}"),
-        );
-        return;
     }
     assert!(
         before.handler_idle == 1 || before.idle_rescues > 0,
@@ -122,16 +111,6 @@ fn handler_runs_idle_and_is_made_normal_when_starved() {
     }
     let contended = t.elapsed();
     let st = s.stats();
-    // Still contended: the handler stays normal (issue 33). Before, its
-    // back-off returned it to SCHED_IDLE 1 s after the rescue, where it
-    // waited behind the busy threads until the next rescue (and then 2 s,
-    // 4 s... later again).
-    let pressure = std::fs::read_to_string("/proc/pressure/cpu").is_ok();
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_millis(3500) {
-        sweep(buf, 256, 4);
-    }
-    let later = s.stats();
     stop.store(true, Ordering::Relaxed);
     for h in hogs {
         h.join().unwrap();
@@ -142,18 +121,4 @@ fn handler_runs_idle_and_is_made_normal_when_starved() {
         "a starved handler was never rescued: {st:?}"
     );
     assert_eq!(st.handler_idle, 0, "{st:?}");
-    if !pressure {
-        skip(
-            Need::HostSetting("/proc/pressure/cpu"),
-            "no CPU pressure information: the back-off alone decides when the handler goes idle again",
-        );
-        return;
-    }
-    println!("3.5 s more beside the busy threads: {later:?}");
-    assert_eq!(
-        later.idle_rescues, st.idle_rescues,
-        "the handler went back to SCHED_IDLE on a contended host and starved again"
-    );
-    assert!(later.idle_held > st.idle_held, "{later:?}");
-    assert_eq!(later.handler_idle, 0, "{later:?}");
 }

@@ -24,22 +24,6 @@
 //! again only after a back-off that doubles each time (1 s to 64 s). It never waits for the
 //! shield's lock, which a starved handler may hold.
 //!
-//! Only on a calm host (issue 33): when the back-off is over, the watchdog
-//! reads the host's CPU pressure (`/proc/pressure/cpu`, the time some
-//! runnable task waited for a CPU) since the handler became normal, and
-//! while that is [`CONTENDED_PERCENT`] or more of the time it keeps the
-//! handler normal and looks again a second later (`idle_held`): on a
-//! contended host there is no idle CPU for `SCHED_IDLE` to win, only busy
-//! threads to wait behind. A rescue from a contended spell does not grow
-//! the back-off. Before, beside two busy loops the handler went back to
-//! `SCHED_IDLE` 1, 2, 4... s after each rescue and waited there until the
-//! next one (single waits of 0.3-1.2 s, 0.9-1.7 s of handler wait in a 16 s
-//! run of the 100 ms canary, booked as the shield's cost, so the budget's
-//! sweep stood still); with the check the handler stayed normal from the
-//! start (0 rescues, 16 holds) and its wait was 0.11-0.45 s, the faults'
-//! real wait behind the busy threads. Without pressure information the
-//! back-off alone decides, as before.
-//!
 //! Once a second it also ages an adaptive window (`policy::Window::tick`)
 //! and evicts what the window gave back.
 //!
@@ -88,7 +72,10 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
     let c = inner.stats.counters();
     // SCHED_IDLE only when the handler can be brought back from it.
     let idle = idle && may_leave_idle();
-    let mut placement = Placement::new(Instant::now(), host_pressure_us());
+    let mut is_idle = false;
+    let mut backoff = BACKOFF_MIN;
+    let mut idle_from = Instant::now();
+    let mut calm_since = Instant::now();
     let mut next_tick = Instant::now() + TICK;
     let mut last = inner.progress.load(Ordering::Relaxed);
     let mut period = BUSY_PERIOD;
@@ -117,7 +104,6 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
             let waiting = progress % 2 == 1 || inner.uffd.pending();
             // How long the handler waited for a CPU since the last look,
             // read only while work waits for it (its schedstat).
-            let is_idle = placement.is_idle;
             let delay = (is_idle && waiting)
                 .then(|| {
                     memveil_sys::process::run_delay_ns(inner.handler_tid.load(Ordering::Acquire))
@@ -130,32 +116,31 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
                 _ => None,
             };
             last_delay = delay.map(|d| (d, now));
-            // For a whole period the handler neither finished the batch in
-            // hand nor read a fault that waits, or, with work waiting for
-            // it, spent more than half the time since the last look
-            // runnable but off the CPU (a SCHED_IDLE thread behind busy
-            // ones still gets a sliver, enough to finish a batch now and
-            // then: "no progress" alone missed it, and every fault then
-            // waited for the busy threads): starved.
             let stuck = progress == last && waiting || queued == Some(true);
-            match placement.look(now, stuck, &mut host_pressure_us) {
-                Move::Stay => {}
-                Move::Held => {
-                    c.idle_held.fetch_add(1, Ordering::Relaxed);
+            if is_idle && stuck {
+                // For a whole period the handler neither finished the batch
+                // in hand nor read a fault that waits, or, with work waiting
+                // for it, spent more than half the time since the last look
+                // runnable but off the CPU (a SCHED_IDLE thread behind busy
+                // ones still gets a sliver, enough to finish a batch now and
+                // then: "no progress" alone missed it, and every fault then
+                // waited for the busy threads): starved.
+                if set_handler_policy(inner, SchedPolicy::Normal).is_ok() {
+                    is_idle = false;
+                    c.handler_idle.store(0, Ordering::Relaxed);
+                    c.idle_rescues.fetch_add(1, Ordering::Relaxed);
+                    idle_from = now + backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    calm_since = now;
                 }
-                Move::Rescue(p) => {
-                    if set_handler_policy(inner, SchedPolicy::Normal).is_ok() {
-                        c.handler_idle.store(0, Ordering::Relaxed);
-                        c.idle_rescues.fetch_add(1, Ordering::Relaxed);
-                        placement.rescued(now, p);
-                    }
+            } else if !is_idle && now >= idle_from {
+                if set_handler_policy(inner, SchedPolicy::Idle).is_ok() {
+                    is_idle = true;
+                    c.handler_idle.store(1, Ordering::Relaxed);
                 }
-                Move::ToIdle => {
-                    if set_handler_policy(inner, SchedPolicy::Idle).is_ok() {
-                        c.handler_idle.store(1, Ordering::Relaxed);
-                        placement.idled();
-                    }
-                }
+            } else if is_idle && now.duration_since(calm_since) > BACKOFF_MAX {
+                // A long calm: the next rescue starts the back-off afresh.
+                backoff = BACKOFF_MIN;
             }
         }
         period = if progress == last {
@@ -191,164 +176,6 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
             }
         }
     }
-}
-
-/// Share of the time (percent) during which some runnable task waited for a
-/// CPU on the host (`/proc/pressure/cpu`, "some") at or above which the
-/// CPUs count as contended: there is then no idle CPU for `SCHED_IDLE` to
-/// win (the woken thread's placement), only busy threads for the handler
-/// to wait behind. Beside two busy loops on this 2-vCPU VM the share read
-/// 85-96%; quiet, 0-5%.
-const CONTENDED_PERCENT: u64 = 20;
-/// The shortest span the contention is measured over.
-const PRESSURE_SPAN: Duration = Duration::from_millis(50);
-/// How soon the watchdog looks again at a contended host before it tries
-/// `SCHED_IDLE`.
-const HELD_LOOK: Duration = Duration::from_secs(1);
-
-/// What the watchdog does with the handler's policy at a look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Move {
-    /// Nothing.
-    Stay,
-    /// Its back-off over, the handler stays normal: the host's CPUs were
-    /// contended over the last span.
-    Held,
-    /// Starved at `SCHED_IDLE`: normal again (with the host's CPU pressure
-    /// total now, when the kernel has one).
-    Rescue(Option<u64>),
-    /// Back to `SCHED_IDLE`.
-    ToIdle,
-}
-
-/// The watchdog's choice of the handler's policy: readings in, a [`Move`]
-/// out (the caller applies it, then says so: [`Placement::rescued`],
-/// [`Placement::idled`]).
-///
-/// Issue 33: beside two busy loops the back-off alone returned the handler
-/// to `SCHED_IDLE` after 1, 2, 4... s, and each time it waited behind the
-/// busy threads until the next rescue (single waits of 0.3-1.2 s, 0.9-1.7 s
-/// in a 16 s run of the 100 ms canary), which the budget books as the
-/// shield's cost: the sweep then stood still and the canary's secret stayed
-/// plaintext. Now the handler returns to `SCHED_IDLE` only after a span in
-/// which the host's CPUs were not contended ([`CONTENDED_PERCENT`]), and a
-/// rescue from a contended spell does not grow the back-off.
-#[derive(Debug)]
-struct Placement {
-    /// The handler runs at `SCHED_IDLE`.
-    is_idle: bool,
-    backoff: Duration,
-    /// The soonest the handler may return to `SCHED_IDLE`.
-    idle_from: Instant,
-    /// When the handler last became normal (a long calm after it resets the
-    /// back-off).
-    calm_since: Instant,
-    /// The host's CPU pressure total (µs) and when it was read: the
-    /// contention is measured since.
-    mark: Option<(u64, Instant)>,
-}
-
-impl Placement {
-    /// As the watchdog starts (the handler normal), with the host's CPU
-    /// pressure total now.
-    fn new(now: Instant, pressure: Option<u64>) -> Self {
-        Placement {
-            is_idle: false,
-            backoff: BACKOFF_MIN,
-            idle_from: now,
-            calm_since: now,
-            mark: pressure.map(|p| (p, now)),
-        }
-    }
-
-    /// The move at a look at `now`: `stuck` says whether the handler looks
-    /// starved, `pressure` reads the host's CPU pressure total (read only
-    /// when it decides; `None`: no such file, and the back-off alone
-    /// decides, as before).
-    fn look(
-        &mut self,
-        now: Instant,
-        stuck: bool,
-        pressure: &mut dyn FnMut() -> Option<u64>,
-    ) -> Move {
-        if self.is_idle {
-            if stuck {
-                return Move::Rescue(pressure());
-            }
-            if now.duration_since(self.calm_since) > BACKOFF_MAX {
-                // A long calm: the next rescue starts the back-off afresh.
-                self.backoff = BACKOFF_MIN;
-            }
-            return Move::Stay;
-        }
-        if now < self.idle_from {
-            return Move::Stay;
-        }
-        let Some(p) = pressure() else {
-            return Move::ToIdle;
-        };
-        let Some((m, at)) = self.mark.filter(|&(m, _)| m <= p) else {
-            self.mark = Some((p, now));
-            return Move::Stay;
-        };
-        let span = now.duration_since(at);
-        if span < PRESSURE_SPAN {
-            return Move::Stay;
-        }
-        self.mark = Some((p, now));
-        if contended(p - m, span) {
-            self.idle_from = now + HELD_LOOK;
-            Move::Held
-        } else {
-            Move::ToIdle
-        }
-    }
-
-    /// The handler was made normal at `now` (`pressure`: the total read
-    /// then). A handler starved while the host was contended since it went
-    /// idle was starved by that, which the return's own check answers: the
-    /// back-off grows only for a rescue on a calm host.
-    fn rescued(&mut self, now: Instant, pressure: Option<u64>) {
-        let busy = match (pressure, self.mark) {
-            (Some(p), Some((m, at))) if m <= p => contended(p - m, now.duration_since(at)),
-            _ => false,
-        };
-        self.is_idle = false;
-        self.idle_from = now + self.backoff;
-        if !busy {
-            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-        }
-        self.calm_since = now;
-        self.mark = pressure.map(|p| (p, now));
-    }
-
-    /// The handler was made idle.
-    fn idled(&mut self) {
-        self.is_idle = true;
-    }
-}
-
-/// Whether `stalled_us` of "some" CPU pressure over `span` is contention.
-fn contended(stalled_us: u64, span: Duration) -> bool {
-    let span_us = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
-    stalled_us.saturating_mul(100) >= span_us.saturating_mul(CONTENDED_PERCENT)
-}
-
-/// The host's CPU pressure so far: the total time, in µs, during which some
-/// runnable task waited for a CPU (`/proc/pressure/cpu`; `None` on a kernel
-/// without pressure stall information, or booted with `psi=0`).
-fn host_pressure_us() -> Option<u64> {
-    parse_pressure_total(&std::fs::read_to_string("/proc/pressure/cpu").ok()?)
-}
-
-/// The `total=` of the "some" line of a pressure file.
-fn parse_pressure_total(text: &str) -> Option<u64> {
-    text.lines()
-        .find(|l| l.starts_with("some "))?
-        .split_ascii_whitespace()
-        .find_map(|f| f.strip_prefix("total="))?
-        .parse()
-        .ok()
 }
 
 /// Sweeps the pages that are due (never waiting for the lock: a starved
@@ -407,134 +234,4 @@ fn wait(inner: &Inner, d: Duration) -> bool {
 fn may_leave_idle() -> bool {
     memveil_sys::process::set_sched_policy(0, SchedPolicy::Idle).is_ok()
         && memveil_sys::process::set_sched_policy(0, SchedPolicy::Normal).is_ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A host whose pressure total grows by `percent` of the time.
-    struct Host {
-        t0: Instant,
-        percent: u64,
-        total: u64,
-        at: Instant,
-    }
-
-    impl Host {
-        fn new(t0: Instant, percent: u64) -> Self {
-            Host {
-                t0,
-                percent,
-                total: 1_000_000,
-                at: t0,
-            }
-        }
-
-        /// The total at `now` (time only moves forward).
-        fn at(&mut self, now: Instant) -> Option<u64> {
-            let us = u64::try_from(now.duration_since(self.at).as_micros()).unwrap_or(0);
-            self.total += us * self.percent / 100;
-            self.at = now;
-            Some(self.total)
-        }
-    }
-
-    /// Runs the watchdog's looks every 10 ms for `secs` seconds over
-    /// `host`, the handler starved whenever it is idle when `starve` (a
-    /// busy loop on its CPU); returns the rescues and the looks that held
-    /// it normal.
-    fn run(
-        p: &mut Placement,
-        host: &mut Host,
-        from_ms: u64,
-        secs: u64,
-        starve: bool,
-    ) -> (u32, u32) {
-        let (mut rescues, mut held) = (0, 0);
-        for ms in (from_ms..from_ms + secs * 1000).step_by(10) {
-            let now = host.t0 + Duration::from_millis(ms);
-            let stuck = starve && p.is_idle;
-            match p.look(now, stuck, &mut || host.at(now)) {
-                Move::Stay => {}
-                Move::Held => held += 1,
-                Move::Rescue(pr) => {
-                    rescues += 1;
-                    p.rescued(now, pr);
-                }
-                Move::ToIdle => p.idled(),
-            }
-        }
-        (rescues, held)
-    }
-
-    #[test]
-    fn a_contended_host_keeps_the_handler_normal_after_its_first_rescue() {
-        // Two busy loops beside the program: 90% of the time some task
-        // waits for a CPU. Before, the back-off alone returned the handler
-        // to SCHED_IDLE after 1, 2, 4, 8, 16 s: five more starved spells
-        // (each as long as a look, here; up to 1.2 s measured) in 40 s.
-        let t0 = Instant::now();
-        let mut host = Host::new(t0, 90);
-        let mut p = Placement::new(t0, host.at(t0));
-        let (rescues, held) = run(&mut p, &mut host, 10, 40, true);
-        assert_eq!(rescues, 0, "never made idle on a contended host");
-        assert!(held >= 30, "held {held} times in 40 s");
-        assert!(!p.is_idle);
-    }
-
-    #[test]
-    fn contention_that_starts_later_costs_one_rescue_and_no_back_off_growth() {
-        let t0 = Instant::now();
-        let mut host = Host::new(t0, 2);
-        let mut p = Placement::new(t0, host.at(t0));
-        // Quiet: idle after the first span, and stays so.
-        assert_eq!(run(&mut p, &mut host, 10, 2, false), (0, 0));
-        assert!(p.is_idle);
-        // Contended from 2 s on: one rescue, then held normal.
-        host.percent = 90;
-        let (rescues, held) = run(&mut p, &mut host, 2000, 20, true);
-        assert_eq!(rescues, 1);
-        assert!(held >= 15, "held {held}");
-        assert_eq!(
-            p.backoff, BACKOFF_MIN,
-            "a rescue by contention grows no back-off"
-        );
-        // Calm again: back to SCHED_IDLE within a back-off and a held look.
-        host.percent = 0;
-        run(&mut p, &mut host, 22_000, 3, false);
-        assert!(p.is_idle, "a calm host has the handler idle again");
-    }
-
-    #[test]
-    fn a_rescue_on_a_calm_host_still_backs_off() {
-        // Starved with no contention seen (the program's own threads, say):
-        // the back-off doubles as before.
-        let t0 = Instant::now();
-        let mut host = Host::new(t0, 0);
-        let mut p = Placement::new(t0, host.at(t0));
-        let (rescues, held) = run(&mut p, &mut host, 10, 8, true);
-        assert_eq!(held, 0);
-        // Idle at 50 ms, rescued at once; back 1 s, 2 s and 4 s after each
-        // rescue (at 1.07, 3.08 and 7.09 s), rescued again each time.
-        assert_eq!(rescues, 4, "{p:?}");
-        assert_eq!(p.backoff, BACKOFF_MIN * 16);
-    }
-
-    #[test]
-    fn without_pressure_information_the_back_off_alone_decides() {
-        let t0 = Instant::now();
-        let mut p = Placement::new(t0, None);
-        let now = t0 + Duration::from_millis(10);
-        assert_eq!(p.look(now, false, &mut || None), Move::ToIdle);
-    }
-
-    #[test]
-    fn the_pressure_total_is_read_from_the_some_line() {
-        let text = "some avg10=85.79 avg60=68.43 avg300=53.52 total=26159470206\n\
-                    full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
-        assert_eq!(parse_pressure_total(text), Some(26_159_470_206));
-        assert_eq!(parse_pressure_total("full total=5\n"), None);
-        assert_eq!(parse_pressure_total("some total=x\n"), None);
-    }
 }
