@@ -154,9 +154,9 @@ fn own() -> Result<&'static SharedShield, String> {
         batch: 16,
         policy: cfg.policy,
     };
-    crate::INTERNAL.with(|c| c.set(true));
+    crate::set_internal(true);
     let s = shield.shared_memory(&scfg);
-    crate::INTERNAL.with(|c| c.set(false));
+    crate::set_internal(false);
     let s = Box::leak(Box::new(s.map_err(|e| e.to_string())?));
     OWN.store(s, Ordering::Release);
     // SAFETY: registering a plain extern "C" function.
@@ -249,9 +249,9 @@ pub fn after_fork_child() {
         }
     }
     for s in shields() {
-        crate::INTERNAL.with(|c| c.set(true));
+        crate::set_internal(true);
         let r = s.watch_creator();
-        crate::INTERNAL.with(|c| c.set(false));
+        crate::set_internal(false);
         if let Err(e) = r {
             eprintln!("memveil-shield: refusing to run a forked child unprotected: cannot watch the process holding its shared memory's keys: {e}");
             // SAFETY: _exit ends the child at once.

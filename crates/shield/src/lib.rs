@@ -515,6 +515,25 @@ impl Shield {
         self.inner.program_time(t0);
     }
 
+    /// Counts `calls` calls of a preloaded allocator on the program's
+    /// threads, `call_ns` each beyond what the C library's allocator takes
+    /// (measured by the caller in the process), as the shield's cost: the
+    /// program loses that time against a plain run, as it loses the time
+    /// of the shield's own work on its threads (issue 33, item 4).
+    pub fn count_allocator(&self, calls: u64, call_ns: u64) {
+        let c = self.inner.stats.counters();
+        c.alloc_calls.fetch_add(calls, Ordering::Relaxed);
+        c.alloc_ns
+            .fetch_add(calls.saturating_mul(call_ns), Ordering::Relaxed);
+        c.alloc_call_ns.store(call_ns, Ordering::Relaxed);
+    }
+
+    /// Counts the time since `t0` as the shield's work on a thread of the
+    /// program (a preloaded allocator measuring itself).
+    pub fn count_program_time(&self, t0: std::time::Instant) {
+        self.inner.program_time(t0);
+    }
+
     /// Records that the program's allocator handed out `[addr, addr+len)`
     /// (a lazily registered range's scan looks only at chunks so marked;
     /// without a budget alone, nothing to do).

@@ -200,6 +200,14 @@ pub struct Counters {
     /// Time the fault handler waited for the shield's lock with faults in
     /// hand (ns, in `cost_ns`).
     pub handler_lock_ns: AtomicU64,
+    /// Calls of the preload's allocator on the program's threads (counted
+    /// in batches; see [`crate::Shield::count_allocator`]).
+    pub alloc_calls: AtomicU64,
+    /// What those calls took beyond the C library's allocator, ns: the
+    /// calls times the measured difference per call (in `cost_ns`).
+    pub alloc_ns: AtomicU64,
+    /// The measured difference per call, ns (0 until measured).
+    pub alloc_call_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -348,6 +356,12 @@ pub struct Snapshot {
     pub contention_ns: u64,
     /// Time the fault handler waited for the shield's lock (ns, in `cost_ns`).
     pub handler_lock_ns: u64,
+    /// Calls of the preload's allocator on the program's threads.
+    pub alloc_calls: u64,
+    /// What they took beyond the C library's allocator (ns, in `cost_ns`).
+    pub alloc_ns: u64,
+    /// The measured difference per call (ns; the largest over processes).
+    pub alloc_call_ns: u64,
 }
 
 impl Snapshot {
@@ -484,6 +498,9 @@ impl Snapshot {
         self.host_cost_ns += o.host_cost_ns;
         self.contention_ns += o.contention_ns;
         self.handler_lock_ns += o.handler_lock_ns;
+        self.alloc_calls += o.alloc_calls;
+        self.alloc_ns += o.alloc_ns;
+        self.alloc_call_ns = self.alloc_call_ns.max(o.alloc_call_ns);
     }
 }
 
@@ -558,6 +575,9 @@ impl Counters {
             host_cost_ns: g(&self.host_cost_ns),
             contention_ns: g(&self.contention_ns),
             handler_lock_ns: g(&self.handler_lock_ns),
+            alloc_calls: g(&self.alloc_calls),
+            alloc_ns: g(&self.alloc_ns),
+            alloc_call_ns: g(&self.alloc_call_ns),
         }
     }
 }

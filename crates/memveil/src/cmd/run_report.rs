@@ -75,7 +75,8 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
         let spent = format!(
             "the shield cost {} of the processes' time, what they lost ({:.0} ms its threads' CPU, of which \
              the sweep's counted only as far as the program waited for a CPU ({:.0} ms); {} hand-offs{}, {:.0} ms \
-             faults waited for the handler to get a CPU, {:.0} ms on the program's threads wiping what it freed; \
+             faults waited for the handler to get a CPU, {:.0} ms on the program's threads wiping what it freed, \
+             {:.0} ms in memveil's allocator beyond the C library's ({} calls at {} ns); \
              {:.0} ms of the host's CPU in all, what the budgets draw)",
             pct(cost),
             ms(s.shield_cpu_ns),
@@ -88,6 +89,9 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
             },
             ms(s.handler_wait_ns),
             ms(s.program_ns),
+            ms(s.alloc_ns),
+            s.alloc_calls,
+            s.alloc_call_ns,
             ms(s.host_cost_ns)
         );
         parts.push(match g.budget {
@@ -121,7 +125,13 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
 
 /// Why a budget was overspent, from the counters.
 fn over_why(s: &Snapshot) -> String {
-    if s.program_ns.saturating_mul(2) > s.cost_ns {
+    if s.alloc_ns.saturating_mul(2) > s.cost_ns {
+        format!(
+            "most of it was memveil's allocator, which takes {} ns a call more than the C library's \
+             ({} calls), a cost no budget can skip",
+            s.alloc_call_ns, s.alloc_calls
+        )
+    } else if s.program_ns.saturating_mul(2) > s.cost_ns {
         "most of it was wiping the memory the program freed before its frames went back to the \
          kernel, which no budget can skip (a plaintext frame is never handed back)"
             .to_owned()
@@ -482,6 +492,19 @@ mod tests {
                 && line.contains("most of it was wiping the memory the program freed"),
             "{line}"
         );
+        s.alloc_ns = 120_000_000;
+        s.alloc_calls = 6_000_000;
+        s.alloc_call_ns = 20;
+        s.program_ns = 10_000_000;
+        let line = guarantee_line(&g, &s);
+        assert!(
+            line.contains(
+                "120 ms in memveil's allocator beyond the C library's (6000000 calls at 20 ns)"
+            ) && line.contains("most of it was memveil's allocator, which takes 20 ns a call more"),
+            "{line}"
+        );
+        s.alloc_ns = 0;
+        s.program_ns = 100_000_000;
         let bound = Guarantee {
             window: Some(4096),
             ..Guarantee::default()

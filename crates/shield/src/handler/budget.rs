@@ -42,7 +42,9 @@ struct CostParts {
     /// watchdog and the zero filler cost it only the CPU its threads
     /// waited for meanwhile ([`crate::loss`]); and the shield's work on
     /// its own threads (discards, which wipe freed pages; the allocator's
-    /// notes) is its time. Never more than `host`.
+    /// notes) is its time, and so is what the preload's allocator takes
+    /// beyond the C library's ([`crate::Counters::alloc_ns`]). Never more
+    /// than `host`.
     loss: u64,
     /// In CPU time of the host: what the budgets draw.
     host: u64,
@@ -106,7 +108,8 @@ impl Inner {
         let common = g(&c.handoffs)
             .saturating_mul(floor)
             .saturating_add(self.cpu.handler_wait_ns())
-            .saturating_add(g(&c.program_ns));
+            .saturating_add(g(&c.program_ns))
+            .saturating_add(g(&c.alloc_ns));
         let host = common.saturating_add(threads.max(timed));
         let loss = common
             .saturating_add(self.cpu.handler_ns())
