@@ -17,7 +17,9 @@ export MEMVEIL_SKIP_LOG
 count_skips() {
     local rc=$?
     # A step failed while the install.d hooks still ran: they end first.
-    wait_hooks >/dev/null 2>&1 || true
+    if declare -F wait_hooks >/dev/null; then
+        wait_hooks || true
+    fi
     # The tests failed before the check at the end: name leftovers all the same.
     if [ -n "${MEMVEIL_TEST_RUN:-}" ] && [ -z "${LEFTOVERS_CHECKED:-}" ]; then
         step "processes the tests started"
