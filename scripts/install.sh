@@ -4,39 +4,55 @@
 # scripts/package.sh makes (memveil in /usr/bin). Idempotent; run as root (or via sudo).
 #   scripts/install.sh            packages + release build + the memveil package
 #   scripts/install.sh --deps     packages only
+# The two halves of --deps, for scripts/test.sh (it runs the hooks beside its
+# compile steps, which need none of them):
+#   scripts/install.sh --packages the Debian packages of scripts/packages.txt
+#   scripts/install.sh --hooks    the artefacts of scripts/install.d/*.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-}
+case "$mode" in
+    ""|--deps|--packages|--hooks) ;;
+    *) echo "install.sh: unknown option $mode (--deps, --packages or --hooks)" >&2; exit 2 ;;
+esac
 
-need_pkgs=()
-while read -r p; do
-    p=${p%%#*}; p=$(echo "$p" | xargs)
-    [ -z "$p" ] && continue
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
-done < scripts/packages.txt
+# The Debian packages of scripts/packages.txt that are not installed yet.
+install_packages() {
+    local p
+    local -a need_pkgs=()
+    while read -r p; do
+        p=${p%%#*}; p=$(echo "$p" | xargs)
+        [ -z "$p" ] && continue
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
+    done < scripts/packages.txt
 
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "install.sh: missing packages: ${need_pkgs[*]}; run as root (sudo scripts/install.sh)" >&2
-        exit 1
+    if [ ${#need_pkgs[@]} -gt 0 ]; then
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "install.sh: missing packages: ${need_pkgs[*]}; run as root (sudo scripts/install.sh)" >&2
+            exit 1
+        fi
+        echo "install.sh: installing ${need_pkgs[*]}" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
     fi
-    echo "install.sh: installing ${need_pkgs[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
-fi
+}
+[ "$mode" = --hooks ] || install_packages
+[ "$mode" = --packages ] && exit 0
 
 # Extra artefacts built from Debian packages (guest kernel, initramfs, ...).
 for hook in scripts/install.d/*.sh; do
     [ -e "$hook" ] || continue
     bash "$hook"
 done
+[ "$mode" = --hooks ] && exit 0
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "install.sh: cargo not found: install Rust (stable) with rustup, then rerun" >&2
     exit 1
 fi
 
-if [ "${1:-}" != "--deps" ]; then
+if [ "$mode" != --deps ]; then
     cargo build --release --locked --workspace
     # The Debian package of this build (scripts/package.sh): memveil on the PATH,
     # the preload library and the loader for static programs, the PKCS#11 module registered with p11-kit, man pages,

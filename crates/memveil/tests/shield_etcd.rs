@@ -2,9 +2,9 @@
 //! etcdctl's put, get and txn answer as they do plainly, the copies of a
 //! secret value in the server's anonymous memory are ciphertext after 54 s
 //! of idleness, but for a page etcd brings back now and then (the same
-//! scans find them all in the plain server: the positive control), and the
-//! server stops
-//! cleanly on SIGTERM with its data intact on disk.
+//! scans find them all in the plain server, idle beside it on the same
+//! schedule: the positive control), and the server stops cleanly on SIGTERM
+//! with its data intact on disk.
 //!
 //! The database file etcd maps (bbolt's `member/snap/db`) is the data on
 //! disk, shared with the page cache: it is not anonymous memory and not
@@ -163,10 +163,19 @@ const AFTER_S: [u64; 5] = [
     IDLE_BOUND_S + 12,
 ];
 
-/// One server's life: the workload, the scan once idle, the stop, the data
-/// read back by a plain server. The secret's hits in anonymous memory in
-/// each sample taken after [`IDLE_BOUND_S`] of idleness.
-fn one_server(dir: &Path, protected: bool) -> Vec<usize> {
+/// One server after its workload, idle from `idle` on.
+struct Idle {
+    tag: &'static str,
+    server: Server,
+    data: PathBuf,
+    secret: String,
+    pid: u32,
+    idle: std::time::Instant,
+}
+
+/// Starts one server and runs the workload on it: the secret put and read
+/// back, 50 other keys, a txn.
+fn start_and_load(dir: &Path, protected: bool) -> Idle {
     let tag = if protected { "protected" } else { "plain" };
     let data = dir.join(format!("data-{tag}"));
     let log = dir.join(format!("etcd-{tag}.log"));
@@ -215,52 +224,69 @@ fn one_server(dir: &Path, protected: bool) -> Vec<usize> {
         "yes",
         "{tag}: the txn's branch"
     );
-    // Idle: every page of the heap is ciphertext within IDLE_BOUND (see
-    // there); the samples before it show how the copies go. The same
-    // schedule on the plain server: its samples after the bound are the
-    // positive control.
     let pid = etcd_pid(server.pid(), protected);
-    let idle = std::time::Instant::now();
-    let mut after = Vec::new();
-    for at in [8, 20, 34, 44].into_iter().chain(AFTER_S) {
-        let wait = Duration::from_secs(at).saturating_sub(idle.elapsed());
-        std::thread::sleep(wait);
-        let (h, pages) = anonymous_hits(pid, secret.as_bytes());
-        eprintln!(
-            "{tag}: idle {:.1} s: {h} hit(s) of the secret in {pages} readable anonymous pages",
-            idle.elapsed().as_secs_f64()
-        );
-        if AFTER_S.contains(&at) {
-            after.push(h);
-        }
-    }
-    let st = server.stop();
-    assert!(
-        st.is_some_and(clean_stop),
-        "{tag}: etcd did not stop cleanly on SIGTERM ({st:?})"
-    );
-    // The data on disk, read back by a plain server.
-    let again = Server::start(&[], &data, &dir.join(format!("etcd-{tag}-again.log")))
-        .unwrap_or_else(|e| panic!("{tag}: restarting on its data: {e}"));
-    assert_eq!(
-        etcdctl(
-            again.port,
-            &["get", "secret/key", "--print-value-only"],
-            None
-        ),
+    Idle {
+        tag,
+        server,
+        data,
         secret,
-        "{tag}: the value on disk after the stop"
-    );
-    assert_eq!(
-        etcdctl(
-            again.port,
-            &["get", "other/flag", "--print-value-only"],
-            None
-        ),
-        "yes"
-    );
-    drop(again);
-    after
+        pid,
+        idle: std::time::Instant::now(),
+    }
+}
+
+impl Idle {
+    /// The scans of the idle server on the schedule (s of its own
+    /// idleness): every page of the heap is ciphertext within IDLE_BOUND
+    /// (see there); the samples before it show how the copies go. The
+    /// secret's hits in anonymous memory in each sample of [`AFTER_S`].
+    fn samples(&self) -> Vec<usize> {
+        let mut after = Vec::new();
+        for at in [8, 20, 34, 44].into_iter().chain(AFTER_S) {
+            let wait = Duration::from_secs(at).saturating_sub(self.idle.elapsed());
+            std::thread::sleep(wait);
+            let (h, pages) = anonymous_hits(self.pid, self.secret.as_bytes());
+            eprintln!(
+                "{}: idle {:.1} s: {h} hit(s) of the secret in {pages} readable anonymous pages",
+                self.tag,
+                self.idle.elapsed().as_secs_f64()
+            );
+            if AFTER_S.contains(&at) {
+                after.push(h);
+            }
+        }
+        after
+    }
+
+    /// Stops the server and reads the data back through a plain one.
+    fn stop_and_read_back(self, dir: &Path) {
+        let tag = self.tag;
+        let st = self.server.stop();
+        assert!(
+            st.is_some_and(clean_stop),
+            "{tag}: etcd did not stop cleanly on SIGTERM ({st:?})"
+        );
+        // The data on disk, read back by a plain server.
+        let again = Server::start(&[], &self.data, &dir.join(format!("etcd-{tag}-again.log")))
+            .unwrap_or_else(|e| panic!("{tag}: restarting on its data: {e}"));
+        assert_eq!(
+            etcdctl(
+                again.port,
+                &["get", "secret/key", "--print-value-only"],
+                None
+            ),
+            self.secret,
+            "{tag}: the value on disk after the stop"
+        );
+        assert_eq!(
+            etcdctl(
+                again.port,
+                &["get", "other/flag", "--print-value-only"],
+                None
+            ),
+            "yes"
+        );
+    }
 }
 
 #[test]
@@ -284,13 +310,27 @@ fn etcd_answers_as_plainly_keeps_a_secret_value_out_of_its_heap_and_stops_cleanl
     }
     let dir = TempDir(std::env::temp_dir().join(format!("memveil-etcd-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).expect("temp dir");
-    let plain = one_server(&dir.0, false);
+    // The two servers idle side by side (66 s each, which one after the
+    // other made this the longest test binary): the plain one's workload
+    // first, then the protected one's, so nothing but the plain server's
+    // scans (a few hundred pages each, moments) runs beside the protected
+    // server's idle; both stop and are read back after the last sample.
+    // Each server's samples are on its own idle clock, as before.
+    let plain = start_and_load(&dir.0, false);
+    let protected = start_and_load(&dir.0, true);
+    let (plain_after, protected_after) = std::thread::scope(|s| {
+        let p = s.spawn(|| plain.samples());
+        let q = protected.samples();
+        (p.join().expect("the plain server's samples"), q)
+    });
+    plain.stop_and_read_back(&dir.0);
+    protected.stop_and_read_back(&dir.0);
+    let (plain, protected) = (plain_after, protected_after);
     assert!(
         plain.iter().all(|&h| h > 0),
         "positive control failed: the plain etcd's anonymous memory does not hold the secret value \
          after {IDLE_BOUND_S} s idle ({plain:?} copies), so the protected scan would prove nothing"
     );
-    let protected = one_server(&dir.0, true);
     // Every page at rest is ciphertext by then, the ones etcd used hard
     // during its workload too: a sample finds none. Before, two pages of
     // Go's small-object spans holding the put request and its raft entries
