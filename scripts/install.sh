@@ -4,19 +4,23 @@
 # scripts/package.sh makes (memveil in /usr/bin). Idempotent; run as root (or via sudo).
 #   scripts/install.sh            packages + release build + the memveil package
 #   scripts/install.sh --deps     packages only
-# The two halves of --deps, for scripts/test.sh (it runs the hooks beside its
-# compile steps, which need none of them):
-#   scripts/install.sh --packages the Debian packages of scripts/packages.txt
+# Parts of --deps, for scripts/test.sh (it installs what the compile needs
+# first and the rest beside its compile steps, which need none of it):
+#   scripts/install.sh --build-packages the Debian packages that build memveil
+#                                       (scripts/packages-build.txt)
+#   scripts/install.sh --packages the Debian packages of scripts/packages-build.txt
+#                                 and scripts/packages.txt
 #   scripts/install.sh --hooks    the artefacts of scripts/install.d/*.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 case "$mode" in
-    ""|--deps|--packages|--hooks) ;;
-    *) echo "install.sh: unknown option $mode (--deps, --packages or --hooks)" >&2; exit 2 ;;
+    ""|--deps|--build-packages|--packages|--hooks) ;;
+    *) echo "install.sh: unknown option $mode (--deps, --build-packages, --packages or --hooks)" >&2; exit 2 ;;
 esac
 
-# The Debian packages of scripts/packages.txt that are not installed yet.
+# The Debian packages of the lists given (one per line, '#' comments) that are
+# not installed yet.
 install_packages() {
     local p
     local -a need_pkgs=()
@@ -24,7 +28,7 @@ install_packages() {
         p=${p%%#*}; p=$(echo "$p" | xargs)
         [ -z "$p" ] && continue
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
-    done < scripts/packages.txt
+    done < <(cat "$@")
 
     if [ ${#need_pkgs[@]} -gt 0 ]; then
         if [ "$(id -u)" -ne 0 ]; then
@@ -37,7 +41,11 @@ install_packages() {
         apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
     fi
 }
-[ "$mode" = --hooks ] || install_packages
+if [ "$mode" = --build-packages ]; then
+    install_packages scripts/packages-build.txt
+    exit 0
+fi
+[ "$mode" = --hooks ] || install_packages scripts/packages-build.txt scripts/packages.txt
 [ "$mode" = --packages ] && exit 0
 
 # Extra artefacts built from Debian packages (guest kernel, initramfs, ...).

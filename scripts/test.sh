@@ -16,7 +16,7 @@ MEMVEIL_SKIP_LOG=$(mktemp "${TMPDIR:-/tmp}/memveil-skips.XXXXXX")
 export MEMVEIL_SKIP_LOG
 count_skips() {
     local rc=$?
-    # A step failed while the install.d hooks still ran: they end first.
+    # A step failed while the packages and install.d hooks still installed: they end first.
     if declare -F wait_hooks >/dev/null; then
         wait_hooks || true
     fi
@@ -135,15 +135,17 @@ run_test_d() {
     return "$rc"
 }
 
-# What the tests need (scripts/install.sh --deps) in two halves: the Debian
-# packages first; then the artefacts of scripts/install.d (the guest kernel
-# download, two Python venvs, cargo-fuzz: network waits, little CPU) beside
-# the compile steps, which need none of them (on a clean machine they took
-# ~50 s of the run one after the other). Their output and status come after
-# the build step, before the first step that runs anything.
-scripts/install.sh --packages
+# What the tests need (scripts/install.sh --deps): the Debian packages that
+# build memveil first (seconds: a fresh Debian machine has them); then the
+# rest, the other packages and the artefacts of scripts/install.d (the guest
+# kernel download, two Python venvs, cargo-fuzz: network and dpkg waits,
+# little CPU but cargo-fuzz's build), beside the compile steps, which need
+# none of them (on a clean machine the packages took 47 s and the hooks ~50 s
+# of the run one after the other). Their output and status come after the
+# build step, before the first step that runs anything.
+scripts/install.sh --build-packages
 HOOKS_LOG=$(mktemp "${TMPDIR:-/tmp}/memveil-hooks.XXXXXX")
-scripts/install.sh --hooks > "$HOOKS_LOG" 2>&1 &
+scripts/install.sh --deps > "$HOOKS_LOG" 2>&1 &
 HOOKS_PID=$!
 wait_hooks() {
     local rc=0
@@ -152,7 +154,7 @@ wait_hooks() {
     HOOKS_PID=
     cat "$HOOKS_LOG"
     rm -f "$HOOKS_LOG"
-    [ "$rc" = 0 ] || echo "test.sh: scripts/install.sh --hooks failed ($rc)"
+    [ "$rc" = 0 ] || echo "test.sh: scripts/install.sh --deps failed ($rc)"
     return "$rc"
 }
 
@@ -172,7 +174,7 @@ cargo check --locked --workspace --release
 RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps --release --quiet
 step "cargo build (the binaries and preload library the end-to-end tests run programs under, and the tests)"
 cargo build --locked --workspace --release --lib --bins --tests --examples --timings
-step "scripts/install.d (beside the steps above)"
+step "scripts/install.sh --deps: the packages and scripts/install.d (beside the steps above)"
 wait_hooks
 step "BENCHMARKS.md's figure table against docs/figures/*.json"
 scripts/figures.sh --check
