@@ -96,6 +96,26 @@ unsafe impl GlobalAlloc for LibcAlloc {
         // SAFETY: `p` came from `alloc` above (GlobalAlloc contract).
         unsafe { __libc_free(p.cast()) }
     }
+    /// glibc's `calloc`, which knows fresh memory (a new mapping, the top
+    /// of the heap) is zero already: the default (`alloc` and a `memset`)
+    /// touched every page of the shield's per-range tables at start-up,
+    /// sized for the whole 16 GiB region (about 170 page faults, 1.7 ms of
+    /// every protected program's start here; issue 34).
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if l.align() <= 16 {
+            // SAFETY: plain allocation call into glibc.
+            unsafe { __libc_calloc(1, l.size()).cast() }
+        } else {
+            // SAFETY: `alloc` returns null or `l.size()` writable bytes.
+            unsafe {
+                let p = self.alloc(l);
+                if !p.is_null() {
+                    p.write_bytes(0, l.size());
+                }
+                p
+            }
+        }
+    }
 }
 
 #[global_allocator]
@@ -1497,6 +1517,41 @@ static FINI: extern "C" fn() = fini;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zeroed_allocations_are_zero_even_where_a_freed_block_was_dirty() {
+        // alloc_zeroed goes to glibc's calloc (which skips clearing fresh
+        // memory only); a block freed dirty and handed out again must come
+        // back zeroed, small, large (a mapping of its own) and over-aligned.
+        for (size, align) in [
+            (24, 8),
+            (4096, 16),
+            (300 << 10, 16),
+            (8192, 64),
+            (1 << 20, 4096),
+        ] {
+            let l = Layout::from_size_align(size, align).expect("layout");
+            for _ in 0..3 {
+                // SAFETY: `l` has a non-zero size; each block is written
+                // within its size and freed with the layout it was made with.
+                unsafe {
+                    let d = GLOBAL.alloc(l);
+                    assert!(!d.is_null());
+                    d.write_bytes(0xa5, size);
+                    GLOBAL.dealloc(d, l);
+                    let z = GLOBAL.alloc_zeroed(l);
+                    assert!(!z.is_null(), "{size}/{align}");
+                    assert_eq!(z as usize % align, 0, "{size}/{align}");
+                    let bytes = std::slice::from_raw_parts(z, size);
+                    assert!(bytes.iter().all(|&b| b == 0), "{size}/{align} not zeroed");
+                    // Positive control: the check sees a dirty byte.
+                    z.add(size - 1).write(1);
+                    assert!(!std::slice::from_raw_parts(z, size).iter().all(|&b| b == 0));
+                    GLOBAL.dealloc(z, l);
+                }
+            }
+        }
+    }
 
     #[test]
     fn kept_blocks_are_taken_best_fit_cut_to_size_and_leave_oldest_first() {

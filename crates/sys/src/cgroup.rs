@@ -147,6 +147,15 @@ impl Guardian {
         }
     }
 
+    /// This process ends normally and has removed the cgroup's directory
+    /// itself ([`remove_dir`]): the guardian, told of a normal end, finds
+    /// it gone and exits, without this process waiting for it (its wake,
+    /// removal and exit took 0.5-10 ms of the starter's end on 2 vCPUs,
+    /// the most when the CPUs were busy).
+    pub fn removed(mut self) {
+        self.release();
+    }
+
     /// Says "ended normally" and closes the pipe.
     fn release(&mut self) {
         if let Some(tx) = self.tx.take() {
@@ -285,12 +294,25 @@ fn populated(events: &CStr) -> bool {
     text.windows(11).any(|w| w == b"populated 1")
 }
 
+/// Removes the cgroup directory `dir` now, and any cgroup below it (a
+/// nested starter's); `true` when it is gone (or was already). A cgroup
+/// that still holds processes stays (`EBUSY`).
+#[must_use]
+pub fn remove_dir(dir: &Path) -> bool {
+    CString::new(dir.as_os_str().as_bytes()).is_ok_and(|c| remove(libc::AT_FDCWD, &c, NESTING))
+}
+
 /// Removes the directory `name` (relative to the directory `at`), and when
 /// it will not go, first the directories below it, deepest first, down to
-/// `depth` levels: the cgroups a nested starter left.
+/// `depth` levels: the cgroups a nested starter left. A directory already
+/// gone (its starter removed it: [`Guardian::removed`]) counts as removed.
 fn remove(at: RawFd, name: &CStr, depth: u32) -> bool {
     // SAFETY: unlinkat reads a NUL-terminated name we borrow.
     if unsafe { libc::unlinkat(at, name.as_ptr(), libc::AT_REMOVEDIR) } == 0 {
+        return true;
+    }
+    // Read at once, before any other call can change errno.
+    if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
         return true;
     }
     if depth == 0 {
@@ -404,6 +426,47 @@ mod tests {
         assert!(g.pid() > 0);
         assert!(g.finish(Duration::from_secs(10)), "the guardian finished");
         assert!(!dir.exists(), "{} removed", dir.display());
+    }
+
+    #[test]
+    fn a_directory_its_starter_removed_ends_the_guardian_quietly() {
+        // The starter removes the directory itself (`remove_dir`) and says
+        // so (`removed`): the guardian finds it gone, and exits 0 without
+        // its "still holds processes" line (it exited 1 with it when only
+        // it removed the directory and took a missing one for a stuck one).
+        let dir = std::env::temp_dir().join(format!("memveil-guard-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("nested")).expect("dirs");
+        let g = Guardian::start(&dir, "never printed").expect("guardian");
+        let pid = g.pid;
+        assert!(
+            remove_dir(&dir),
+            "{} removed with the one below it",
+            dir.display()
+        );
+        assert!(!dir.exists(), "{} removed", dir.display());
+        assert!(
+            remove_dir(&dir),
+            "a directory already gone counts as removed"
+        );
+        g.removed();
+        let mut status = 0;
+        // SAFETY: waitpid on this process's own child, the guardian, with a
+        // status word this frame owns.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(r, pid, "the guardian was waited for");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the guardian exited 0 (status {status:#x})"
+        );
+        // Positive control: a directory that will not go (a file in it, as
+        // processes in a cgroup) is not taken for removed.
+        let kept = std::env::temp_dir().join(format!("memveil-guard-kept-{}", std::process::id()));
+        std::fs::create_dir_all(&kept).expect("dir");
+        std::fs::write(kept.join("file"), b"x").expect("file");
+        assert!(!remove_dir(&kept), "{} is not empty", kept.display());
+        assert!(kept.exists());
+        let _ = std::fs::remove_dir_all(&kept);
     }
 }
 

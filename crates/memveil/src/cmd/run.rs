@@ -791,8 +791,8 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         &mut cgroup,
     );
     if let Ok(cg) = cgroup {
-        // The guardian removes the cgroup once it is empty (and says so
-        // when it cannot).
+        // Removed now when empty, else by the guardian once it is (which
+        // says so when it cannot).
         let _ = cg.finish();
     }
     let _ = std::fs::remove_dir_all(&stats_dir);
