@@ -48,6 +48,7 @@ pub mod host;
 mod loss;
 mod pagekey;
 mod policy;
+mod promotion;
 mod queue;
 pub mod region;
 mod shared;
