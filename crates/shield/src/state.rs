@@ -481,9 +481,6 @@ impl State {
                     r.set_state(i, r.state(i) | CAME_BACK);
                 }
                 if let Some(sw) = self.sweep.as_mut() {
-                    if sweep::class_of(word) != sweep::QUIET_CLASS {
-                        sw.promotion.back(away);
-                    }
                     sw.pending.back(now_ms.saturating_sub(away), now_ms);
                     sw.returns
                         .back(sweep::class_of(word), now_ms.saturating_sub(away), now_ms);
@@ -557,6 +554,28 @@ impl State {
             } else {
                 self.queues.probation.push_back(addr);
             }
+        }
+    }
+
+    /// Page `i` of range `pos`, about to be booked resident at `now_ms`, is
+    /// the page a thread faulted on (not one a read-ahead brought with it):
+    /// if a level sweep took it, that sweep bought a fault, which counts
+    /// against what the level sweeps buy ([`crate::promotion`]). A run
+    /// brought back by one fault is one fault: compress/flate's text, read
+    /// once more in sequence, came back up to 64 pages a fault.
+    pub(crate) fn faulted_back(&mut self, pos: usize, i: usize, now_ms: u64) {
+        let r = &self.ranges[pos];
+        let s = r.state(i);
+        let word = r.time(i);
+        if s & STATE_MASK != EVICTED
+            || s & SWEPT == 0
+            || sweep::class_of(word) == sweep::QUIET_CLASS
+        {
+            return;
+        }
+        if let Some(sw) = self.sweep.as_mut() {
+            sw.promotion
+                .back(sweep::since(now_ms, sweep::tick_of(word)));
         }
     }
 
@@ -1607,6 +1626,7 @@ mod tests {
                 let Some((_, i)) = backs.pop_front() else {
                     break;
                 };
+                st.faulted_back(0, i, now);
                 st.mark_resident(0, i, EVICTED | SWEPT, now);
                 faults += 1;
                 cost += FAULT_NS;
@@ -1679,5 +1699,29 @@ mod tests {
         };
         assert_eq!(vouched(false), 63, "a cold heap's block leaves whole");
         assert_eq!(vouched(true), 10);
+    }
+
+    #[test]
+    fn a_run_brought_back_by_one_fault_counts_as_one_fault_bought() {
+        // compress/flate's text, swept, then read once more in sequence:
+        // one fault brings a run of 64 pages (read-ahead), and the sweep
+        // of those pages cost one fault, not 64: the budget stays whole.
+        // Each page faulted on (maps' hash buckets) counts.
+        let back = |faulted: fn(usize) -> bool| {
+            let mut st = state(64);
+            for i in 0..64 {
+                st.mark_evicted(0, i, true, 0);
+                st.sweep.as_mut().expect("sweep").promotion.swept();
+            }
+            for i in 0..64 {
+                if faulted(i) {
+                    st.faulted_back(0, i, 300);
+                }
+                st.mark_resident(0, i, EVICTED | SWEPT, 300);
+            }
+            st.sweep.as_ref().expect("sweep").promotion.scale()
+        };
+        assert!((back(|i| i == 0) - 1.0).abs() < 1e-9);
+        assert!((back(|_| true) - crate::promotion::MIN_SCALE).abs() < 1e-9);
     }
 }
