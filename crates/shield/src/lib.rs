@@ -48,7 +48,6 @@ pub mod host;
 mod loss;
 mod pagekey;
 mod policy;
-mod promotion;
 mod queue;
 pub mod region;
 mod shared;

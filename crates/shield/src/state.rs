@@ -557,28 +557,6 @@ impl State {
         }
     }
 
-    /// Page `i` of range `pos`, about to be booked resident at `now_ms`, is
-    /// the page a thread faulted on (not one a read-ahead brought with it):
-    /// if a level sweep took it, that sweep bought a fault, which counts
-    /// against what the level sweeps buy ([`crate::promotion`]). A run
-    /// brought back by one fault is one fault: compress/flate's text, read
-    /// once more in sequence, came back up to 64 pages a fault.
-    pub(crate) fn faulted_back(&mut self, pos: usize, i: usize, now_ms: u64) {
-        let r = &self.ranges[pos];
-        let s = r.state(i);
-        let word = r.time(i);
-        if s & STATE_MASK != EVICTED
-            || s & SWEPT == 0
-            || sweep::class_of(word) == sweep::QUIET_CLASS
-        {
-            return;
-        }
-        if let Some(sw) = self.sweep.as_mut() {
-            sw.promotion
-                .back(sweep::since(now_ms, sweep::tick_of(word)));
-        }
-    }
-
     /// Books page `i` of range `pos`, found holding data when its chunk was
     /// registered, as resident since `since_ms` (level 0).
     pub(crate) fn mark_found(&mut self, pos: usize, i: usize, since_ms: u64) {
@@ -836,15 +814,8 @@ impl State {
                     break 'levels;
                 }
                 // A page its block's probe vouched for as idle costs what a
-                // known quiet one does, or the share of a fault that the
-                // program's level sweeps came back (`promotion`: a probe
-                // out 100 ms vouches for nothing where the collector comes
-                // back every few hundred); a probe, what any sweep may.
-                let price = if own || probing {
-                    fault_ns
-                } else {
-                    quiet_ns.max(fault_ns * sw.promotion.share().unwrap_or(0.0))
-                };
+                // known quiet one does; a probe, what any sweep may.
+                let price = if own || probing { fault_ns } else { quiet_ns };
                 if sw.credit.room(reserved + price) < 0.0 {
                     lag = lag.max(age - period);
                     break 'levels;
@@ -852,9 +823,6 @@ impl State {
                 reserved += price;
                 q.pop();
                 sw.returns.swept(sweep::class_of(word), now_ms);
-                if sweep::class_of(word) != sweep::QUIET_CLASS {
-                    sw.promotion.swept();
-                }
                 if probing {
                     let tick = sweep::tick_of(sweep::pack(now_ms, 0)) + 1;
                     self.ranges[pos].probes[b] = (tick, level);
@@ -1601,127 +1569,5 @@ mod tests {
         assert_eq!(n(&mut st, 5_010), pages);
         assert_eq!(n(&mut st, 5_011), 0, "the window's pages are taken");
         assert_eq!(n(&mut st, 5_010 + sweep::DEBT_WINDOW_MS), pages);
-    }
-
-    /// Runs the sweep over `pages` pages (all resident at 0) for `ms` ms on
-    /// a budget of 10%, as the watchdog would (a step a ms: the budget
-    /// refilled with what was spent, then the due pages swept and their
-    /// reservation booked); a page of a block below `hot_blocks` comes
-    /// back `back_ms` after each sweep, and each fault back costs
-    /// `fault_ns` (as `cost_ns` counts it). Returns the faults, and the
-    /// pages of the other blocks (cold) still resident at the end.
-    fn run_budget(pages: usize, hot_blocks: usize, back_ms: u64, ms: u64) -> (u64, usize) {
-        const FAULT_NS: u64 = 100_000;
-        let mut st = state(pages);
-        let mut sw = Sweep::new(Budget::percent(10, 8_000), 0);
-        for i in 0..pages {
-            sw.arrived(st.ranges[0].addr(i), 0, 0, false);
-        }
-        st.sweep = Some(sw);
-        let hot = hot_blocks * sweep::HINT_PAGES;
-        let mut backs: std::collections::VecDeque<(u64, usize)> = Default::default();
-        let (mut faults, mut cost) = (0u64, 0u64);
-        for now in 0..ms {
-            while backs.front().is_some_and(|&(t, _)| t <= now) {
-                let Some((_, i)) = backs.pop_front() else {
-                    break;
-                };
-                st.faulted_back(0, i, now);
-                st.mark_resident(0, i, EVICTED | SWEPT, now);
-                faults += 1;
-                cost += FAULT_NS;
-            }
-            let Some(sw) = st.sweep.as_mut() else { break };
-            sw.refill(now, cost);
-            #[allow(clippy::cast_precision_loss)]
-            let (v, _) = st.due(64, now, FAULT_NS as f64, FAULT_NS as f64 * 0.05, false);
-            for &(pos, i) in &v {
-                st.mark_evicted(pos, i, true, now);
-                if i < hot {
-                    backs.push_back((now + back_ms, i));
-                }
-            }
-            if let Some(sw) = st.sweep.as_mut() {
-                let reserving = sw.reserving;
-                sw.pending.swept(now, v.len(), reserving);
-            }
-        }
-        let cold_resident = (hot..pages)
-            .filter(|&i| st.ranges[0].state(i) & STATE_MASK == RESIDENT)
-            .count();
-        (faults, cold_resident)
-    }
-
-    #[test]
-    fn a_heap_in_constant_use_spends_a_fifth_of_its_budget_on_faults() {
-        // The Go suite's maps: every page swept comes back 5 ms later. 5 s
-        // of a 10% budget pay for 5,000 faults of 100 us (and the 25 ms
-        // the bucket starts with, 250); the guardrail keeps it to a
-        // fifth of that, plus what the first 32 sweeps cost.
-        let (faults, _) = run_budget(1_024 * sweep::HINT_PAGES, 1_024, 5, 5_000);
-        assert!(faults <= 1_400, "{faults} faults");
-        assert!(faults >= 200, "{faults} faults: the heap is still probed");
-    }
-
-    #[test]
-    fn a_cold_heap_beside_a_hot_one_is_swept_as_before() {
-        // A quarter of the heap in constant use, the rest never touched
-        // again (the cold server): the cold pages' sweeps stay out, the
-        // budget is spent in full, and they are all ciphertext within a
-        // second.
-        let (_, cold_resident) = run_budget(64 * sweep::HINT_PAGES, 16, 5, 1_000);
-        assert_eq!(cold_resident, 0);
-    }
-
-    #[test]
-    fn pages_a_probe_vouched_for_reserve_what_the_programs_sweeps_bought() {
-        // json's blocks: a probe out 100 ms vouched for its block, whose
-        // 63 pages left at the quiet price and came back with the
-        // collector's next cycle (3,268 in one burst, back within 200 ms).
-        // Where the program's level sweeps came back, they reserve that
-        // share of a fault: room for ten faults lets ten of them go.
-        let vouched = |back: bool| {
-            let mut st = state(64);
-            let sw = st.sweep.as_mut().expect("sweep");
-            for _ in 0..64 {
-                sw.promotion.swept();
-                if back {
-                    sw.promotion.back(300);
-                }
-            }
-            assert_eq!(sweep(&mut st, 25), [0], "the probe");
-            let sw = st.sweep.as_mut().expect("sweep");
-            sw.pending = sweep::Pending::default();
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let spent = (0.25e9 + 100e6 - 10_000.0) as u64;
-            sw.credit.refill(125, spent);
-            st.due(64, 125, 1_000.0, 50.0, false).0.len()
-        };
-        assert_eq!(vouched(false), 63, "a cold heap's block leaves whole");
-        assert_eq!(vouched(true), 10);
-    }
-
-    #[test]
-    fn a_run_brought_back_by_one_fault_counts_as_one_fault_bought() {
-        // compress/flate's text, swept, then read once more in sequence:
-        // one fault brings a run of 64 pages (read-ahead), and the sweep
-        // of those pages cost one fault, not 64: the budget stays whole.
-        // Each page faulted on (maps' hash buckets) counts.
-        let back = |faulted: fn(usize) -> bool| {
-            let mut st = state(64);
-            for i in 0..64 {
-                st.mark_evicted(0, i, true, 0);
-                st.sweep.as_mut().expect("sweep").promotion.swept();
-            }
-            for i in 0..64 {
-                if faulted(i) {
-                    st.faulted_back(0, i, 300);
-                }
-                st.mark_resident(0, i, EVICTED | SWEPT, 300);
-            }
-            st.sweep.as_ref().expect("sweep").promotion.scale()
-        };
-        assert!((back(|i| i == 0) - 1.0).abs() < 1e-9);
-        assert!((back(|_| true) - crate::promotion::MIN_SCALE).abs() < 1e-9);
     }
 }

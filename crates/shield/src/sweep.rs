@@ -40,7 +40,6 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::promotion::Promotion;
 use crate::queue::Queue;
 
 /// Periods: level `l` sweeps a page `BASE_PERIOD_MS << l` ms after it
@@ -322,20 +321,12 @@ impl Credit {
     }
 
     /// Adds the budget's share of the time since the last call and takes
-    /// away what was spent meanwhile (`cost_ns`: everything spent so far),
-    /// in full (the watchdog refills through [`Sweep::refill`]).
-    #[cfg(test)]
-    pub(crate) fn refill(&mut self, now_ms: u64, cost_ns: u64) {
-        self.refill_scaled(now_ms, cost_ns, 1.0);
-    }
-
-    /// [`Credit::refill`] with the refill and the cap times `scale` (0-1:
-    /// the guardrail of [`crate::promotion`]).
+    /// away what was spent meanwhile (`cost_ns`: everything spent so far).
     #[allow(clippy::cast_precision_loss)]
-    pub(crate) fn refill_scaled(&mut self, now_ms: u64, cost_ns: u64, scale: f64) {
+    pub(crate) fn refill(&mut self, now_ms: u64, cost_ns: u64) {
         let dt = now_ms.saturating_sub(self.last_ms) as f64 * 1e6;
         let spent = cost_ns.saturating_sub(self.last_cost) as f64;
-        self.tokens = (self.tokens + dt * self.fraction * scale - spent).min(self.cap * scale);
+        self.tokens = (self.tokens + dt * self.fraction - spent).min(self.cap);
         self.last_ms = now_ms;
         self.last_cost = self.last_cost.max(cost_ns);
     }
@@ -763,9 +754,6 @@ pub(crate) struct Sweep {
     pub(crate) returns: Returns,
     /// The quick sweeps no debt stops ([`QuickFloor`]).
     pub(crate) floor: QuickFloor,
-    /// What the level sweeps bought: it scales the budget's refill
-    /// ([`crate::promotion`]).
-    pub(crate) promotion: Promotion,
 }
 
 impl Sweep {
@@ -784,16 +772,7 @@ impl Sweep {
             quick_back: 0,
             returns: Returns::default(),
             floor: QuickFloor::new(now_ms),
-            promotion: Promotion::new(now_ms),
         }
-    }
-
-    /// Refills the budget ([`Credit::refill`]) at the share of it that what
-    /// the level sweeps bought allows ([`Promotion::scale`]).
-    pub(crate) fn refill(&mut self, now_ms: u64, cost_ns: u64) {
-        self.promotion.fade(now_ms);
-        self.credit
-            .refill_scaled(now_ms, cost_ns, self.promotion.scale());
     }
 
     /// The share of a page's fault cost a quiet page's sweep reserves: the

@@ -211,7 +211,7 @@ impl Inner {
         let Some(sw) = st.sweep.as_mut() else {
             return SweepStep::default();
         };
-        sw.refill(now, cost);
+        sw.credit.refill(now, cost);
         let hold = self.host_hold(sw, now, cost);
         // Held for the host's budget, only long quiet pages leave (a few:
         // `sweep::DEBT_PAGES`).
@@ -356,7 +356,7 @@ impl Inner {
             // hand-offs: not while the budget is spent.
             let cost = self.drawn_ns();
             let afford = st.sweep.as_mut().is_some_and(|sw| {
-                sw.refill(now, cost);
+                sw.credit.refill(now, cost);
                 sw.credit.room(0.0) > 0.0
             }) && self.host_open.load(Ordering::Relaxed);
             for k in (0..n).step_by(CHUNK_PAGES) {

@@ -810,9 +810,6 @@ impl Inner {
             Why::Restore => {}
         }
         let now = st.now_ms();
-        if matches!(why, Why::Fault) {
-            st.faulted_back(pos, i, now);
-        }
         st.mark_resident(pos, i, s, now);
     }
 
