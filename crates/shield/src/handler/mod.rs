@@ -10,6 +10,7 @@
 
 mod budget;
 mod guard;
+mod hold;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -141,11 +142,13 @@ impl Drop for HandlerStack {
 }
 
 /// The shield's threads: the fault handler and, when it has work, the
-/// watchdog.
+/// watchdog; the filler of the zero pool; the thread that holds the
+/// userfaultfd out of the program's reach ([`hold`]).
 pub(crate) struct Threads {
     handler: StackThread<HandlerStack>,
     guard: Option<StackThread<HandlerStack>>,
     zeros: Option<StackThread<HandlerStack>>,
+    hold: Option<hold::Hold>,
 }
 
 impl Threads {
@@ -171,6 +174,9 @@ impl Threads {
         // fault on its next read).
         let _ = unsafe { bell.read_volatile() };
         drop(self.handler.join());
+        if let Some(h) = self.hold {
+            h.stop();
+        }
     }
 }
 
@@ -326,6 +332,20 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         host,
         host_open: AtomicBool::new(true),
     });
+    // First, so that no fault is ever read before the file is held: from
+    // then on a close of its number behind the shield's back leaves the
+    // ranges registered and the faulting threads blocked (see `hold`).
+    let hold = match hold::Hold::start(inner.uffd.raw_fd()) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            eprintln!(
+                "memveil-shield: cannot hold the userfaultfd out of the program's reach ({e}): a \
+                 raw close or close_range system call on its descriptor could let the program \
+                 read zeros in place of evicted pages before the shield ends it"
+            );
+            None
+        }
+    };
     let worker = Arc::clone(&inner);
     // A thread started directly on its stack runs our code first: no
     // runtime prologue allocates before the start hook has run.
@@ -342,6 +362,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
                     handler,
                     guard: None,
                     zeros: None,
+                    hold,
                 }
                 .stop(&inner);
                 return Err(os("spawn watchdog thread")(e));
@@ -374,6 +395,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
             handler,
             guard,
             zeros,
+            hold,
         },
     ))
 }
@@ -538,7 +560,21 @@ impl Inner {
         // Stopped before the doorbell rang (or before the fault was read):
         // fill it now, which releases a toucher already waiting and spares
         // one still to come the fault.
-        let _ = self.uffd.copy(self.doorbell as u64, doorbell_zeros());
+        let _ = self.served(self.uffd.copy(self.doorbell as u64, doorbell_zeros()));
+    }
+
+    /// Ends the program ([`lost_uffd`]) when `res` failed because the
+    /// userfaultfd's number was closed behind the shield's back (`EBADF`):
+    /// the thread a failed copy, move or wake was for stays blocked in its
+    /// fault (the file is held, see [`hold`]) and never goes on without its
+    /// page. Other errors are the caller's.
+    fn served<T>(&self, res: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &res {
+            if e.raw_os_error() == Some(libc::EBADF) {
+                lost_uffd(self.uffd.raw_fd());
+            }
+        }
+        res
     }
 
     /// Resolves a batch of faults, makes room, then wakes the faulting
@@ -563,7 +599,7 @@ impl Inner {
             let mut handoffs = 0;
             for f in faults {
                 if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
-                    let _ = self.uffd.copy(self.doorbell as u64, doorbell_zeros());
+                    let _ = self.served(self.uffd.copy(self.doorbell as u64, doorbell_zeros()));
                     continue;
                 }
                 handoffs += 1;
@@ -598,7 +634,7 @@ impl Inner {
             .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
         before_wake();
         for &(a, len) in wakes.iter() {
-            let _ = self.uffd.wake(a, len);
+            let _ = self.served(self.uffd.wake(a, len));
         }
         cpu
     }
@@ -680,7 +716,7 @@ impl Inner {
             // evicted and came back: let the faulting thread go on.
             c.spurious.fetch_add(1, Ordering::Relaxed);
             if f.flags & uffd::PAGEFAULT_FLAG_WP != 0 {
-                let _ = self.uffd.write_protect(addr as u64, PAGE as u64, false);
+                let _ = self.served(self.uffd.write_protect(addr as u64, PAGE as u64, false));
             } else {
                 wakes.push((addr as u64, PAGE as u64));
             }
@@ -749,11 +785,11 @@ impl Inner {
             while e < end && st.ranges[pos].state(e) & STATE_MASK == kind {
                 e += 1;
             }
-            let res = match kind {
+            let res = self.served(match kind {
                 EVICTED if self.mechanism == Mechanism::Move => self.move_in(st, pos, k, e),
                 EVICTED => self.copy_in(st, pos, k).map(|()| 1),
                 _ => self.zero_in(st, pos, k, e),
-            };
+            });
             let done = match res {
                 Ok(d) => d,
                 Err(err) if k == i => return Err(err),
@@ -1056,6 +1092,9 @@ impl Inner {
         let (bytes, res) = self
             .uffd
             .move_run(r.slot_ptr(a) as u64, r.addr(a) as u64, len, false);
+        // A number closed behind the shield's back: the window could no
+        // longer be held.
+        let res = self.served(res);
         let moved = usize::try_from(bytes).unwrap_or(0) / PAGE;
         // EBUSY: the page is shared (with a forked child).
         let busy = res.is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY));
@@ -1111,7 +1150,10 @@ impl Inner {
     ) -> usize {
         let start = st.ranges[pos].addr(a);
         let len = ((b - a) * PAGE) as u64;
-        if self.uffd.write_protect(start as u64, len, true).is_err() {
+        if self
+            .served(self.uffd.write_protect(start as u64, len, true))
+            .is_err()
+        {
             return 0;
         }
         let mut saved = a;
@@ -1193,7 +1235,7 @@ impl Inner {
                 .map_err(os("UFFDIO_MOVE/UFFDIO_COPY"))?
                 .max(1);
             let addr = st.ranges[pos].addr(i);
-            let _ = self.uffd.wake(addr as u64, (n * PAGE) as u64);
+            let _ = self.served(self.uffd.wake(addr as u64, (n * PAGE) as u64));
             i += n;
         }
         self.publish(st);
@@ -1253,9 +1295,11 @@ unsafe fn release_slot(slot: *mut u8) {
 
 /// The userfaultfd was closed behind the shield's back (a raw `close` or
 /// `close_range` system call, which neither the preload's wrappers nor the
-/// loader's filter saw): its ranges are unregistered, and every page it
-/// had evicted would read back as zeros. The program is ended at once
-/// rather than let it run on with lost data.
+/// loader's filter saw). The shield cannot serve faults any more; the file
+/// is still held ([`hold`]), so its ranges are registered and the faulting
+/// threads blocked, but without the hold every page it had evicted would
+/// read back as zeros. The program is ended at once rather than let it run
+/// on without its pages.
 pub(crate) fn lost_uffd(fd: i32) -> ! {
     eprintln!(
         "memveil-shield: the shield's userfaultfd (descriptor {fd}) was closed behind its back \
