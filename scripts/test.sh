@@ -20,10 +20,6 @@ count_skips() {
     if declare -F wait_hooks >/dev/null; then
         wait_hooks || true
     fi
-    # A step failed while the fuzz targets built beside cargo test: the build is stopped.
-    if declare -F stop_fuzz_build >/dev/null; then
-        stop_fuzz_build
-    fi
     # The tests failed before the check at the end: name leftovers all the same.
     if [ -n "${MEMVEIL_TEST_RUN:-}" ] && [ -z "${LEFTOVERS_CHECKED:-}" ]; then
         step "processes the tests started"
@@ -95,109 +91,19 @@ check_leftovers() {
     return 1
 }
 
-have_fuzz() {
-    [ -d fuzz ] && { command -v cargo-fuzz >/dev/null 2>&1 ||
-        [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; }
-}
-fuzz_build() {
-    (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer none)
-}
-
-# The fuzz targets' build is a second build of the fuzzed crates and all their
-# dependencies (cargo-fuzz's own flags: sancov, one codegen unit; aws-lc's C
-# library again): on a clean machine 5-7 minutes of CPU. It runs beside
-# `cargo test`, whose tests leave much of the CPU idle (daemons' start-ups,
-# idle waits, one thread of two busy), in a cgroup of the idle class
-# (`cpu.idle`, Linux 5.15): any task of the normal class, the tests' programs
-# and daemons, goes before it. Where no such cgroup can be made (no cpu
-# controller, not root, an older kernel) it runs after cargo test, as it did,
-# and the step says why.
-FUZZ_BUILD_PID=
-FUZZ_CGROUP=
-FUZZ_BUILD_LOG=
-# Makes an idle-class cgroup and prints its directory, or says why it cannot.
-idle_cgroup() {
-    local root dir
-    if [ -e /sys/fs/cgroup/cgroup.controllers ] &&
-        grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
-        root=/sys/fs/cgroup # cgroup v2
-        grep -qw cpu "$root/cgroup.subtree_control" ||
-            echo +cpu > "$root/cgroup.subtree_control" 2>/dev/null ||
-            { echo "cannot enable the cpu controller in $root"; return 1; }
-    elif [ -e /sys/fs/cgroup/cpu/cpu.shares ]; then
-        root=/sys/fs/cgroup/cpu # cgroup v1's cpu hierarchy
-    else
-        echo "no cpu controller under /sys/fs/cgroup"
-        return 1
-    fi
-    dir=$root/memveil-test-fuzz-build-$$
-    mkdir "$dir" 2>/dev/null || { echo "cannot make $dir (not root?)"; return 1; }
-    if ! echo 1 > "$dir/cpu.idle" 2>/dev/null; then
-        rmdir "$dir"
-        echo "no cpu.idle in $root (Linux 5.15 or later has it)"
-        return 1
-    fi
-    echo "$dir"
-}
-start_fuzz_build() {
-    have_fuzz || return 0
-    local cg
-    if ! cg=$(idle_cgroup); then
-        echo "test.sh: the fuzz targets build after cargo test: $cg"
-        return 0
-    fi
-    FUZZ_CGROUP=$cg
-    FUZZ_BUILD_LOG=$(mktemp "${TMPDIR:-/tmp}/memveil-fuzz-build.XXXXXX")
-    (
-        echo "$BASHPID" > "$FUZZ_CGROUP/cgroup.procs"
-        fuzz_build
-    ) > "$FUZZ_BUILD_LOG" 2>&1 &
-    FUZZ_BUILD_PID=$!
-}
-# Stops the build beside cargo test (every process in its cgroup) and removes the cgroup.
-stop_fuzz_build() {
-    local p i
-    [ -n "$FUZZ_BUILD_PID" ] || return 0
-    # cargo may start a compiler while its siblings are killed: until none is left.
-    for i in $(seq 50); do
-        [ -n "$(cat "$FUZZ_CGROUP/cgroup.procs" 2>/dev/null)" ] || break
-        while read -r p; do kill "$p" 2>/dev/null || true; done < "$FUZZ_CGROUP/cgroup.procs"
-        sleep 0.1
-    done
-    wait "$FUZZ_BUILD_PID" 2>/dev/null || true
-    FUZZ_BUILD_PID=
-    rm -f "$FUZZ_BUILD_LOG"
-    rmdir "$FUZZ_CGROUP" 2>/dev/null || true
-}
-# Waits for the build beside cargo test, shows its output, removes its cgroup.
-wait_fuzz_build() {
-    local rc=0
-    [ -n "$FUZZ_BUILD_PID" ] || return 0
-    wait "$FUZZ_BUILD_PID" || rc=$?
-    FUZZ_BUILD_PID=
-    cat "$FUZZ_BUILD_LOG"
-    rm -f "$FUZZ_BUILD_LOG"
-    rmdir "$FUZZ_CGROUP" 2>/dev/null || true
-    [ "$rc" = 0 ] || echo "test.sh: the fuzz targets' build failed ($rc)"
-    return "$rc"
-}
-
 # The scripts of scripts/test.d (fuzz smoke runs of fixed length, and checks),
 # two at a time: on the two cores CI gives, each fuzzer has a core of its own
 # for its whole -max_total_time, as when they ran one after the other. The
-# fuzz targets are built first, all in one cargo command (beside cargo test,
-# above, where it can). Longest first (the
+# fuzz targets are built first, all in one cargo command. Longest first (the
 # seconds a script's `# test.sh: N s` line gives), so both lanes end
 # together; each script's output is shown whole, under its own header.
 run_test_d() {
     local f n i=0 rc=0 out
     local -a scripts=()
-    if [ -n "$FUZZ_BUILD_PID" ]; then
-        step "the fuzz targets (scripts/test.d runs them), built beside cargo test in $FUZZ_CGROUP"
-        wait_fuzz_build || return 1
-    elif have_fuzz; then
+    if [ -d fuzz ] && { command -v cargo-fuzz >/dev/null 2>&1 ||
+        [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; }; then
         step "the fuzz targets (scripts/test.d runs them)"
-        fuzz_build
+        (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer none)
     fi
     mapfile -t scripts < <(for f in scripts/test.d/*.sh; do
         [ -e "$f" ] || continue
@@ -284,7 +190,6 @@ step "cargo test"
 DAEMONS_BEFORE=$(pgrep -f -- "$DAEMONS" || true)
 MEMVEIL_TEST_RUN="$$-$(date +%s%N)"
 export MEMVEIL_TEST_RUN
-start_fuzz_build
 cargo test --locked --workspace --release --no-fail-fast 2>&1
 run_test_d
 step "no process the tests started is left"
