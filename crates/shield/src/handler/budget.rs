@@ -400,13 +400,11 @@ impl Inner {
         let a = c * CHUNK_PAGES;
         let b = (a + CHUNK_PAGES).min(r.pages);
         let (addr, len) = (r.addr(a), (b - a) * PAGE);
-        if let Err(e) =
-            self.uffd
-                .register(addr as u64, len as u64, uffd::MODE_MISSING | uffd::MODE_WP)
-        {
-            if e.raw_os_error() == Some(libc::EBADF) {
-                super::lost_uffd(self.uffd.raw_fd());
-            }
+        if let Err(e) = self.served(self.uffd.register(
+            addr as u64,
+            len as u64,
+            uffd::MODE_MISSING | uffd::MODE_WP,
+        )) {
             let n = self
                 .stats
                 .counters()

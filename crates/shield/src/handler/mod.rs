@@ -486,9 +486,8 @@ impl Inner {
                 let pending = split.wants_pending() && self.uffd.pending();
                 split.before_read(d.delay, pending);
             }
-            let n = match self.uffd.read_faults(&mut faults) {
+            let n = match self.served(self.uffd.read_faults(&mut faults)) {
                 Ok(n) => n,
-                Err(e) if e.raw_os_error() == Some(libc::EBADF) => lost_uffd(self.uffd.raw_fd()),
                 Err(e) => {
                     eprintln!("memveil-shield: reading faults failed: {e}");
                     std::thread::sleep(std::time::Duration::from_millis(10));
@@ -564,11 +563,13 @@ impl Inner {
     }
 
     /// Ends the program ([`lost_uffd`]) when `res` failed because the
-    /// userfaultfd's number was closed behind the shield's back (`EBADF`):
+    /// userfaultfd's number was closed behind the shield's back (`EBADF`;
+    /// every use of the number goes through here: read, register, copy,
+    /// move, wake, write-protect):
     /// the thread a failed copy, move or wake was for stays blocked in its
     /// fault (the file is held, see [`hold`]) and never goes on without its
     /// page. Other errors are the caller's.
-    fn served<T>(&self, res: io::Result<T>) -> io::Result<T> {
+    pub(super) fn served<T>(&self, res: io::Result<T>) -> io::Result<T> {
         if let Err(e) = &res {
             if e.raw_os_error() == Some(libc::EBADF) {
                 lost_uffd(self.uffd.raw_fd());
