@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backup;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
 pub mod cmac;
