@@ -94,17 +94,12 @@ check_leftovers() {
 # The scripts of scripts/test.d (fuzz smoke runs of fixed length, and checks),
 # two at a time: on the two cores CI gives, each fuzzer has a core of its own
 # for its whole -max_total_time, as when they ran one after the other. The
-# fuzz targets are built first, all in one cargo command. Longest first (the
+# fuzz targets were built beside the tests (cargo_test). Longest first (the
 # seconds a script's `# test.sh: N s` line gives), so both lanes end
 # together; each script's output is shown whole, under its own header.
 run_test_d() {
     local f n i=0 rc=0 out
     local -a scripts=()
-    if [ -d fuzz ] && { command -v cargo-fuzz >/dev/null 2>&1 ||
-        [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; }; then
-        step "the fuzz targets (scripts/test.d runs them)"
-        (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer none)
-    fi
     mapfile -t scripts < <(for f in scripts/test.d/*.sh; do
         [ -e "$f" ] || continue
         n=$(sed -n 's/^# test\.sh: \([0-9]*\) s.*/\1/p' "$f" | head -n1)
@@ -132,6 +127,61 @@ run_test_d() {
         i=$((i + 1))
     done
     rm -rf "$out"
+    return "$rc"
+}
+
+# The fuzz targets, all in one cargo command (scripts/test.d runs them).
+have_cargo_fuzz() {
+    [ -d fuzz ] && { command -v cargo-fuzz >/dev/null 2>&1 ||
+        [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz" ]; }
+}
+build_fuzz() {
+    (cd fuzz && RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz build --sanitizer none)
+}
+
+# cargo test in two parts (ARCHITECTURE.md, "The test run"). The test files
+# whose first line is `// test.sh: alone` test the shield: its threads run at
+# SCHED_IDLE and the tests sample memory on time, so nothing runs beside them.
+# The other test files, the unit tests and the doc tests run first, beside
+# the fuzz targets' build (nice 19): they leave most of a core idle. A file
+# with neither mark runs beside the build; two files of one name must agree,
+# since `--test NAME` selects both.
+cargo_test() {
+    local f n k rc=0 fuzz_pid= fuzz_log
+    local -a alone=() beside=()
+    local -A part=()
+    for f in crates/*/tests/*.rs; do
+        n=$(basename "$f" .rs)
+        if head -n1 "$f" | grep -q '^// test\.sh: alone'; then k=alone; else k=beside; fi
+        if [ -n "${part[$n]:-}" ]; then
+            [ "${part[$n]}" = "$k" ] && continue
+            echo "test.sh: two test files named $n, one marked alone and one not (--test $n selects both): mark both or rename one" >&2
+            return 1
+        fi
+        part[$n]=$k
+        if [ "$k" = alone ]; then alone+=(--test "$n"); else beside+=(--test "$n"); fi
+    done
+    fuzz_log=$(mktemp "${TMPDIR:-/tmp}/memveil-fuzzbuild.XXXXXX")
+    if have_cargo_fuzz; then
+        step "cargo test: unit, doc and $((${#beside[@]} / 2)) test files, beside the fuzz targets' build"
+        build_fuzz > "$fuzz_log" 2>&1 &
+        fuzz_pid=$!
+    else
+        step "cargo test: unit, doc and $((${#beside[@]} / 2)) test files (no cargo-fuzz: the fuzz targets are not built)"
+    fi
+    cargo test --locked --workspace --release --no-fail-fast --lib --bins "${beside[@]}" 2>&1 || rc=1
+    cargo test --locked --workspace --release --no-fail-fast --doc 2>&1 || rc=1
+    if [ -n "$fuzz_pid" ]; then
+        step "the fuzz targets' build (beside the tests above)"
+        local frc=0 s=$SECONDS
+        wait "$fuzz_pid" || frc=$?
+        echo "(waited $((SECONDS - s)) s for it after the tests)"
+        cat "$fuzz_log"
+        [ "$frc" = 0 ] || { echo "test.sh: the fuzz targets' build failed ($frc)"; rc=1; }
+    fi
+    rm -f "$fuzz_log"
+    step "cargo test: the shield's $((${#alone[@]} / 2)) test files, alone"
+    cargo test --locked --workspace --release --no-fail-fast "${alone[@]}" 2>&1 || rc=1
     return "$rc"
 }
 
@@ -190,7 +240,7 @@ step "cargo test"
 DAEMONS_BEFORE=$(pgrep -f -- "$DAEMONS" || true)
 MEMVEIL_TEST_RUN="$$-$(date +%s%N)"
 export MEMVEIL_TEST_RUN
-cargo test --locked --workspace --release --no-fail-fast 2>&1
+cargo_test
 run_test_d
 step "no process the tests started is left"
 check_leftovers

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! Smoke test of `memveil bench --only workloads` (issue 19): one round of
 //! the iperf3 workload (1 s a side) plainly, under `memveil run` and under
 //! `memveil run --window 4096`, through the bench's own code, so the part

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! Issue 14: the shield's fault-handler thread runs on an ordinary stack
 //! (anonymous memory a `/proc/PID/mem` reader or a memory dump can see),
 //! and it encrypts and decrypts pages all day. Nothing it leaves there may be

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! `memveil keyfind` as a program: a planted schedule is reported (exit 3)
 //! with only its key check value unless --show-keys; a hostile core file is
 //! a clear error (exit 1), never a panic; `--pid` on a program under

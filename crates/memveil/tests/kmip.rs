@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! KMIP (issue 28) through the binary, against a real KMIP server (PyKMIP,
 //! started here on loopback with its own certificates): two vaults, two
 //! "hosts" with their own client certificates, state directories and

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! `memveil run` killed with SIGKILL (issue 29): the program runs in a
 //! cgroup v2 of its own, and the guardian memveil run starts kills every
 //! process in it when memveil run dies, so nothing of the program is left;

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! The summary's cost counts what the preload's allocator takes beyond the
 //! C library's (issue 33, item 4: the cost is what the program loses against
 //! a plain run). `tests/data/alloc_pairs.c` makes rounds of 200,000

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! etcd (Debian's etcd-server, a Go program) under `memveil run` (issue 34):
 //! etcdctl's put, get and txn answer as they do plainly, the copies of a
 //! secret value in the server's anonymous memory are ciphertext after 54 s

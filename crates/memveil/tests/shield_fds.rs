@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! The shield's own descriptors survive a program that closes every
 //! descriptor it did not open (`memveil_sys::fdguard`): `closefrom(3)` and
 //! a `dup2` onto every number leave the userfaultfd (and the loader's

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! One shield per host (issue 33): real `memveil run`s of python3 sharing the
 //! host's budget (the ledger), and `memveil shield status` listing them.
 //!

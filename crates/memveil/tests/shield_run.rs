@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! `memveil run` on real, unmodified programs (issue 5, "Proof"):
 //!
 //! - correctness: python3 running a real workload, sqlite3 on a real database

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! `memveil run` on statically linked programs (issue 34): a glibc `-static`
 //! and a musl C program and CGO_ENABLED=0 Go programs run through
 //! memveil-shield-loader.

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! `memveil run --keyid N` under the host key table (issue 19): real
 //! processes, a real vault, the ciphertext read out of each tenant's store.
 //!

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! What the shield costs, as the budgets draw it (`host_cost_ns`, CPU time
 //! of the host: the CPU of its own threads, their thread clocks, a hand-off
 //! per fault, and its work on the program's threads, discards wiping freed

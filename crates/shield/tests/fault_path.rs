@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! The fault path's economies, each against a control that shows the
 //! counters could fail: sequential scans brought in as runs (never-written
 //! and evicted pages alike), neighbouring victims evicted in one move, the

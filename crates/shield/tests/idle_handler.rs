@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! The fault handler runs at `SCHED_IDLE` (so the scheduler keeps a woken
 //! thread on the handler's CPU), and the watchdog makes it normal again
 //! when busy threads on its CPU starve it. A test binary of its own: it

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! The region's page part as a static or Go program's system calls see it
 //! (issue 34): `PROT_NONE` reservations, hints, `MAP_FIXED` in place,
 //! partial `munmap`, `MADV_DONTNEED` reading zeros, `brk(2)`. Each test runs

@@ -1,3 +1,4 @@
+// test.sh: alone (the shield under test: scripts/test.sh runs this file with nothing beside it)
 //! Behaviour of protected ranges: contents survive eviction, system calls on
 //! protected buffers work, threads never see torn or stale pages, evicted
 //! pages hold no plaintext.
