@@ -1,8 +1,11 @@
 //! `memveil-shield-loader PROGRAM ARGS...`: see the library's documentation
 //! (`memveil_shield_loader`).
 
-#![no_main]
+// The test harness (`cargo test --bins`, which selects this binary despite
+// `test = false`) brings its own `main`; the binary is only ever the C one.
+#![cfg_attr(not(test), no_main)]
 
+#[cfg(not(test))]
 use std::ffi::{c_char, c_int};
 
 /// The C entry point (no Rust runtime start-up: it would install signal
@@ -10,6 +13,7 @@ use std::ffi::{c_char, c_int};
 ///
 /// # Safety
 /// Called by the C library's start-up only.
+#[cfg(not(test))]
 #[no_mangle]
 pub unsafe extern "C" fn main(
     argc: c_int,
