@@ -7,13 +7,27 @@
 //! The test protects 4 MiB behind an 8-page window and has a thread write
 //! through it, page after page, so the handler evicts (encrypts) and brings
 //! back (decrypts) pages continuously; meanwhile it finds the handler thread
-//! (the thread `Shield::new` names memveil-fault; its watchdog, memveil-guard,
-//! is scanned the same way), its stack pointer (`/proc/self/task/TID/
-//! syscall` while it sleeps in `read(2)`) and the stack mapping around it
-//! (`/proc/self/maps`), reads the whole mapping through `/proc/self/mem`
-//! again and again and runs the key finder over it. Positive control, same
-//! run: an AES-128 schedule written into the deep end of that stack (which
-//! the handler never reaches) through `/proc/self/mem` is found, then wiped.
+//! (the thread `Shield::new` names memveil-fault; the shield's other threads,
+//! its watchdog memveil-guard among them, are scanned the same way), an
+//! address on its stack and the stack mapping around it (`/proc/self/maps`),
+//! reads the whole mapping through `/proc/self/mem` again and again and runs
+//! the key finder over it. Positive control, same run: an AES-128 schedule
+//! written into the deep end of that stack (which the handler never reaches)
+//! through `/proc/self/mem` is found, then wiped.
+//!
+//! The address on each thread's stack is the thread's own: the shield's
+//! thread start hook (`memveil_shield::set_thread_start_hook`, which every
+//! shield thread runs first) records its thread id and the address of one
+//! of its locals. The stack pointer `/proc/self/task/TID/syscall` shows is
+//! no way to find it: the file shows it only while the thread sleeps, and
+//! a handler that always finds the next fault waiting when it comes back
+//! to `read(2)` never sleeps (the faulting thread, woken on the handler's
+//! CPU, preempts the `SCHED_IDLE` handler and faults again before it gets
+//! back; under CPU contention the handler waits runnable, which the file
+//! shows as "running" too): the test then failed, without a single scan,
+//! in one full test run beside a build. That pointer is still read, for a
+//! cross-check: whenever the handler is seen asleep, its stack pointer must
+//! lie in the mapping the hook's address found.
 //!
 //! The shield's keys are random and in secret memory, so this looks for
 //! whole schedules, as `aeskeyfind` does. The finer check (every single round
@@ -25,12 +39,12 @@
 //! chosen once per process). It needs userfaultfd for kernel faults (root):
 //! without it, it says why it skips.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use memveil_cipher::Path;
@@ -38,19 +52,32 @@ use memveil_shield::{Config, Shield, StatsFile, PAGE};
 
 const CHILD: &str = "MEMVEIL_HANDLER_STACK_CHILD";
 
+/// Every shield thread's id and the address of a local of its, recorded as
+/// the thread starts (the shield's start hook, [`note_start`]).
+static STARTED: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
+
+/// The start hook: runs first on every thread the shield starts, on that
+/// thread's own stack.
+fn note_start() {
+    let here = 0u8;
+    let at = std::hint::black_box(&here) as *const u8 as u64;
+    STARTED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((memveil_sys::process::gettid(), at));
+}
+
+fn started() -> Vec<(u32, u64)> {
+    STARTED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
 /// The name of thread `tid` of this process.
 fn comm(tid: u32) -> String {
     std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
         .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn tasks() -> BTreeSet<u32> {
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
         .unwrap_or_default()
 }
 
@@ -109,7 +136,9 @@ fn handler_stack_child() {
     let path = memveil_cipher::path();
     assert_eq!(path.name(), want, "the child runs on the path asked for");
 
-    let before = tasks();
+    // Set before the shield starts its threads (once per process: this
+    // child process is the test's own).
+    memveil_shield::set_thread_start_hook(note_start);
     let shield = match Shield::new(
         &Config {
             window: 8,
@@ -123,26 +152,21 @@ fn handler_stack_child() {
             return;
         }
     };
-    // The shield's threads, by name: the fault handler and its watchdog
-    // (which encrypts too, when it ages an adaptive window).
-    // (Each names itself as it starts: wait for the names.)
-    let named = |new: &[(u32, String)]| new.iter().any(|(_, n)| n == "memveil-fault");
+    // The fault handler, by name (it names itself after the start hook has
+    // run: wait for the name).
     let t0 = Instant::now();
-    let mut new: Vec<(u32, String)> = Vec::new();
-    while !named(&new) && t0.elapsed() < Duration::from_secs(2) {
-        new = tasks().difference(&before).map(|&t| (t, comm(t))).collect();
+    let handler = loop {
+        let all = started();
+        if let Some(&(t, _)) = all.iter().find(|(t, _)| comm(*t) == "memveil-fault") {
+            break t;
+        }
+        let names: Vec<(u32, String)> = all.iter().map(|&(t, _)| (t, comm(t))).collect();
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "no memveil-fault thread among the shield's: {names:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
-    }
-    let threads: Vec<u32> = new
-        .iter()
-        .filter(|(_, n)| n.starts_with("memveil-"))
-        .map(|(t, _)| *t)
-        .collect();
-    let handler = new
-        .iter()
-        .find(|(_, n)| n == "memveil-fault")
-        .map(|(t, _)| *t)
-        .unwrap_or_else(|| panic!("no memveil-fault thread among the new ones: {new:?}"));
+    };
 
     let pages = 1024;
     let p = memveil_sys::uffd::map_anonymous_direct(pages * PAGE).expect("mmap");
@@ -182,39 +206,67 @@ fn handler_stack_child() {
         })
     };
 
-    let mut ranges: Vec<Option<(u64, u64)>> = vec![None; threads.len()];
+    // Each shield thread's stack mapping, found from the address its start
+    // hook recorded (the watchdog and the zero-pool filler start after the
+    // handler: looked up again on every round).
+    let mut stacks: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     let mut scans = 0u32;
-    let deadline = Instant::now() + Duration::from_secs(4);
+    // How often the handler was seen asleep in a system call (its stack
+    // pointer then shown), out of how many looks: the cross-check.
+    let (mut asleep, mut looks) = (0u32, 0u32);
     let mut found = Vec::new();
-    while Instant::now() < deadline {
-        for (t, r) in threads.iter().zip(ranges.iter_mut()) {
-            if r.is_none() {
-                *r = sleeping_sp(*t).and_then(mapping_of);
+    // At least 4 s, and until the handler has done the work the check
+    // asks for under the scans (a loaded host does it more slowly).
+    let start = Instant::now();
+    let enough = |scans: u32| scans >= 20 && shield.stats().evictions > 10_000;
+    while start.elapsed() < Duration::from_secs(4)
+        || !enough(scans) && start.elapsed() < Duration::from_secs(60)
+    {
+        for (t, at) in started() {
+            if let std::collections::btree_map::Entry::Vacant(e) = stacks.entry(t) {
+                let m = mapping_of(at).unwrap_or_else(|| {
+                    panic!(
+                        "thread {t} ({}): no mapping holds its stack address {at:#x}",
+                        comm(t)
+                    )
+                });
+                e.insert(m);
             }
-            if let Some((lo, hi)) = *r {
-                let img = read_mem(lo, hi);
-                found.extend(memveil_keyfind::scan(&img, lo, "shield thread stack", 8));
-                if *t == handler {
-                    scans += 1;
+        }
+        for (&t, &(lo, hi)) in &stacks {
+            let img = read_mem(lo, hi);
+            found.extend(memveil_keyfind::scan(&img, lo, "shield thread stack", 8));
+            if t == handler {
+                scans += 1;
+                looks += 1;
+                if let Some(sp) = sleeping_sp(t) {
+                    asleep += 1;
+                    assert!(
+                        (lo..hi).contains(&sp),
+                        "the handler sleeps with its stack pointer {sp:#x} outside the stack \
+                         its start hook found ({lo:#x}-{hi:#x})"
+                    );
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let range = threads
-        .iter()
-        .position(|t| *t == handler)
-        .and_then(|i| ranges[i]);
+    let elapsed = start.elapsed();
     stop.store(true, Ordering::Relaxed);
     worker.join().expect("worker");
     let st = shield.stats();
-    let (lo, hi) = range.expect("the handler's stack was located (it sleeps in read(2))");
+    let (lo, hi) = *stacks
+        .get(&handler)
+        .expect("the handler's stack was located");
+    let names: Vec<String> = stacks.keys().map(|&t| format!("{t} {}", comm(t))).collect();
     println!(
-        "path {path}: handler thread {handler}, stack {lo:#x}-{hi:#x} ({} KiB); {scans} scans during {} passes over {pages} pages: {} faults in, {} evictions",
+        "path {path}: handler thread {handler}, stack {lo:#x}-{hi:#x} ({} KiB); {scans} scans in {:.1} s during {} passes over {pages} pages: {} faults in, {} evictions; shield threads scanned: {}; handler seen asleep in {asleep} of {looks} looks",
         (hi - lo) / 1024,
+        elapsed.as_secs_f64(),
         rounds.load(Ordering::Relaxed),
         st.faults_in,
-        st.evictions
+        st.evictions,
+        names.join(", ")
     );
     assert!(
         scans >= 20 && st.evictions > 10_000,
