@@ -39,9 +39,12 @@ pub(crate) fn err(msg: impl Into<String>) -> BenchError {
 /// The shield part's pieces, which `memveil bench --only shield --workload
 /// NAME` runs alone (all of them without `--workload`): the in-process
 /// fault costs, redis, the program suite, nginx TLS, the fork figure, Go
-/// and static programs (with the Go canary) and etcd (the canary's
-/// exposure figures are a part of their own, `exposure`).
-const PIECES: [&str; 7] = ["faults", "redis", "suite", "nginx", "fork", "go", "etcd"];
+/// and static programs (with the Go canary), the static C program's figure
+/// alone (`static`: a part of `go`) and etcd (the canary's exposure figures
+/// are a part of their own, `exposure`).
+const PIECES: [&str; 8] = [
+    "faults", "redis", "suite", "nginx", "fork", "go", "static", "etcd",
+];
 
 /// Whether piece `name` of the shield part runs.
 fn piece(opts: &BenchOpts, name: &str) -> bool {
@@ -184,12 +187,14 @@ fn suite_part(
             suite::fork_figure(opts, &memveil, &dir).map(|f| vec![f]),
         ));
     }
-    if piece(opts, "go") {
+    if piece(opts, "go") || piece(opts, "static") {
+        // `static` alone: the static C program's figure only.
+        let only_static = !piece(opts, "go");
         let got = std::fs::create_dir_all(dir.join("go"))
             .map_err(|e| format!("{}: {e}", dir.display()))
             .and_then(|()| {
                 let mut f = Vec::new();
-                suite::gostatic::run(opts, &memveil, &dir.join("go"), &mut f, md)
+                suite::gostatic::run(opts, &memveil, &dir.join("go"), only_static, &mut f, md)
                     .map_err(|e| e.to_string())?;
                 Ok(f)
             });

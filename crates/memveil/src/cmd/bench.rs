@@ -43,7 +43,8 @@ pub struct Args {
     /// these pieces of the shield part: faults (in-process fault costs),
     /// redis, suite (the program suite; with redis for its geometric mean),
     /// nginx, fork, go (Go and static programs, the Go canary, the per-fault
-    /// and per-mmap cost of the loader's path), etcd.
+    /// and per-mmap cost of the loader's path), static (of those, the static
+    /// C program's figure alone: shield.static_c_vs_plain), etcd.
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     workload: Vec<String>,
     /// Use the full sizes the issues name instead of the default small run

@@ -112,10 +112,20 @@ fn static_busybox() -> Option<PathBuf> {
     (!interp).then_some(b)
 }
 
-/// The programs of this piece, and the ones that cannot run here with why.
-fn programs(opts: &BenchOpts, dir: &Path) -> Result<(Vec<Program>, Vec<String>), BenchError> {
+/// The programs of this piece (the static one alone with `only_static`),
+/// and the ones that cannot run here with why.
+fn programs(
+    opts: &BenchOpts,
+    dir: &Path,
+    only_static: bool,
+) -> Result<(Vec<Program>, Vec<String>), BenchError> {
     let (mut progs, mut missing) = (Vec::new(), Vec::new());
-    for (name, src, what) in GO_PROGRAMS {
+    let go = if only_static {
+        &[][..]
+    } else {
+        &GO_PROGRAMS[..]
+    };
+    for &(name, src, what) in go {
         match build_go(dir, name, src) {
             Ok(exe) => progs.push(Program {
                 name,
@@ -151,7 +161,8 @@ fn programs(opts: &BenchOpts, dir: &Path) -> Result<(Vec<Program>, Vec<String>),
 }
 
 /// Runs the piece: the programs' figures and the Go canary's into `figs`,
-/// their table into `md`.
+/// their table into `md`; with `only_static`, the static C program's figure
+/// alone (no Go program, canary or path cost).
 ///
 /// # Errors
 /// A program that failed or whose output differed from the plain run's is
@@ -160,10 +171,11 @@ pub(crate) fn run(
     opts: &BenchOpts,
     memveil: &Path,
     dir: &Path,
+    only_static: bool,
     figs: &mut Vec<Figure>,
     md: &mut String,
 ) -> Result<(), BenchError> {
-    let (progs, missing) = programs(opts, dir)?;
+    let (progs, missing) = programs(opts, dir, only_static)?;
     let (rows, pairs): (Vec<Row>, Vec<usize>) = progs
         .iter()
         .map(|p| run_paired(opts, memveil, dir, p))
@@ -171,6 +183,9 @@ pub(crate) fn run(
         .into_iter()
         .unzip();
     report(&rows, &pairs, &missing, figs, md);
+    if only_static {
+        return Ok(());
+    }
     canary(opts, memveil, dir, figs, md);
     match path_cost(opts, memveil, dir) {
         Ok(f) => figs.extend(f),
@@ -193,11 +208,15 @@ pub(crate) const GO_ROUNDS: usize = 7;
 /// [`MAX_PAIRS`]), and the round's ratio is the plain runs' total time over
 /// the protected runs' total, as of one longer run. `memveil run`'s fixed
 /// start and end stay in every protected run: the figure still measures
-/// one run of the program.
-const ROUND_SECS: f64 = 1.2;
+/// one run of the program. 3 s and 8 pairs, not 1.2 s and 4: the static
+/// sort's (0.3-0.5 s plain) pairs alone read 0.63-1.16 of plain in one
+/// quiet-lock hold (30 pairs, standard deviation 0.15, the plain runs
+/// themselves 0.34-0.58 s), which left the median of 7 rounds of 3-4 pairs
+/// within 0.81-0.93 nine times in ten (resampled), with 8 within 0.83-0.91.
+const ROUND_SECS: f64 = 3.0;
 
 /// At most this many pairs a round.
-const MAX_PAIRS: usize = 4;
+const MAX_PAIRS: usize = 8;
 
 /// Runs `p` plainly and under `memveil run` at its defaults in [`GO_ROUNDS`]
 /// rounds of paired runs (after one pair that is not counted: it warms the
