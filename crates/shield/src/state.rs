@@ -527,13 +527,9 @@ impl State {
             EVICTED => sweep::is_learned(word),
             _ => false,
         };
-        // Long quiet: out LONG_QUIET_MS, or LONG_QUIET_AGAIN_MS for a page
-        // known quiet when it was swept (a secret read once a second).
-        let out = sweep::since(now_ms, sweep::tick_of(word));
         let long = own
             && s & STATE_MASK == EVICTED
-            && (out >= sweep::LONG_QUIET_MS
-                || (sweep::is_learned(word) && out >= sweep::LONG_QUIET_AGAIN_MS));
+            && sweep::since(now_ms, sweep::tick_of(word)) >= sweep::LONG_QUIET_MS;
         let word = sweep::pack(now_ms, level);
         let word = if chance { sweep::struck(word) } else { word };
         r.set_time(i, if own { sweep::learned(word) } else { word });
@@ -1544,82 +1540,6 @@ mod tests {
         let (v, _) = st.due(64, now, 1_000.0, 100.0, false);
         assert_eq!(v.len(), 10, "the budget's room");
         assert!(v.contains(&(0, secret)), "secret held back: {v:?}");
-    }
-
-    /// The 1 s canary's state in a deep fall (2026-11-28): `hot` of its hot
-    /// pages, learned quiet in a stall of the program, came back `hot_out`
-    /// ms after a sweep at 5 s and are due before its secret (page `hot`),
-    /// which was swept 10 ms after a read at 5 s and read again at 6 s
-    /// (out 990 ms: a read period less its stay after the read); the budget
-    /// is then left with `room_ns`. Returns the state and the secret's
-    /// index.
-    fn secret_read_every_second(hot: usize, hot_out: u64, room_ns: f64) -> (State, usize) {
-        let mut st = state(hot + 1);
-        // The secret: swept at 4_010, read at 5_000 (known quiet from
-        // then), swept at 5_010, read at 6_000.
-        st.mark_evicted(0, hot, true, 4_010);
-        st.mark_resident(0, hot, EVICTED | SWEPT, 5_000);
-        assert!(sweep::is_learned(st.ranges[0].time(hot)));
-        st.mark_evicted(0, hot, true, 5_010);
-        for i in 0..hot {
-            st.mark_evicted(0, i, true, 5_000);
-            st.mark_resident(0, i, EVICTED | SWEPT, 5_000 + hot_out);
-        }
-        st.mark_resident(0, hot, EVICTED | SWEPT, 6_000);
-        let now = 6_000 + sweep::QUICK_MS;
-        if let Some(sw) = st.sweep.as_mut() {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let spent = (0.25e9 + now as f64 * 1e6 - room_ns) as u64;
-            sw.credit.refill(now, spent);
-        }
-        (st, hot)
-    }
-
-    #[test]
-    fn a_secret_read_once_a_second_leaves_before_a_backlog_of_quiet_pages_and_in_debt() {
-        let now = 6_000 + sweep::QUICK_MS;
-        // Hot pages back up to 500 ms after their sweep (the slowest seen
-        // when a stall made them look quiet) stay in the quiet pages' queue;
-        // the secret, known quiet and out 990 ms, is long quiet. In debt it
-        // alone leaves (at LONG_QUIET_MS alone it was held with the backlog:
-        // nothing left, and it stayed plaintext until the budget had swept
-        // the 2,000 pages due before it).
-        for hot_out in [100, 500] {
-            let (mut st, secret) = secret_read_every_second(2_000, hot_out, -500e6);
-            let (v, _) = st.due(64, now, 1_000.0, 100.0, false);
-            assert_eq!(v, vec![(0, secret)], "hot pages out {hot_out} ms");
-            // Held for the host's budget with room of its own: the same.
-            let (mut st, secret) = secret_read_every_second(2_000, hot_out, 1e6);
-            let (v, _) = st.due(64, now, 1_000.0, 100.0, true);
-            assert_eq!(
-                v,
-                vec![(0, secret)],
-                "hot pages out {hot_out} ms, host held"
-            );
-        }
-        // Room for ten quick sweeps: the secret is one of them (queued by
-        // due time alone it was the 2,001st).
-        let (mut st, secret) = secret_read_every_second(2_000, 500, 1_000.0);
-        let (v, _) = st.due(64, now, 1_000.0, 100.0, false);
-        assert_eq!(v.len(), 10, "the budget's room");
-        assert!(v.contains(&(0, secret)), "secret held back: {v:?}");
-        // A page not known quiet when it was swept (a hot page swept while
-        // the program still wrote its heap) back 900 ms later is quiet, not
-        // long quiet: in debt it waits; back after LONG_QUIET_MS it leaves.
-        for (out, leaves) in [(900, false), (sweep::LONG_QUIET_MS, true)] {
-            let mut st = state(8);
-            st.mark_evicted(0, 3, true, 1_000);
-            assert!(!sweep::is_learned(st.ranges[0].time(3)));
-            st.mark_resident(0, 3, EVICTED | SWEPT, 1_000 + out);
-            let now = 1_000 + out + sweep::QUICK_MS;
-            if let Some(sw) = st.sweep.as_mut() {
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                let spent = (0.25e9 + now as f64 * 1e6 + 500e6) as u64;
-                sw.credit.refill(now, spent);
-            }
-            let (v, _) = st.due(64, now, 1_000.0, 100.0, false);
-            assert_eq!(v.contains(&(0, 3)), leaves, "out {out} ms: {v:?}");
-        }
     }
 
     #[test]

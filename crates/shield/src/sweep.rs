@@ -129,21 +129,6 @@ pub(crate) const QUICK_MS: u64 = 2;
 /// bench round in two of six runs.
 pub(crate) const LONG_QUIET_MS: u64 = 1_000;
 
-/// A page that was known quiet when it was swept (its last return was
-/// quiet) is long quiet from this long out (ms): a secret read once a
-/// second is one. It stays out its read period less the time it stayed in
-/// after the read (its quick sweep, [`QUICK_MS`] plus the watchdog's
-/// lateness), about 990 ms, and at [`LONG_QUIET_MS`] it never was. Queued
-/// behind a backlog of hot pages gone quiet (a stall of the program learned
-/// 1,000-3,000 of them quiet in one go), the 1 s canary's secret then
-/// stayed plaintext 0.15-5 s of a 10 s run (`examples/exposure 1000`
-/// 0.53-0.93 in about one run in six, 2026-11-28). Above the 50-500 ms
-/// after which such hot pages came back. Only for pages known quiet: a hot
-/// page swept at the shortest period while the program was still writing
-/// its heap (not known quiet) and touched again 750-1,000 ms later is not
-/// long quiet, as before.
-pub(crate) const LONG_QUIET_AGAIN_MS: u64 = 750;
-
 /// Long quiet pages ([`LONG_QUIET_MS`]) swept per [`DEBT_WINDOW_MS`] while
 /// the budget (the program's or the host's) is spent: each costs its
 /// eviction now (a few µs) and, cold as it is, seldom the fault back; both
