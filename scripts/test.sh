@@ -144,7 +144,7 @@ build_fuzz() {
 # SCHED_IDLE and the tests sample memory on time, so nothing runs beside them.
 # The other test files, the unit tests and the doc tests run first, beside
 # the fuzz targets' build (nice 19): they leave most of a core idle. A file
-# with neither mark runs beside the build; two files of one name must agree,
+# without the mark runs beside the build; two files of one name must agree,
 # since `--test NAME` selects both.
 cargo_test() {
     local f n k rc=0 fuzz_pid= fuzz_log
@@ -161,9 +161,9 @@ cargo_test() {
         part[$n]=$k
         if [ "$k" = alone ]; then alone+=(--test "$n"); else beside+=(--test "$n"); fi
     done
-    fuzz_log=$(mktemp "${TMPDIR:-/tmp}/memveil-fuzzbuild.XXXXXX")
     if have_cargo_fuzz; then
         step "cargo test: unit, doc and $((${#beside[@]} / 2)) test files, beside the fuzz targets' build"
+        fuzz_log=$(mktemp "${TMPDIR:-/tmp}/memveil-fuzzbuild.XXXXXX")
         build_fuzz > "$fuzz_log" 2>&1 &
         fuzz_pid=$!
     else
@@ -177,9 +177,9 @@ cargo_test() {
         wait "$fuzz_pid" || frc=$?
         echo "(waited $((SECONDS - s)) s for it after the tests)"
         cat "$fuzz_log"
+        rm -f "$fuzz_log"
         [ "$frc" = 0 ] || { echo "test.sh: the fuzz targets' build failed ($frc)"; rc=1; }
     fi
-    rm -f "$fuzz_log"
     step "cargo test: the shield's $((${#alone[@]} / 2)) test files, alone"
     cargo test --locked --workspace --release --no-fail-fast "${alone[@]}" 2>&1 || rc=1
     return "$rc"

@@ -414,14 +414,21 @@ mod tests {
         assert_eq!(seen, 0);
     }
 
+    /// A fresh directory `memveil-guard-TAG-PID` in the temporary
+    /// directory, with the path `below` made under it.
+    fn scratch(tag: &str, below: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("memveil-guard-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join(below)).expect("dirs");
+        dir
+    }
+
     #[test]
     fn the_guardian_removes_a_plain_directory_and_exits_when_told() {
         // Not a cgroup: cgroup.kill cannot be opened (nothing to kill) and
         // cgroup.events neither (not populated); the directory and one
         // below it are removed.
-        let dir = std::env::temp_dir().join(format!("memveil-guard-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("nested/deeper")).expect("dirs");
+        let dir = scratch("plain", "nested/deeper");
         let g = Guardian::start(&dir, "never printed").expect("guardian");
         assert!(g.pid() > 0);
         assert!(g.finish(Duration::from_secs(10)), "the guardian finished");
@@ -434,9 +441,7 @@ mod tests {
         // so (`removed`): the guardian finds it gone, and exits 0 without
         // its "still holds processes" line (it exited 1 with it when only
         // it removed the directory and took a missing one for a stuck one).
-        let dir = std::env::temp_dir().join(format!("memveil-guard-gone-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("nested")).expect("dirs");
+        let dir = scratch("gone", "nested");
         let g = Guardian::start(&dir, "never printed").expect("guardian");
         let pid = g.pid;
         assert!(
@@ -461,8 +466,7 @@ mod tests {
         );
         // Positive control: a directory that will not go (a file in it, as
         // processes in a cgroup) is not taken for removed.
-        let kept = std::env::temp_dir().join(format!("memveil-guard-kept-{}", std::process::id()));
-        std::fs::create_dir_all(&kept).expect("dir");
+        let kept = scratch("kept", "");
         std::fs::write(kept.join("file"), b"x").expect("file");
         assert!(!remove_dir(&kept), "{} is not empty", kept.display());
         assert!(kept.exists());
