@@ -530,6 +530,16 @@ impl State {
         let long = own
             && s & STATE_MASK == EVICTED
             && sweep::since(now_ms, sweep::tick_of(word)) >= sweep::LONG_QUIET_MS;
+        // Its last quick sweep held (it stayed out QUIET_MS or more after
+        // it): how long, the floor's rank (`sweep::QuickFloor`).
+        let held = if s & STATE_MASK == EVICTED
+            && s & SWEPT != 0
+            && sweep::class_of(word) == sweep::QUIET_CLASS
+        {
+            Some(sweep::since(now_ms, sweep::tick_of(word))).filter(|&ms| ms >= sweep::QUIET_MS)
+        } else {
+            None
+        };
         let word = sweep::pack(now_ms, level);
         let word = if chance { sweep::struck(word) } else { word };
         r.set_time(i, if own { sweep::learned(word) } else { word });
@@ -544,7 +554,7 @@ impl State {
             if long && level == 0 {
                 sw.arrived_long_quiet(addr, now_ms);
             } else {
-                sw.arrived(addr, now_ms, level, own);
+                sw.arrived_ranked(addr, now_ms, level, own, held.unwrap_or(0));
             }
             self.wake_at = self.wake_at.min(sweep::due_ms(now_ms, level, own));
         }
@@ -886,22 +896,23 @@ impl State {
         };
         sw.floor.refill(now_ms);
         let mut victims = Vec::new();
-        while let Some(&(due, addr, at)) = sw.floor.recent.front() {
-            if due > now_ms || victims.len() >= max {
+        while let Some(k) = sw.floor.next(now_ms) {
+            if victims.len() >= max {
                 break;
             }
+            let (_, addr, at, rank) = sw.floor.recent[k];
             let page = self
                 .as_queued(addr, at)
                 .filter(|&(_, _, word)| sweep::is_learned(word));
             let Some((pos, i, _)) = page else {
                 // Swept already, or came in again since.
-                sw.floor.recent.pop_front();
+                sw.floor.recent.remove(k);
                 continue;
             };
-            if !sw.floor.take() {
+            if !sw.floor.take(rank) {
                 break;
             }
-            sw.floor.recent.pop_front();
+            sw.floor.recent.remove(k);
             sw.quiet_swept += 1;
             sw.returns.swept(sweep::QUIET_CLASS, now_ms);
             let st = self.ranges[pos].state(i);
@@ -1293,6 +1304,59 @@ mod tests {
         assert!(st.due_floor(64, now).is_empty());
         let later = st.due_floor(64, now + 250);
         assert_eq!(later.len(), 8, "a quarter second: 8 more");
+    }
+
+    #[test]
+    fn the_floor_keeps_quick_sweeps_for_a_page_whose_last_one_held() {
+        // The 1 s canary in a stall: the budget in debt, hot pages learned
+        // quiet coming back by the hundred (each after a level sweep, out
+        // 800-900 ms: not long quiet), and
+        // the secret, quick swept at 5,010 and out 990 ms, read at 6,000
+        // between them.
+        let hot = 200;
+        let secret = hot;
+        let mut st = state(hot + 1);
+        st.mark_evicted(0, secret, true, 4_500);
+        st.mark_resident(0, secret, EVICTED | SWEPT, 5_000);
+        st.mark_evicted(0, secret, true, 5_010);
+        for i in 0..hot {
+            st.mark_evicted(0, i, true, 5_100);
+        }
+        for i in 0..hot / 2 {
+            st.mark_resident(0, i, EVICTED | SWEPT, 5_900);
+        }
+        if let Some(sw) = st.sweep.as_mut() {
+            sw.credit.refill(5_900, 10_000_000_000);
+        }
+        // The hot pages take the floor's bucket down to what it keeps.
+        let mut taken = 0;
+        for now in [5_902, 5_999] {
+            let v = st.due_floor(64, now);
+            assert!(!v.contains(&(0, secret)));
+            for &(pos, i) in &v {
+                st.mark_evicted(pos, i, true, now);
+            }
+            taken += v.len();
+        }
+        assert_eq!(taken, 8 + 3, "the burst, then 97 ms of refill");
+        st.mark_resident(0, secret, EVICTED | SWEPT, 6_000);
+        for i in hot / 2..hot {
+            st.mark_resident(0, i, EVICTED | SWEPT, 6_000);
+        }
+        let now = 6_000 + sweep::QUICK_MS;
+        let (v, _) = st.due(64, now, 1_000.0, 100.0, false);
+        assert!(v.is_empty(), "in debt: {v:?}");
+        // Its last quick sweep held: it leaves on what the floor kept,
+        // though 100 quiet pages came back after it (oldest first among
+        // the latest 64 it had fallen out of them).
+        assert_eq!(st.due_floor(64, now), vec![(0, secret)]);
+        // The hot pages wait for the floor to refill past what it keeps.
+        assert!(st.due_floor(64, now + 10).is_empty());
+        assert_eq!(
+            st.due_floor(64, now + 100).len(),
+            2,
+            "1.5 + 2.9 tokens, 2 kept"
+        );
     }
 
     #[test]

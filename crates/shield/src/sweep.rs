@@ -659,8 +659,14 @@ pub(crate) type QuietHeap = BinaryHeap<Reverse<(u64, usize, u64)>>;
 /// Quick sweeps of known quiet pages a second that neither the budget's
 /// debt nor the host's hold stops ([`QuickFloor`]).
 pub(crate) const QUICK_FLOOR_PER_S: f64 = 32.0;
-/// Most of them taken at once (the bucket's size).
-const QUICK_FLOOR_BURST: f64 = 8.0;
+/// Most of them taken at once (the bucket's size), [`QUICK_FLOOR_KEPT`]
+/// of them kept for pages whose last quick sweep held.
+const QUICK_FLOOR_BURST: f64 = 10.0;
+/// Of the floor's bucket, this many quick sweeps are kept for pages whose
+/// last quick sweep held (they stayed out [`QUIET_MS`] or more after it: a
+/// secret read every 100 ms or every second); the other quiet pages take
+/// the rest (8 at once, [`QUICK_FLOOR_PER_S`] a second, as before).
+const QUICK_FLOOR_KEPT: f64 = 2.0;
 /// Quiet pages' latest arrivals the floor looks at.
 const QUICK_FLOOR_RECENT: usize = 64;
 
@@ -673,15 +679,26 @@ const QUICK_FLOOR_RECENT: usize = 64;
 /// waited with every other. The floor costs at most that many faults a
 /// second (under 1 ms of CPU), and what they cost is counted in the cost
 /// as any fault's is. It looks at the latest [`QUICK_FLOOR_RECENT`]
-/// arrivals only, oldest first: quiet pages piled up while the budget was
-/// spent wait for the budget, and a page that just came back is not queued
-/// behind them.
+/// arrivals only: quiet pages piled up while the budget was spent wait for
+/// the budget, and a page that just came back is not queued behind them.
+///
+/// Among those, a page whose last quick sweep held (it stayed out
+/// [`QUIET_MS`] or more after it; its rank is how long) goes first, the
+/// longest out first, and [`QUICK_FLOOR_KEPT`] of the bucket are kept for
+/// such pages; the others go oldest first. Oldest first alone, the 1 s
+/// canary's secret (out ~990 ms after each quick sweep) was pushed out of
+/// the latest arrivals, or found the bucket empty, by hot pages learned
+/// quiet in a stall of the program (1,000-3,000 quick sweeps in 10 s, all
+/// back within the pass), and stayed plaintext 0.15-1.3 s a read while the
+/// budget was spent or the host held the sweep (`examples/exposure 1000`
+/// 0.50-0.93 in about one run in six, 2026-11-28).
 #[derive(Debug)]
 pub(crate) struct QuickFloor {
     tokens: f64,
     last_ms: u64,
-    /// `(due, address, arrival)` of the latest quiet arrivals, oldest first.
-    pub(crate) recent: VecDeque<(u64, usize, u64)>,
+    /// `(due, address, arrival, rank)` of the latest quiet arrivals, oldest
+    /// first; rank: ms out after a quick sweep that held, 0 otherwise.
+    pub(crate) recent: VecDeque<(u64, usize, u64, u64)>,
 }
 
 impl QuickFloor {
@@ -693,12 +710,37 @@ impl QuickFloor {
         }
     }
 
-    /// Notes a quiet page's arrival (the oldest noted falls out).
-    fn note(&mut self, due: u64, addr: usize, at_ms: u64) {
+    /// Notes a quiet page's arrival, of `rank` (see [`QuickFloor::recent`]).
+    /// When the floor looks at as many as it may, the oldest of the lowest
+    /// rank falls out (the new one itself when its rank is lower still).
+    fn note(&mut self, due: u64, addr: usize, at_ms: u64, rank: u64) {
         if self.recent.len() == QUICK_FLOOR_RECENT {
-            self.recent.pop_front();
+            let low = self
+                .recent
+                .iter()
+                .enumerate()
+                .min_by_key(|&(k, e)| (e.3, k))
+                .map(|(k, e)| (k, e.3));
+            match low {
+                Some((_, r)) if r > rank => return,
+                Some((k, _)) => {
+                    self.recent.remove(k);
+                }
+                None => {}
+            }
         }
-        self.recent.push_back((due, addr, at_ms));
+        self.recent.push_back((due, addr, at_ms, rank));
+    }
+
+    /// The entry the floor takes next among those due by `now_ms`: the
+    /// highest rank, the oldest among equals.
+    pub(crate) fn next(&self, now_ms: u64) -> Option<usize> {
+        self.recent
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.0 <= now_ms)
+            .min_by_key(|&(k, e)| (Reverse(e.3), k))
+            .map(|(k, _)| k)
     }
 
     /// Adds the floor's share of the time since the last call.
@@ -709,9 +751,11 @@ impl QuickFloor {
         self.last_ms = self.last_ms.max(now_ms);
     }
 
-    /// Takes one quick sweep from the floor, if one is left.
-    pub(crate) fn take(&mut self) -> bool {
-        if self.tokens < 1.0 {
+    /// Takes one quick sweep from the floor, if one is left for a page of
+    /// `rank` (the last [`QUICK_FLOOR_KEPT`] only for a rank above 0).
+    pub(crate) fn take(&mut self, rank: u64) -> bool {
+        let keep = if rank > 0 { 0.0 } else { QUICK_FLOOR_KEPT };
+        if self.tokens < 1.0 + keep {
             return false;
         }
         self.tokens -= 1.0;
@@ -789,10 +833,24 @@ impl Sweep {
     /// Queues a page that came in at `at_ms` at `level` (`quiet`: known
     /// quiet, see [`Sweep::quiet`]).
     pub(crate) fn arrived(&mut self, addr: usize, at_ms: u64, level: u8, quiet: bool) {
+        self.arrived_ranked(addr, at_ms, level, quiet, 0);
+    }
+
+    /// [`Sweep::arrived`], for a page whose last quick sweep held: it stayed
+    /// out `held_ms` ([`QUIET_MS`] or more) after it (the floor's rank,
+    /// [`QuickFloor`]; 0 for any other page).
+    pub(crate) fn arrived_ranked(
+        &mut self,
+        addr: usize,
+        at_ms: u64,
+        level: u8,
+        quiet: bool,
+        held_ms: u64,
+    ) {
         if quiet {
             let due = due_ms(at_ms, level, true);
             self.quiet.push(Reverse((due, addr, at_ms)));
-            self.floor.note(due, addr, at_ms);
+            self.floor.note(due, addr, at_ms, held_ms);
         } else {
             self.queues[usize::from(level.min(TOP))].push(Reverse((at_ms, addr)));
         }
