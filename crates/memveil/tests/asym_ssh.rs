@@ -310,7 +310,21 @@ fn openssh_uses_vault_keys_through_memveil_agent_and_its_dump_holds_none() {
                 .arg(dir.join("sshd.log")),
             "sshd",
         );
-        std::thread::sleep(Duration::from_millis(300));
+        // sshd forks into the background before it listens: its port is
+        // waited for (a fixed 0.3 s was taken as long enough for the
+        // daemon to get there; an ssh before it is refused).
+        let listening = (0..500).any(|_| {
+            let up = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok();
+            if !up {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            up
+        });
+        assert!(
+            listening,
+            "sshd does not listen on port {port}: {}",
+            std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default()
+        );
         let ssh = |extra: &[&str]| {
             let mut c = Command::new("ssh");
             c.args([

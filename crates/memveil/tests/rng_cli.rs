@@ -262,6 +262,35 @@ fn binary_is_refused_on_a_terminal_unless_forced() {
     assert!(forced.stdout.len() >= 16);
 }
 
+/// Whether process `pid` has read `len` bytes or more (rchar in
+/// /proc/PID/io).
+fn read_all(pid: u32, len: usize) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("rchar: ")
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+            })
+        })
+        .is_some_and(|rchar| rchar >= len)
+}
+
+/// Whether process `pid` sleeps in a read(2) of its standard input: its
+/// state is S and /proc/PID/syscall names read on descriptor 0 (where that
+/// file may not be read, the state alone).
+fn blocked_reading_stdin(pid: u32) -> bool {
+    let sleeping = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
+    });
+    let in_read = std::fs::read_to_string(format!("/proc/{pid}/syscall")).map_or(true, |s| {
+        let mut f = s.split_whitespace();
+        f.next() == Some(&libc::SYS_read.to_string()) && f.next() == Some("0x0")
+    });
+    sleeping && in_read
+}
+
 /// Feeds `data` to `cmd` through a pipe kept open, then sends SIGINT and
 /// returns (stderr counters, exit code): rngtest prints its statistics and
 /// exits by them when interrupted.
@@ -275,26 +304,22 @@ fn interrupted(mut cmd: Command, data: &[u8], prefix: &str) -> (Vec<(String, u64
     let mut stdin = child.stdin.take().expect("stdin");
     stdin.write_all(data).expect("feed");
     stdin.flush().expect("flush");
-    // Wait until the process has read everything (rchar in /proc/PID/io),
-    // so the signal lands while it blocks on the open pipe.
-    let io = format!("/proc/{}/io", child.id());
+    // Wait until the process has read everything (rchar in /proc/PID/io)
+    // and blocks in a read of its standard input, so the signal lands while
+    // it blocks on the open pipe. rchar alone is not that: memveil's stdin
+    // is buffered (8 KiB reads), so its last read(2) comes before it has
+    // tested the blocks it holds, and rchar also counts what the process
+    // read before (its libraries); a SIGINT that lands before it is back in
+    // read stops it early. Forced by running it SCHED_IDLE beside a busy
+    // loop on its CPU, with the 50 ms pause this wait replaces: bits
+    // received 120032 and 80032 against rngtest's 200056, and once killed
+    // by the SIGINT before its handler was in place.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let rchar = std::fs::read_to_string(&io)
-            .ok()
-            .and_then(|t| {
-                t.lines().find_map(|l| {
-                    l.strip_prefix("rchar: ")
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                })
-            })
-            .unwrap_or(0);
-        if rchar >= data.len() || std::time::Instant::now() > deadline {
-            break;
-        }
+    while !(read_all(child.id(), data.len()) && blocked_reading_stdin(child.id()))
+        && std::time::Instant::now() < deadline
+    {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::thread::sleep(std::time::Duration::from_millis(50));
     let st = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
