@@ -516,29 +516,30 @@ impl State {
             EVICTED => sweep::level_of(word),
             _ => 0,
         };
+        // How long it stayed out, from its last sweep (an evicted page's
+        // time word is when it left).
+        let out_ms = sweep::since(now_ms, sweep::tick_of(word));
         // Known quiet: it stayed out QUIET_MS or more, so it leaves again
         // QUICK_MS after it came in, whatever its block does (a secret read
         // once a second next to a hot array); a page back sooner follows its
         // block (after its one chance above).
         let own = match s & STATE_MASK {
-            EVICTED if s & SWEPT != 0 => {
-                chance || sweep::since(now_ms, sweep::tick_of(word)) >= sweep::QUIET_MS
-            }
+            EVICTED if s & SWEPT != 0 => chance || out_ms >= sweep::QUIET_MS,
             EVICTED => sweep::is_learned(word),
             _ => false,
         };
-        let long = own
-            && s & STATE_MASK == EVICTED
-            && sweep::since(now_ms, sweep::tick_of(word)) >= sweep::LONG_QUIET_MS;
+        let long = own && s & STATE_MASK == EVICTED && out_ms >= sweep::LONG_QUIET_MS;
         // Its last quick sweep held (it stayed out QUIET_MS or more after
-        // it): how long, the floor's rank (`sweep::QuickFloor`).
-        let held = if s & STATE_MASK == EVICTED
+        // it): how long, the floor's rank (`sweep::QuickFloor`; 0 for any
+        // other page).
+        let held_ms = if s & STATE_MASK == EVICTED
             && s & SWEPT != 0
             && sweep::class_of(word) == sweep::QUIET_CLASS
+            && out_ms >= sweep::QUIET_MS
         {
-            Some(sweep::since(now_ms, sweep::tick_of(word))).filter(|&ms| ms >= sweep::QUIET_MS)
+            out_ms
         } else {
-            None
+            0
         };
         let word = sweep::pack(now_ms, level);
         let word = if chance { sweep::struck(word) } else { word };
@@ -554,7 +555,7 @@ impl State {
             if long && level == 0 {
                 sw.arrived_long_quiet(addr, now_ms);
             } else {
-                sw.arrived_ranked(addr, now_ms, level, own, held.unwrap_or(0));
+                sw.arrived_ranked(addr, now_ms, level, own, held_ms);
             }
             self.wake_at = self.wake_at.min(sweep::due_ms(now_ms, level, own));
         }
