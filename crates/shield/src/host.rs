@@ -249,21 +249,33 @@ pub fn open_ledger(path: &Path, rate: u64) -> Result<File, LedgerError> {
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(io_err(io::Error::last_os_error()));
     }
+    // Its size read under the lock: one read before it may be from before
+    // another run made the ledger, and writing it afresh then would wipe
+    // the slots of the programs that joined it meanwhile.
     let mut head = [0u8; 8];
-    let fresh = m.len() < LEDGER_LEN as u64
-        || f.read_exact_at(&mut head, 0).is_err()
-        || u64::from_le_bytes(head) != MAGIC;
-    let r = if fresh { init(&f, rate) } else { Ok(()) };
+    let r = f.metadata().and_then(|m| {
+        let fresh = m.len() < LEDGER_LEN as u64
+            || f.read_exact_at(&mut head, 0).is_err()
+            || u64::from_le_bytes(head) != MAGIC;
+        if fresh {
+            init(&f, m.len(), rate)
+        } else {
+            Ok(())
+        }
+    });
     // SAFETY: as above.
     unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
     r.map_err(io_err)?;
     Ok(f)
 }
 
-/// Writes an empty ledger of `rate` ns per second into `f`.
-fn init(f: &File, rate: u64) -> io::Result<()> {
-    f.set_len(0)?;
-    f.set_len(LEDGER_LEN as u64)?;
+/// Writes an empty ledger of `rate` ns per second into `f` (now `len`
+/// bytes), in place: a file of a ledger's size is never shortened, so a
+/// program that mapped it cannot fault on it.
+fn init(f: &File, len: u64, rate: u64) -> io::Result<()> {
+    if len < LEDGER_LEN as u64 {
+        f.set_len(LEDGER_LEN as u64)?;
+    }
     let now = monotonic_ns();
     let mut words = [0u64; W_SLOTS];
     words[W_RATE] = rate.min(max_rate());
@@ -271,9 +283,11 @@ fn init(f: &File, rate: u64) -> io::Result<()> {
     words[W_TOKENS] = word(cap_of(words[W_RATE]));
     words[W_LAST] = now;
     words[W_WIN_START] = now;
-    let mut bytes = Vec::with_capacity(W_SLOTS * 8);
-    for w in &words[1..] {
-        bytes.extend_from_slice(&w.to_le_bytes());
+    // The header and every slot emptied (a file of the right size may hold
+    // anything).
+    let mut bytes = vec![0u8; LEDGER_LEN - 8];
+    for (b, w) in bytes.chunks_exact_mut(8).zip(&words[1..]) {
+        b.copy_from_slice(&w.to_le_bytes());
     }
     f.write_all_at(&bytes, 8)?;
     // The magic last: a reader never sees a half-written ledger as one.
@@ -853,6 +867,56 @@ mod tests {
         assert!(HostShare::join(g.as_fd()).is_ok());
         // Short bytes never panic.
         assert!(LedgerView::parse(&[1, 2, 3], 0).is_err());
+    }
+
+    #[test]
+    fn a_run_that_waited_for_the_lock_keeps_the_ledger_made_meanwhile() {
+        use std::os::fd::AsRawFd as _;
+        use std::os::unix::fs::MetadataExt as _;
+        let d = tempdir::Dir::new();
+        let p = d.0.join("host");
+        // The first run: the file made, still empty, its lock held.
+        let first = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(&p)
+            .expect("create");
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(first.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let second = std::thread::spawn({
+            let p = p.clone();
+            move || open_ledger(&p, 100_000_000)
+        });
+        // The second run has read the file's size (0) and waits for the lock.
+        let waiting = format!(":{} ", first.metadata().expect("stat").ino());
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_to_string("/proc/locks")
+            .expect("/proc/locks")
+            .lines()
+            .any(|l| l.contains("->") && l.contains(&waiting))
+        {
+            assert!(
+                std::time::Instant::now() < until,
+                "the second run never waited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Meanwhile the first makes the ledger and its program joins it.
+        init(&first, 0, 100_000_000).expect("init");
+        let a = HostShare::join(first.as_fd()).expect("join");
+        let k = a.slot.expect("a slot");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::flock(first.as_raw_fd(), libc::LOCK_UN) }, 0);
+        let f = second.join().expect("thread").expect("second run");
+        assert_eq!(
+            a.ledger.slot(k, 0).load(Ordering::Acquire),
+            a.pid,
+            "the second run wrote the ledger afresh under a joined program"
+        );
+        assert!(HostShare::join(f.as_fd()).is_ok());
     }
 
     #[test]
