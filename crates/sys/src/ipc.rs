@@ -692,10 +692,49 @@ pub fn pid_alive(pid: i32) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Takes `flock(2)`'s exclusive lock on `fd` without waiting: `Ok(true)`
+/// when it is this open file's now, `Ok(false)` when another open file holds
+/// it (another process, or another `open` in this one). The lock goes with
+/// the open file: closing the last descriptor of it (or the process
+/// ending, however) lets it go.
+///
+/// # Errors
+/// The error of `flock(2)` other than `EWOULDBLOCK`.
+pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: flock on a descriptor the caller keeps open; no memory.
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn an_exclusive_lock_is_refused_to_a_second_open_until_the_first_closes() {
+        let p = std::env::temp_dir().join(format!("memveil-sys-lock-{}", std::process::id()));
+        let a = std::fs::File::create(&p).expect("create");
+        let b = std::fs::File::open(&p).expect("open");
+        assert!(try_lock_exclusive(a.as_fd()).expect("lock a"));
+        assert!(
+            !try_lock_exclusive(b.as_fd()).expect("lock b"),
+            "two holders"
+        );
+        drop(a);
+        assert!(
+            try_lock_exclusive(b.as_fd()).expect("lock b"),
+            "the lock outlived its file"
+        );
+        let _ = std::fs::remove_file(&p);
+    }
 
     #[test]
     fn fd_passing_and_peer_cred() {

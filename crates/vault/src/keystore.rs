@@ -116,6 +116,9 @@ pub enum KeystoreError {
         /// "passphrase" or "key file".
         source_kind: &'static str,
     },
+    /// Another vault holds the state directory.
+    #[error("{0}: another vault uses this state directory (its keystore is that vault's to write); stop it, or give this one another --state")]
+    InUse(PathBuf),
     /// The keystore was sealed with the other KEK source.
     #[error("{path} was sealed with a {sealed}; pass --{flag}")]
     SourceMismatch {
@@ -176,6 +179,9 @@ pub struct Keystore {
     pool: SecretPool,
     /// The passphrase-sealed copy kept beside a KMIP-sealed keystore.
     fallback: Option<Box<Keystore>>,
+    /// The state directory, open and `flock`ed for this vault's life (the
+    /// outer keystore's; its fallback lives in the same directory).
+    _lock: Option<File>,
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KeystoreError + 'a {
@@ -342,6 +348,28 @@ impl Keystore {
         params: KdfParams,
         pool: &SecretPool,
     ) -> Result<(Keystore, Vec<StoredKey>), KeystoreError> {
+        // One vault to a state directory, held before anything in it is
+        // read, removed or written: a second vault on it would remove the
+        // first's `keys.vault.tmp` under its write, and each would seal
+        // only the keys it holds over the other's.
+        let lock = File::open(dir).map_err(io("opening", dir))?;
+        if !memveil_sys::ipc::try_lock_exclusive(std::os::fd::AsFd::as_fd(&lock))
+            .map_err(io("locking", dir))?
+        {
+            return Err(KeystoreError::InUse(dir.to_owned()));
+        }
+        let (mut ks, keys) = Self::open_locked(dir, source, params, pool)?;
+        ks._lock = Some(lock);
+        Ok((ks, keys))
+    }
+
+    /// [`Keystore::open`] once the state directory is this vault's.
+    fn open_locked(
+        dir: &Path,
+        source: &KekSource,
+        params: KdfParams,
+        pool: &SecretPool,
+    ) -> Result<(Keystore, Vec<StoredKey>), KeystoreError> {
         let fb_path = dir.join(FALLBACK_FILE);
         let sealed_by_kmip = fs::read(dir.join(FILE)).is_ok_and(|f| f.get(8) == Some(&3));
         if let (KekSource::PassphraseFile(_), true, true) =
@@ -401,6 +429,7 @@ impl Keystore {
                 kek,
                 pool: pool.clone(),
                 fallback: None,
+                _lock: None,
             };
             return Ok((ks, Vec::new()));
         };
@@ -458,6 +487,7 @@ impl Keystore {
                 kek,
                 pool: pool.clone(),
                 fallback: None,
+                _lock: None,
             },
             keys,
         ))
@@ -663,6 +693,8 @@ mod tests {
             !raw.windows(32).any(|w| w == k1),
             "key in plaintext on disk"
         );
+        // One keystore open on a directory at a time.
+        drop(ks);
         let (_, keys) = Keystore::open(&d, &src, fast(), &p).expect("reopen");
         assert_eq!(keys.len(), 1);
         assert_eq!(keys[0].name, "a");
@@ -684,6 +716,43 @@ mod tests {
         fs::write(d.join(FILE), &cut).expect("cut");
         let e = Keystore::open(&d, &src, fast(), &p).err().expect("corrupt");
         assert!(matches!(e, KeystoreError::Corrupt { .. }), "{e}");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_state_directory_is_one_keystores_until_it_is_dropped() {
+        let d = std::env::temp_dir().join(format!("mv-ks-one-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).expect("dir");
+        let pass = d.join("pass");
+        fs::write(&pass, "correct horse\n").expect("pass");
+        let p = pool();
+        let src = KekSource::PassphraseFile(pass);
+        let (ks, _) = Keystore::open(&d, &src, fast(), &p).expect("open");
+        let k1 = [1u8; 32];
+        let key = |name| SealKey {
+            id: 4,
+            name,
+            kind: KeyKind::Aes256,
+            owner: 1000,
+            acl: Vec::new(),
+            versions: vec![&k1],
+        };
+        ks.save(&[key("a")]).expect("save");
+        // A write under way: the second opener must not remove it.
+        fs::write(d.join(format!("{FILE}.tmp")), b"in flight").expect("tmp");
+        let e = Keystore::open(&d, &src, fast(), &p)
+            .err()
+            .expect("a second keystore on the directory");
+        assert!(matches!(e, KeystoreError::InUse(_)), "{e}");
+        assert!(
+            d.join(format!("{FILE}.tmp")).exists(),
+            "the refused opener removed the holder's write under way"
+        );
+        ks.save(&[key("a"), key("b")]).expect("save");
+        drop(ks);
+        let (_, keys) = Keystore::open(&d, &src, fast(), &p).expect("free once dropped");
+        assert_eq!(keys.len(), 2);
         let _ = fs::remove_dir_all(&d);
     }
 }

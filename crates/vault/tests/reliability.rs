@@ -294,6 +294,60 @@ fn persistent_keys_survive_restart_and_ephemeral_ones_do_not() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Two vaults started on one state directory (a second unit, a restart
+/// while the first still runs): each seals only the keys it holds, so the
+/// one that writes last loses the other's. The second is refused, before it
+/// reads or removes anything there, and the first keeps the directory.
+#[test]
+fn a_second_vault_on_a_running_vaults_state_directory_is_refused() {
+    let dir = common::scratch_dir("one-state");
+    let other = common::scratch_dir("one-state-b");
+    let a = Vault::start_with(durable_opts(&dir)).expect("start");
+    a.client()
+        .create_key("first", KeyKind::Aes256, true)
+        .expect("persistent");
+    // The same --state and passphrase, its own socket.
+    let mut second = durable_opts(&dir);
+    second.dir = Some(other.clone());
+    match Vault::start_with(second) {
+        Err(e) => assert!(
+            e.contains("another vault uses this state directory"),
+            "the second vault failed otherwise: {e}"
+        ),
+        Ok(b) => {
+            // What the two then do to the keystore.
+            b.client()
+                .create_key("from-b", KeyKind::Aes256, true)
+                .expect("persistent through the second");
+            a.client()
+                .create_key("from-a", KeyKind::Aes256, true)
+                .expect("persistent through the first");
+            drop(b);
+            drop(a);
+            let v = Vault::start_with(durable_opts(&dir)).expect("restart");
+            panic!(
+                "a second vault started on a running vault's state directory; after each made a \
+                 persistent key the keystore holds {:?}",
+                names(&mut v.client())
+            );
+        }
+    }
+    // The first still writes its keystore, and the directory is free once
+    // it is gone (its lock went with it).
+    a.client()
+        .create_key("second", KeyKind::Aes256, true)
+        .expect("persistent after the refusal");
+    drop(a);
+    let v = Vault::start_with(durable_opts(&dir)).expect("restart");
+    assert_eq!(
+        names(&mut v.client()),
+        vec!["first".to_owned(), "second".to_owned()]
+    );
+    drop(v);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&other);
+}
+
 #[test]
 fn keystore_crash_points_leave_old_or_new_never_broken() {
     for (point, expect_new) in [("partial", false), ("written", false), ("renamed", true)] {
