@@ -113,6 +113,8 @@ struct Shared {
 pub struct Agent {
     listener: UnixListener,
     shared: Arc<Shared>,
+    /// The socket path's lock, held while the agent listens there.
+    _socket_lock: memveil_sys::ipc::PathLock,
 }
 
 fn log(m: std::fmt::Arguments<'_>) {
@@ -132,6 +134,22 @@ impl Agent {
         drop(Client::connect(&cfg.vault)?);
         let pool = SecretPool::new(4 * MAX_ADD, cfg.policy)?;
         let path = cfg.socket.clone();
+        // Nothing made beside a path that is not a socket (the lock's file).
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_socket()) {
+            remove_stale(&path)?;
+        }
+        // Held from before the check for a live agent while it listens:
+        // two agents started at once on a stale socket both found it stale,
+        // and the second removed the socket the first had just bound.
+        let socket_lock = memveil_sys::ipc::PathLock::try_take(&path)
+            .map_err(|source| AgentStartError::Socket {
+                path: path.clone(),
+                source,
+            })?
+            .ok_or_else(|| AgentStartError::PathTaken {
+                path: path.clone(),
+                what: "another agent is starting on it or listens on it".into(),
+            })?;
         remove_stale(&path)?;
         let listener = UnixListener::bind(&path).map_err(|source| AgentStartError::Socket {
             path: path.clone(),
@@ -146,6 +164,7 @@ impl Agent {
         let cfg_kdf = cfg.lock_kdf;
         Ok(Agent {
             listener,
+            _socket_lock: socket_lock,
             shared: Arc::new(Shared {
                 cfg,
                 uid: memveil_sys::probe::euid(),

@@ -713,10 +713,101 @@ pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
+/// The lock of a Unix socket's path: `PATH.lock` beside it (mode 0600),
+/// `flock`ed by the one process that may check for a live listener at PATH,
+/// replace a stale socket file there and bind it, for as long as it
+/// listens. Without it, two servers started at once on a stale socket file
+/// each found it stale, and the second removed the socket the first had
+/// just bound: both ran, the first where no client could reach it.
+#[derive(Debug)]
+pub struct PathLock {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl PathLock {
+    /// Takes the lock of `socket`'s path without waiting; `Ok(None)` when
+    /// another process (or another open in this one) holds it.
+    ///
+    /// # Errors
+    /// Opening or creating `PATH.lock`, or `flock(2)`.
+    pub fn try_take(socket: &std::path::Path) -> io::Result<Option<Self>> {
+        use std::os::fd::AsFd as _;
+        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+        let mut path = socket.as_os_str().to_owned();
+        path.push(".lock");
+        let path = std::path::PathBuf::from(path);
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)?;
+            if !try_lock_exclusive(file.as_fd())? {
+                return Ok(None);
+            }
+            // A holder removes the file as it lets go ([`PathLock::release`]):
+            // the lock of a file no longer at the path guards nothing.
+            let held = file.metadata()?;
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {
+                    return Ok(Some(Self { file, path }));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Lets the lock go and removes its file (once the socket is removed:
+    /// removed under the lock, so a server starting meanwhile takes the
+    /// lock of the file made after it, never of this one).
+    pub fn release(self) {
+        let _ = std::fs::remove_file(&self.path);
+        drop(self.file);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn a_socket_paths_lock_is_one_holders_and_free_once_released() {
+        let d = std::env::temp_dir().join(format!("memveil-sys-plock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        let sock = d.join("s.sock");
+        let a = PathLock::try_take(&sock).expect("take").expect("free");
+        assert!(
+            PathLock::try_take(&sock).expect("take").is_none(),
+            "two holders"
+        );
+        // A taker that opened the file before the holder released it.
+        let early = std::fs::File::open(d.join("s.sock.lock")).expect("open");
+        a.release();
+        assert!(
+            !d.join("s.sock.lock").exists(),
+            "the lock's file left behind"
+        );
+        let b = PathLock::try_take(&sock)
+            .expect("take")
+            .expect("free once released");
+        // The released file's lock can be had, but guards nothing: the path
+        // is b's file.
+        assert!(try_lock_exclusive(early.as_fd()).expect("flock"));
+        assert!(
+            PathLock::try_take(&sock).expect("take").is_none(),
+            "b's lock ignored"
+        );
+        drop(b);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn an_exclusive_lock_is_refused_to_a_second_open_until_the_first_closes() {

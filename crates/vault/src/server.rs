@@ -219,6 +219,8 @@ fn audit(cred: &PeerCred, op: &str, key: &str, result: &str) {
 pub struct Server {
     shared: Arc<Shared>,
     listener: UnixListener,
+    /// The socket path's lock, held while the vault listens there.
+    _socket_lock: memveil_sys::ipc::PathLock,
 }
 
 impl Server {
@@ -286,7 +288,7 @@ impl Server {
             cfg.policy,
             Box::new(memveil_engine::cpu_entropy),
         )?;
-        let listener = bind(&cfg.socket, cfg.socket_mode)?;
+        let (listener, socket_lock) = bind(&cfg.socket, cfg.socket_mode)?;
         let n = table.by_id.len();
         let ledger = Ledger::new(
             cfg.quotas,
@@ -324,7 +326,11 @@ impl Server {
                 .map(|u| format!(", uid {u}"))
                 .collect::<String>()
         ));
-        Ok(Server { shared, listener })
+        Ok(Server {
+            shared,
+            listener,
+            _socket_lock: socket_lock,
+        })
     }
 
     /// Seals the code and the life-long secret memory (`mseal`) and
@@ -489,7 +495,9 @@ pub fn make_runtime_dir(socket: &Path, runtime_dir: &Path) -> io::Result<()> {
     std::fs::set_permissions(runtime_dir, std::fs::Permissions::from_mode(0o755))
 }
 
-fn bind(path: &Path, mode: u32) -> Result<UnixListener, VaultError> {
+/// Binds the socket (a stale socket file replaced) under its path's lock,
+/// taken before the check for a live vault and held while it listens.
+fn bind(path: &Path, mode: u32) -> Result<(UnixListener, memveil_sys::ipc::PathLock), VaultError> {
     let err = |source, hint| VaultError::Socket {
         path: path.to_owned(),
         source,
@@ -501,6 +509,21 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, VaultError> {
             ": cannot make the vault's runtime directory /run/memveil",
         )
     })?;
+    let held = memveil_sys::ipc::PathLock::try_take(path)
+        .map_err(|e| {
+            err(
+                e,
+                ": its lock (the file .lock beside it): check that the directory exists and is \
+                 writable (or choose another --vault)",
+            )
+        })?
+        .ok_or_else(|| {
+            err(
+                io::Error::from(io::ErrorKind::AddrInUse),
+                ": another vault is listening there (or starting on it); stop it or choose another \
+                 --vault",
+            )
+        })?;
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             return Err(err(
@@ -518,7 +541,7 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, VaultError> {
     })?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| err(e, ": cannot set the socket's mode"))?;
-    Ok(l)
+    Ok((l, held))
 }
 
 type Loaded = Result<(Keystore, KeyTable), VaultError>;

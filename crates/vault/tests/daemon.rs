@@ -103,6 +103,40 @@ fn bad_configuration_exits_non_zero_with_a_clear_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("another vault is listening"));
     v.client().status().expect("first still serves");
+    // A vault starting while another is between its check of a stale
+    // socket file and its bind (it holds the path's lock) is refused, and
+    // leaves the file for that one to replace: two vaults started at once
+    // on a stale socket both found it stale, and the second removed the
+    // socket the first had just bound (that one then served no client).
+    let dir = common::scratch_dir("starting");
+    let sock = dir.join("vault.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).expect("a stale socket"));
+    let starting = memveil_sys::ipc::PathLock::try_take(&sock)
+        .expect("lock")
+        .expect("free");
+    let out = Command::new(common::bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(&sock)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("or starting on it"),
+        "a vault started on a socket another is binding: {err}"
+    );
+    assert!(
+        std::fs::symlink_metadata(&sock)
+            .is_ok_and(|m| { std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) }),
+        "the refused vault removed the socket file"
+    );
+    // Once the other is gone, the stale socket is replaced.
+    starting.release();
+    let v = Vault::start_with(Opts::default().dir(&dir)).expect("start");
+    v.client().status().expect("serves");
+    drop(v);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use memveil_sys::ipc::PathLock;
+
 use super::consumer::{serve_conn, Conn, Consumer};
 use super::dispatch::{lock, Health, Shared};
 use super::{
@@ -23,7 +25,8 @@ pub struct Server {
     pub(super) shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     tcp_addrs: Vec<SocketAddr>,
-    unix_paths: Vec<PathBuf>,
+    /// The bound Unix sockets, each with its path's lock.
+    unix_paths: Vec<(PathBuf, PathLock)>,
 }
 
 enum Bound {
@@ -31,7 +34,16 @@ enum Bound {
     Tcp(TcpListener, String),
 }
 
-fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+/// Binds the Unix socket `path` (a stale socket file replaced), under its
+/// path's lock, held from before the check for a live listener for as long
+/// as it is bound.
+fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, PathLock), ServeError> {
+    let held = PathLock::try_take(path).map_err(|source| ServeError::Bind {
+        what: format!("unix:{} (its lock {}.lock)", path.display(), path.display()),
+        source,
+    })?;
+    // Another server is starting on it, or listens there.
+    let held = held.ok_or_else(|| ServeError::SocketInUse(path.to_path_buf()))?;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if UnixStream::connect(path).is_ok() {
@@ -55,7 +67,15 @@ fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
             source,
         }
     })?;
-    Ok(l)
+    Ok((l, held))
+}
+
+/// Removes the sockets bound, each before letting its path's lock go.
+fn remove_sockets(paths: impl IntoIterator<Item = (PathBuf, PathLock)>) {
+    for (p, held) in paths {
+        drop(std::fs::remove_file(p));
+        held.release();
+    }
 }
 
 impl Server {
@@ -153,20 +173,15 @@ impl Server {
         let mut bound = Vec::new();
         let mut tcp_addrs = Vec::new();
         let mut unix_paths = Vec::new();
-        let cleanup = |paths: &[PathBuf]| {
-            for p in paths {
-                drop(std::fs::remove_file(p));
-            }
-        };
         for l in &shared.cfg.listen {
             match l {
                 Listen::Unix(p) => match bind_unix(p, shared.cfg.unix_mode) {
-                    Ok(u) => {
-                        unix_paths.push(p.clone());
+                    Ok((u, held)) => {
+                        unix_paths.push((p.clone(), held));
                         bound.push(Bound::Unix(u, l.to_string()));
                     }
                     Err(e) => {
-                        cleanup(&unix_paths);
+                        remove_sockets(unix_paths);
                         return Err(e);
                     }
                 },
@@ -183,7 +198,7 @@ impl Server {
                         bound.push(Bound::Tcp(t, format!("tcp:{local}")));
                     }
                     Err(source) => {
-                        cleanup(&unix_paths);
+                        remove_sockets(unix_paths);
                         return Err(ServeError::Bind {
                             what: l.to_string(),
                             source,
@@ -195,12 +210,12 @@ impl Server {
         let mut stats_listener = None;
         if let Some(p) = &shared.cfg.stats_socket {
             match bind_unix(p, shared.cfg.unix_mode) {
-                Ok(u) => {
-                    unix_paths.push(p.clone());
+                Ok((u, held)) => {
+                    unix_paths.push((p.clone(), held));
                     stats_listener = Some(u);
                 }
                 Err(e) => {
-                    cleanup(&unix_paths);
+                    remove_sockets(unix_paths);
                     return Err(e);
                 }
             }
@@ -300,7 +315,7 @@ impl Server {
             d.done.notify_one();
         }
         self.shared.wanted.notify_all();
-        for p in &self.unix_paths {
+        for (p, _) in &self.unix_paths {
             drop(UnixStream::connect(p));
         }
         for a in &self.tcp_addrs {
@@ -314,9 +329,7 @@ impl Server {
         for t in self.threads.drain(..) {
             drop(t.join());
         }
-        for p in &self.unix_paths {
-            drop(std::fs::remove_file(p));
-        }
+        remove_sockets(self.unix_paths.drain(..));
     }
 }
 
@@ -506,4 +519,63 @@ pub fn summary(s: &ServerStats) -> String {
         ));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two servers started at once on a stale socket file: one binds it,
+    /// the other is refused as the socket is in use, and clients reach the
+    /// one bound. Each round starts both binds together on a fresh stale
+    /// file. Before the path's lock, 438 of 2000 rounds bound both (the
+    /// second removed the socket the first had just bound).
+    #[test]
+    fn two_binds_at_once_on_a_stale_socket_leave_one_listening() {
+        let dir = std::env::temp_dir().join(format!("memveil-drng-bind-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let p = dir.join("rng.sock");
+        let (mut both, mut unreachable, mut otherwise) = (0, 0, Vec::new());
+        let rounds = 2000;
+        for _ in 0..rounds {
+            drop(UnixListener::bind(&p).expect("the stale socket"));
+            let go = std::sync::Barrier::new(2);
+            let (a, b) = std::thread::scope(|s| {
+                let t = s.spawn(|| {
+                    go.wait();
+                    bind_unix(&p, 0o600)
+                });
+                go.wait();
+                let b = bind_unix(&p, 0o600);
+                (t.join().expect("thread"), b)
+            });
+            match (&a, &b) {
+                (Ok(_), Ok(_)) => both += 1,
+                (Ok(_), Err(ServeError::SocketInUse(_)))
+                | (Err(ServeError::SocketInUse(_)), Ok(_)) => {
+                    if UnixStream::connect(&p).is_err() {
+                        unreachable += 1;
+                    }
+                }
+                (a, b) => otherwise.push(format!(
+                    "{:?} / {:?}",
+                    a.as_ref().err().map(ToString::to_string),
+                    b.as_ref().err().map(ToString::to_string)
+                )),
+            }
+            for (_, held) in [a, b].into_iter().flatten() {
+                let _ = std::fs::remove_file(&p);
+                held.release();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            both == 0 && unreachable == 0 && otherwise.is_empty(),
+            "of {rounds} rounds: {both} bound both servers (the first one's socket removed by the \
+             second), {unreachable} left the bound one unreachable, {} ended otherwise ({:?})",
+            otherwise.len(),
+            otherwise.first()
+        );
+    }
 }
