@@ -291,40 +291,61 @@ fn openssh_uses_vault_keys_through_memveil_agent_and_its_dump_holds_none() {
         let mut auth = std::fs::read_to_string(keys[0].with_extension("pub")).expect("pub");
         auth.push_str(&p11pub);
         std::fs::write(dir.join("authorized_keys"), auth).expect("authorized_keys");
-        let port = free_port();
+        // The port is free when chosen, but another process may bind it
+        // before sshd does (sshd then exits, "Cannot bind any address"):
+        // a port taken meanwhile is chosen again. sshd writes its pid file
+        // once it listens (it forks into the background before), so the
+        // port is sshd's once the file is there: waiting for the port to
+        // answer, another process's listener on it passed for sshd.
         let d = dir.display();
-        std::fs::write(
-            dir.join("sshd_config"),
-            format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\nPidFile {d}/sshd.pid\n\
-                 AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n\
-                 KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\nStrictModes no\n"
-            ),
-        )
-        .expect("sshd_config");
-        ok(
-            Command::new("/usr/sbin/sshd")
-                .arg("-f")
-                .arg(dir.join("sshd_config"))
-                .arg("-E")
-                .arg(dir.join("sshd.log")),
-            "sshd",
-        );
-        // sshd forks into the background before it listens: its port is
-        // waited for (a fixed 0.3 s was taken as long enough for the
-        // daemon to get there; an ssh before it is refused).
-        let listening = (0..500).any(|_| {
-            let up = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok();
-            if !up {
+        let mut port = 0;
+        for attempt in 1..=5 {
+            port = free_port();
+            let _ = std::fs::remove_file(dir.join("sshd.log"));
+            std::fs::write(
+                dir.join("sshd_config"),
+                format!(
+                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\nPidFile {d}/sshd.pid\n\
+                     AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n\
+                     KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\nStrictModes no\n"
+                ),
+            )
+            .expect("sshd_config");
+            ok(
+                Command::new("/usr/sbin/sshd")
+                    .arg("-f")
+                    .arg(dir.join("sshd_config"))
+                    .arg("-E")
+                    .arg(dir.join("sshd.log")),
+                "sshd",
+            );
+            let log = || std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default();
+            let t0 = std::time::Instant::now();
+            let listening = loop {
+                if std::fs::read_to_string(dir.join("sshd.pid"))
+                    .is_ok_and(|p| p.trim().parse::<u32>().is_ok())
+                {
+                    break true;
+                }
+                if log().contains("Cannot bind any address") {
+                    break false;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "sshd neither listens on port {port} nor failed to: {}",
+                    log()
+                );
                 std::thread::sleep(Duration::from_millis(20));
+            };
+            if listening {
+                break;
             }
-            up
-        });
-        assert!(
-            listening,
-            "sshd does not listen on port {port}: {}",
-            std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default()
-        );
+            assert!(
+                attempt < 5,
+                "sshd could bind none of 5 free ports: {}",
+                log()
+            );
+        }
         let ssh = |extra: &[&str]| {
             let mut c = Command::new("ssh");
             c.args([
