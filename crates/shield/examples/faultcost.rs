@@ -56,11 +56,11 @@ fn main() {
             let st = s.stats();
             let faults = st.faults() - before.faults();
             println!(
-                "random {round}: {:.2} us/fault, {faults} faults of {n} touches, handler {:.2} us/fault, evict {:.2} us/page, idle {} rescues {} moves {}",
+                "random {round}: {:.2} us/fault, {faults} faults of {n} touches, handler {:.2} us/fault, evict {:.2} us/page, idle {} rescues {} held {} moves {}",
                 dt.as_secs_f64() * 1e6 / faults.max(1) as f64,
                 (st.handler_ns - before.handler_ns) as f64 / 1e3 / faults.max(1) as f64,
                 (st.evict_ns - before.evict_ns) as f64 / 1e3 / (st.evictions - before.evictions).max(1) as f64,
-                st.handler_idle, st.idle_rescues, st.handler_moves
+                st.handler_idle, st.idle_rescues, st.idle_held, st.handler_moves
             );
         }
         std::process::exit(0);

@@ -22,6 +22,8 @@ pub(crate) struct ShieldCpu {
     seen: [AtomicU64; 3],
     /// The handler's run delay faults waited for ([`WaitSplit`]).
     handler_wait: AtomicU64,
+    /// The faulting threads' wait for a CPU once woken ([`post_wake_wait`]).
+    woken_wait: AtomicU64,
     /// The descriptors of the handler's [`SchedFile`]s (its own, the
     /// faulting thread's), plus one (0: none), for a forked child to close: the
     /// handler that owns them does not exist there.
@@ -86,6 +88,19 @@ impl ShieldCpu {
         }
     }
 
+    /// Adds `ns` of a woken thread's wait for a CPU ([`post_wake_wait`]).
+    pub(crate) fn add_woken_wait(&self, ns: u64) {
+        if ns > 0 {
+            self.woken_wait.fetch_add(ns, Ordering::Relaxed);
+        }
+    }
+
+    /// How long the program's threads waited so far for a CPU once woken
+    /// from a fault, in ns ([`post_wake_wait`]).
+    pub(crate) fn woken_wait_ns(&self) -> u64 {
+        self.woken_wait.load(Ordering::Relaxed)
+    }
+
     /// How long faults waited so far for the handler to get a CPU, in ns:
     /// its run delay (`schedstat`) while a fault was in hand or waiting
     /// for it, split off by [`WaitSplit`]. Neither its CPU clock nor the
@@ -110,11 +125,25 @@ impl ShieldCpu {
 }
 
 /// A thread's `schedstat`: its CPU time and its run delay (time runnable
-/// but off a CPU), ns.
+/// but off a CPU), ns, and how many times it was put on a CPU.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sched {
     pub(crate) cpu: u64,
     pub(crate) delay: u64,
+    pub(crate) runs: u64,
+}
+
+/// What a thread waited for a CPU after its last fault's wake, read at its
+/// next fault (`then`: its `schedstat` in the last fault, `now`: in this
+/// one), in ns: its run delay since, over the times it was put on a CPU
+/// since (the wait after the wake is one of those; the others are
+/// preemptions while it ran). Beside busy loops a thread woken from a fault
+/// waits for a CPU before it runs again: wait the sweep's time away must
+/// not count as the program's (`sweep::HeldLog`); a pass over the 100 ms
+/// canary's hot quarter with tens of faults in it took over 50 ms so.
+pub(crate) fn post_wake_wait(then: Sched, now: Sched) -> u64 {
+    let waited = now.delay.saturating_sub(then.delay);
+    waited / now.runs.saturating_sub(then.runs).max(1)
 }
 
 /// A thread's `schedstat` file, kept open: one `pread` a reading (about
@@ -150,7 +179,12 @@ impl SchedFile {
         let n = unsafe { libc::pread(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         let text = std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?;
         let (cpu, delay) = memveil_sys::process::parse_schedstat(text)?;
-        Some(Sched { cpu, delay })
+        let runs = text
+            .split_ascii_whitespace()
+            .nth(2)
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        Some(Sched { cpu, delay, runs })
     }
 }
 
@@ -308,6 +342,7 @@ mod tests {
                 Sched {
                     cpu: 50_000_000,
                     delay: 2_000_000,
+                    runs: 0,
                 },
             )),
         )
@@ -337,6 +372,7 @@ mod tests {
         let now = Sched {
             cpu: 57_500_000,
             delay: 2_200_000,
+            runs: 0,
         };
         assert_eq!(split.after_read(Some(7), Some(now), 18_000_000), 300_000);
         // A thread blocked the whole time: all of the gap (never more).
@@ -346,6 +382,7 @@ mod tests {
         let idle = Sched {
             cpu: 50_000_000,
             delay: 2_000_000,
+            runs: 0,
         };
         assert_eq!(split.after_read(Some(7), Some(idle), 30_000_000), 8_000_000);
     }
@@ -373,6 +410,32 @@ mod tests {
     }
 
     #[test]
+    fn a_woken_threads_wait_is_its_run_delay_over_its_runs() {
+        let then = Sched {
+            cpu: 10_000_000,
+            delay: 4_000_000,
+            runs: 100,
+        };
+        // Woken, it waited 2.5 ms for a CPU, ran until its next fault.
+        let now = Sched {
+            cpu: 10_300_000,
+            delay: 6_500_000,
+            runs: 101,
+        };
+        assert_eq!(post_wake_wait(then, now), 2_500_000);
+        // Preempted three times meanwhile (12 ms of run delay over four
+        // runs): a quarter is counted as the wake's.
+        let now = Sched {
+            cpu: 30_000_000,
+            delay: 16_000_000,
+            runs: 104,
+        };
+        assert_eq!(post_wake_wait(then, now), 3_000_000);
+        // A reading without runs (or going back) counts nothing odd.
+        assert_eq!(post_wake_wait(now, then), 0);
+    }
+
+    #[test]
     fn a_threads_schedstat_is_read_from_its_open_file() {
         let Some(own) = SchedFile::own() else {
             memveil_testkit::skip(
@@ -389,6 +452,7 @@ mod tests {
         }
         let b = own.read().expect("a second reading");
         assert!(b.cpu > a.cpu && b.delay >= a.delay, "{a:?} then {b:?}");
+        assert!(b.runs >= a.runs && a.runs > 0, "{a:?} then {b:?}");
         let tid = memveil_sys::process::gettid();
         let by_tid = SchedFile::of(tid).and_then(|f| f.read()).expect("by tid");
         assert!(by_tid.cpu >= b.cpu, "{by_tid:?} before {b:?}");

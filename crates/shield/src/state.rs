@@ -431,6 +431,11 @@ impl State {
         r.set_stamp(i, stamp);
         r.set_time(i, sweep::restamp(r.time(i), now_ms));
         r.evicted_add(i, 1);
+        if swept {
+            if let Some(sw) = self.sweep.as_mut() {
+                sw.held.note(now_ms);
+            }
+        }
         self.resident -= 1;
         self.evicted += 1;
         if ghost == 0 {
@@ -465,6 +470,16 @@ impl State {
             }
         }
         let word = r.time(i);
+        // How long it stayed out, from its last sweep (an evicted page's
+        // time word is when it left), and how much of it the program was
+        // not held up in the shield's faults (`sweep::HeldLog`): quietness
+        // and its level are judged in the latter, so faults slowed by a busy
+        // host do not make hot pages look quiet.
+        let out_ms = sweep::since(now_ms, sweep::tick_of(word));
+        let ran = self
+            .sweep
+            .as_ref()
+            .map_or(out_ms, |sw| sw.held.ran_ms(now_ms, out_ms));
         // A known quiet page back within QUIET_MS of its quick sweep for the
         // first time in a row keeps the quiet class (and level 0) once: a
         // read preempted halfway is not a page in use (a hot page pays one
@@ -472,22 +487,21 @@ impl State {
         let quick_back = s & STATE_MASK == EVICTED
             && s & SWEPT != 0
             && sweep::class_of(word) == sweep::QUIET_CLASS
-            && sweep::since(now_ms, sweep::tick_of(word)) < sweep::QUIET_MS;
+            && ran < sweep::QUIET_MS;
         let chance = quick_back && !sweep::is_struck(word);
         let level = match s & STATE_MASK {
             EVICTED if s & SWEPT != 0 => {
-                let away = sweep::since(now_ms, sweep::tick_of(word));
-                if away < sweep::PENDING_MS {
+                if out_ms < sweep::PENDING_MS {
                     r.set_state(i, r.state(i) | CAME_BACK);
                 }
                 if let Some(sw) = self.sweep.as_mut() {
-                    sw.pending.back(now_ms.saturating_sub(away), now_ms);
+                    sw.pending.back(now_ms.saturating_sub(out_ms), now_ms);
                     sw.returns
-                        .back(sweep::class_of(word), now_ms.saturating_sub(away), now_ms);
-                    if sweep::class_of(word) == sweep::QUIET_CLASS && away < sweep::PENDING_MS {
+                        .back(sweep::class_of(word), now_ms.saturating_sub(out_ms), now_ms);
+                    if sweep::class_of(word) == sweep::QUIET_CLASS && out_ms < sweep::PENDING_MS {
                         sw.quick_back += 1;
                     }
-                    if sweep::is_learned(word) && away < sweep::QUIET_MS {
+                    if sweep::is_learned(word) && ran < sweep::QUIET_MS {
                         // Its quick sweep bought a fault: the next quiet
                         // pages' sweeps reserve more, and this one, unless
                         // it is its first in a row, follows its level (not
@@ -498,14 +512,14 @@ impl State {
                 let level = if chance {
                     0
                 } else {
-                    sweep::relevel(sweep::level_of(word), away)
+                    sweep::relevel(sweep::level_of(word), ran)
                 };
                 // Back sooner than its period: its block is in use at least
                 // that much (a page of it back late says nothing of the
                 // others: it follows its own level).
                 let was = sweep::level_of(word);
                 let b = i / sweep::HINT_PAGES;
-                if away < sweep::PROBE_WAIT * sweep::period_ms(was) {
+                if out_ms < sweep::PROBE_WAIT * sweep::period_ms(was) {
                     r.hints[b] = r.hints[b].max((was + 1).min(sweep::TOP));
                     // The evidence is in: no page of the block waits for a
                     // probe any longer.
@@ -516,15 +530,12 @@ impl State {
             EVICTED => sweep::level_of(word),
             _ => 0,
         };
-        // How long it stayed out, from its last sweep (an evicted page's
-        // time word is when it left).
-        let out_ms = sweep::since(now_ms, sweep::tick_of(word));
         // Known quiet: it stayed out QUIET_MS or more, so it leaves again
         // QUICK_MS after it came in, whatever its block does (a secret read
         // once a second next to a hot array); a page back sooner follows its
         // block (after its one chance above).
         let own = match s & STATE_MASK {
-            EVICTED if s & SWEPT != 0 => chance || out_ms >= sweep::QUIET_MS,
+            EVICTED if s & SWEPT != 0 => chance || ran >= sweep::QUIET_MS,
             EVICTED => sweep::is_learned(word),
             _ => false,
         };
@@ -1268,6 +1279,50 @@ mod tests {
         // first read came back from a level sweep.
         assert_eq!(sw.quick_back, 19);
         assert!((sw.quiet_share() - sweep::QUIET_BACK_FLOOR).abs() < 1e-9);
+    }
+
+    /// Sets what the program has been held up in faults so far, in ms.
+    fn held(st: &mut State, ms: u64) {
+        st.sweep.as_mut().expect("sweep").held.set(ms * 1_000_000);
+    }
+
+    #[test]
+    fn a_page_judged_quiet_only_by_time_its_faults_held_the_program_is_not() {
+        // Issue 33: beside two busy loops a pass over the canary's hot
+        // quarter, slowed by fault waits, took longer than QUIET_MS of wall
+        // time, so its hot pages were learned quiet and quick-swept after
+        // every touch. Page 5 (hot) is swept at 100 and touched again at
+        // 160: 60 ms of wall time, 50 of them the program held in faults.
+        let mut st = state(64);
+        held(&mut st, 0);
+        st.mark_evicted(0, 5, true, 100);
+        held(&mut st, 50);
+        st.mark_resident(0, 5, EVICTED | SWEPT, 160);
+        let w = st.ranges[0].time(5);
+        assert!(!sweep::is_learned(w), "learned quiet on wall time");
+        assert_eq!(sweep::level_of(w), 0);
+        // A secret read every 100 ms, its faults' share small (10 ms): out
+        // 90 ms of the program's time, quiet.
+        st.mark_evicted(0, 6, true, 200);
+        held(&mut st, 60);
+        st.mark_resident(0, 6, EVICTED | SWEPT, 300);
+        let w = st.ranges[0].time(6);
+        assert!(sweep::is_learned(w) && sweep::level_of(w) == 0);
+        // A known quiet page whose quick sweep came back within QUIET_MS of
+        // the program's time (its wall time out 60 ms) is not a quiet
+        // return: its second chance is spent (struck), as for any quick
+        // sweep that comes straight back.
+        let t = 300 + sweep::QUICK_MS;
+        st.mark_evicted(0, 6, true, t);
+        held(&mut st, 60 + 45);
+        st.mark_resident(0, 6, EVICTED | SWEPT, t + 60);
+        let w = st.ranges[0].time(6);
+        assert!(
+            sweep::is_struck(w),
+            "a quick sweep back in 40 ms of the program's time"
+        );
+        let sw = st.sweep.as_ref().expect("sweep");
+        assert_eq!(sw.quiet_back, 1);
     }
 
     #[test]

@@ -208,6 +208,9 @@ pub struct Counters {
     pub alloc_ns: AtomicU64,
     /// The measured difference per call, ns (0 until measured).
     pub alloc_call_ns: AtomicU64,
+    /// Times the watchdog kept the handler normal, its back-off over,
+    /// because the host's CPUs were contended (see `handler::guard`).
+    pub idle_held: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -362,6 +365,9 @@ pub struct Snapshot {
     pub alloc_ns: u64,
     /// The measured difference per call (ns; the largest over processes).
     pub alloc_call_ns: u64,
+    /// Times the handler was kept normal because the host's CPUs were
+    /// contended.
+    pub idle_held: u64,
 }
 
 impl Snapshot {
@@ -501,6 +507,7 @@ impl Snapshot {
         self.alloc_calls += o.alloc_calls;
         self.alloc_ns += o.alloc_ns;
         self.alloc_call_ns = self.alloc_call_ns.max(o.alloc_call_ns);
+        self.idle_held += o.idle_held;
     }
 }
 
@@ -578,6 +585,7 @@ impl Counters {
             alloc_calls: g(&self.alloc_calls),
             alloc_ns: g(&self.alloc_ns),
             alloc_call_ns: g(&self.alloc_call_ns),
+            idle_held: g(&self.idle_held),
         }
     }
 }

@@ -122,6 +122,26 @@ impl Inner {
         }
     }
 
+    /// How long the program's threads were held up in the shield's faults
+    /// so far, in ns, from counters alone (read under the lock at each
+    /// batch and sweep step): per batch a hand-off ([`Budget::fault_ns`]),
+    /// the handler's timed section (its work and its wait for the lock),
+    /// its wait for a CPU while a fault waited, and the faulting thread's
+    /// wait for a CPU once woken ([`crate::cpu::post_wake_wait`], a thread
+    /// that faults alone twice in a row). Batches, not faults: a
+    /// batch of several threads' faults holds the program once, so this
+    /// grows no faster than wall time (the handler is one thread). What
+    /// [`crate::sweep::HeldLog`] takes off a swept page's time out.
+    pub(crate) fn held_ns(&self) -> u64 {
+        let c = self.stats.counters();
+        let batches = self.progress.load(Ordering::Acquire) / 2;
+        batches
+            .saturating_mul(self.budget.map_or(0, |b| b.fault_ns))
+            .saturating_add(c.handler_ns.load(Ordering::Relaxed))
+            .saturating_add(self.cpu.handler_wait_ns())
+            .saturating_add(self.cpu.woken_wait_ns())
+    }
+
     /// Counts the time since `t0` as the shield's work on a thread of the
     /// program ([`crate::Counters::program_ns`]).
     pub(crate) fn program_time(&self, t0: Instant) {
@@ -212,6 +232,7 @@ impl Inner {
             return SweepStep::default();
         };
         sw.credit.refill(now, cost);
+        sw.held.set(self.held_ns());
         let hold = self.host_hold(sw, now, cost);
         // Held for the host's budget, only long quiet pages leave (a few:
         // `sweep::DEBT_PAGES`).

@@ -481,6 +481,8 @@ impl Inner {
         // (read as each of its batches is read: it waits in its fault).
         let mut faulter: Option<crate::cpu::SchedFile> = None;
         let mut last_tid = 0;
+        // The thread the last batch woke alone, and its schedstat then.
+        let mut one_before: Option<(u32, crate::cpu::Sched)> = None;
         while !self.stop.load(Ordering::Relaxed) {
             if let Some(d) = own.as_ref().and_then(crate::cpu::SchedFile::read) {
                 let pending = split.wants_pending() && self.uffd.pending();
@@ -513,12 +515,21 @@ impl Inner {
                         .as_ref()
                         .filter(|f| Some(f.tid) == tid)
                         .and_then(crate::cpu::SchedFile::read);
+                    // The same thread as the last batch's, woken then:
+                    // its wait for a CPU since (`sweep::HeldLog`).
+                    if let (Some((t, then)), Some(t2), Some(now)) = (one_before, tid, now) {
+                        if t == t2 {
+                            self.cpu
+                                .add_woken_wait(crate::cpu::post_wake_wait(then, now));
+                        }
+                    }
                     one = tid.zip(now);
                     let at = nanos(self.epoch.elapsed());
                     self.cpu.add_handler_wait(split.after_read(tid, now, at));
                 }
                 // Odd while a batch is in hand (see `progress`).
                 self.progress.fetch_add(1, Ordering::Release);
+                one_before = one;
                 let cpu = self.handle(&faults[..n], &mut wakes, &mut || {
                     if let Some(d) = own.as_ref().and_then(crate::cpu::SchedFile::read) {
                         let at = nanos(self.epoch.elapsed());
@@ -597,6 +608,9 @@ impl Inner {
                 .counters()
                 .handler_lock_ns
                 .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
+            if let Some(sw) = st.sweep.as_mut() {
+                sw.held.set(self.held_ns());
+            }
             let mut handoffs = 0;
             for f in faults {
                 if usize::try_from(f.address).is_ok_and(|a| a & !(PAGE - 1) == self.doorbell) {
