@@ -798,6 +798,9 @@ pub(crate) struct Sweep {
     pub(crate) returns: Returns,
     /// The quick sweeps no debt stops ([`QuickFloor`]).
     pub(crate) floor: QuickFloor,
+    /// The last [`crate::state::State::due`] stopped at its most pages or
+    /// runs ([`crate::state::MAX_RUNS`]): more may be due now.
+    pub(crate) full: bool,
 }
 
 impl Sweep {
@@ -816,6 +819,7 @@ impl Sweep {
             quick_back: 0,
             returns: Returns::default(),
             floor: QuickFloor::new(now_ms),
+            full: false,
         }
     }
 
