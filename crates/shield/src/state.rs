@@ -47,6 +47,43 @@ pub(crate) const SWEPT: u8 = 0x04;
 /// swept at its period whatever its level's other pages do.
 const CAME_BACK: u8 = SWEPT;
 
+/// Most runs of neighbouring pages one [`State::due`] call picks. Each run
+/// leaves in one `UFFDIO_MOVE`, whose TLB shootdown waits for the CPU the
+/// program runs on (an IPI: 20-30 µs on this 2-vCPU VM, a quarter of the
+/// sweep's CPU in the cold server's ramp): a step of many short runs (a
+/// chunk's block probes, 64 pages apart) holds the lock that long, a step
+/// of long runs costs little more than its encryption.
+pub(crate) const MAX_RUNS: usize = 64;
+
+/// Runs of neighbours among the pages picked so far (in the order picked:
+/// a queue's pages of one arrival come in address order).
+#[derive(Default)]
+struct Runs {
+    n: usize,
+    last: Option<(usize, usize)>,
+}
+
+impl Runs {
+    /// Counts page `i` of range `pos`, picked after the last.
+    fn add(&mut self, pos: usize, i: usize) {
+        if !self.extends(pos, i) {
+            self.n += 1;
+        }
+        self.last = Some((pos, i));
+    }
+
+    /// Whether page `i` of range `pos` continues the last run.
+    fn extends(&self, pos: usize, i: usize) -> bool {
+        self.last == Some((pos, i.wrapping_sub(1)))
+    }
+
+    /// Whether picking page `i` of range `pos` would start a run past
+    /// [`MAX_RUNS`].
+    fn full_before(&self, pos: usize, i: usize) -> bool {
+        self.n >= MAX_RUNS && !self.extends(pos, i)
+    }
+}
+
 /// Pages of a chunk: the unit in which a range under a cost budget alone is
 /// registered with the userfaultfd (2 MiB).
 pub(crate) const CHUNK_PAGES: usize = 512;
@@ -685,13 +722,14 @@ impl State {
         victims
     }
 
-    /// Picks up to `max` resident pages whose sweep period has ended,
-    /// shortest periods first (the pages least likely to come straight
-    /// back), while the budget has room for what their faults back would
-    /// cost, `fault_ns` each (`quiet_ns` for a page its block's probe
-    /// vouched for, and for a page known quiet that times the quiet pages'
-    /// [`Sweep::quiet_share`] over its floor); sorted by address so that
-    /// neighbours leave in one move. Long quiet pages
+    /// Picks up to `max` resident pages whose sweep period has ended, in
+    /// at most [`MAX_RUNS`] runs of neighbours (as picked: each run leaves
+    /// in one move, one TLB shootdown), shortest periods first (the pages
+    /// least likely to come straight back), while the budget has room for
+    /// what their faults back would cost, `fault_ns` each (`quiet_ns` for a
+    /// page its block's probe vouched for, and for a page known quiet that
+    /// times the quiet pages' [`Sweep::quiet_share`] over its floor); sorted
+    /// by address so that neighbours leave in one move. Long quiet pages
     /// ([`sweep::LONG_QUIET_MS`]) go first, and while the budget is spent,
     /// or the host's (`host_held`), they alone leave, [`sweep::DEBT_PAGES`] a
     /// window. Returns them, and how long the most overdue page left
@@ -717,8 +755,10 @@ impl State {
         // quiet ones before the others, and even in debt.
         let quick_ns = quiet_ns / sweep::QUIET_BACK_FLOOR * sw.quiet_share();
         let mut spent = host_held;
+        // Runs of neighbours picked so far, and the last page picked.
+        let mut runs = Runs::default();
         for long in [true, false] {
-            while (long || !spent) && victims.len() < max {
+            while (long || !spent) && victims.len() < max && runs.n < MAX_RUNS {
                 let heap = if long {
                     &mut sw.long_quiet
                 } else {
@@ -744,6 +784,7 @@ impl State {
                 let st = self.ranges[pos].state(i);
                 self.ranges[pos].set_state(i, st | CHOSEN);
                 victims.push((pos, i));
+                runs.add(pos, i);
             }
         }
         let mut lag = 0;
@@ -832,7 +873,7 @@ impl State {
                 // (which raises the block's hint); otherwise this page
                 // probes.
                 let probing = !own && (probe == 0 || probe_level < level);
-                if victims.len() >= max {
+                if victims.len() >= max || runs.full_before(pos, i) {
                     break 'levels;
                 }
                 // A page its block's probe vouched for as idle costs what a
@@ -851,11 +892,13 @@ impl State {
                 }
                 self.ranges[pos].set_state(i, st | CHOSEN);
                 victims.push((pos, i));
+                runs.add(pos, i);
             }
         }
         for (addr, at, level) in later {
             sw.arrived(addr, at, level, false);
         }
+        sw.full = victims.len() >= max || runs.n >= MAX_RUNS;
         sw.reserving = reserved - held;
         self.sweep = Some(sw);
         for &(pos, i) in &victims {
@@ -1164,6 +1207,30 @@ mod tests {
             st.mark_evicted(pos, i, true, now);
         }
         v.into_iter().map(|(_, i)| i).collect()
+    }
+
+    #[test]
+    fn a_step_takes_at_most_max_runs_runs_of_neighbours() {
+        // 100 blocks: their probes, a block apart, are 100 runs of one page.
+        let blocks = 100;
+        let mut st = state(blocks * sweep::HINT_PAGES);
+        let full = |st: &State| st.sweep.as_ref().is_some_and(|s| s.full);
+        let first = sweep(&mut st, 25);
+        assert_eq!(first.len(), MAX_RUNS);
+        assert!(full(&st), "more are due");
+        assert_eq!(sweep(&mut st, 25).len(), blocks - MAX_RUNS);
+        assert!(!full(&st));
+        // Once the probes vouch, each block's other pages are one run:
+        // MAX_RUNS runs leave in a step, whatever their pages.
+        let later = sweep::PROBE_WAIT * sweep::BASE_PERIOD_MS + 25;
+        let runs = sweep(&mut st, later);
+        assert_eq!(runs.len(), MAX_RUNS * (sweep::HINT_PAGES - 1));
+        assert!(full(&st));
+        assert_eq!(
+            sweep(&mut st, later).len(),
+            (blocks - MAX_RUNS) * (sweep::HINT_PAGES - 1)
+        );
+        assert!(!full(&st));
     }
 
     #[test]

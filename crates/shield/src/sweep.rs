@@ -885,6 +885,9 @@ pub(crate) struct Sweep {
     pub(crate) floor: QuickFloor,
     /// The program's hold in faults at past sweeps ([`HeldLog`]).
     pub(crate) held: HeldLog,
+    /// The last [`crate::state::State::due`] stopped at its most pages or
+    /// runs ([`crate::state::MAX_RUNS`]): more may be due now.
+    pub(crate) full: bool,
 }
 
 impl Sweep {
@@ -904,6 +907,7 @@ impl Sweep {
             returns: Returns::default(),
             floor: QuickFloor::new(now_ms),
             held: HeldLog::default(),
+            full: false,
         }
     }
 

@@ -15,9 +15,14 @@ use crate::state::{State, CHUNK_PAGES};
 use crate::sweep::Sweep;
 use crate::{nanos, PAGE};
 
-/// Most pages one sweep step evicts under the lock (well under 0.1 ms: the
-/// handler waits for the lock meanwhile).
-pub(crate) const SWEEP_BATCH: usize = 64;
+/// Most pages one sweep step evicts under the lock, in at most
+/// [`crate::state::MAX_RUNS`] runs of neighbours (each run one move and one
+/// TLB shootdown, 20-30 µs on the AMD host; each page about 1 µs of
+/// encryption and bookkeeping): a step of 256 pages in a few long runs holds
+/// the lock about as long as a step of 64 single-page runs (a chunk's block
+/// probes) did at 64 pages a step. The cold server's evictions cost 2.06-2.12
+/// µs a page with it, 2.37-2.44 with 64 (docs/shield.md, "A cold start").
+pub(crate) const SWEEP_BATCH: usize = 256;
 
 /// How soon a sweep held back for another program's colder pages looks
 /// again (ms; bids live [`crate::host::BID_MS`]).
@@ -289,7 +294,7 @@ impl Inner {
         c.max_period_ms.store(top, Ordering::Relaxed);
         c.sweep_ns.fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
         SweepStep {
-            more: victims.len() == SWEEP_BATCH,
+            more: st.sweep.as_ref().is_some_and(|s| s.full) && !victims.is_empty(),
             waiting: lag > 0 || hold.is_some(),
             next_due_ms: st.sweep.as_ref().and_then(|s| s.next_due_ms(now)),
             host_wait_ms: hold.map(|(h, _)| match h {
