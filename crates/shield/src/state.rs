@@ -1709,10 +1709,10 @@ mod tests {
         st.mark_resident(0, hot, EVICTED | SWEPT, 6_000);
         let now = 6_000 + sweep::QUICK_MS;
         if let Some(sw) = st.sweep.as_mut() {
-            // A budget of the whole time: `room_ns` left after spending
-            // the rest of it.
+            // A budget of the whole time (empty at start): `room_ns` left
+            // after spending the rest of it.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let spent = (0.25e9 + now as f64 * 1e6 - room_ns) as u64;
+            let spent = (now as f64 * 1e6 - room_ns) as u64;
             sw.credit.refill(now, spent);
         }
         (st, hot)

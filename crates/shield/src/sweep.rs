@@ -311,9 +311,11 @@ impl Credit {
     pub(crate) fn new(fraction: f64, now_ms: u64) -> Self {
         Self {
             fraction,
-            // Full at start: a program's data is all new then, and its
-            // first sweep the largest.
-            tokens: fraction * CAP_NS_PER_FRACTION,
+            // Empty at start: what the shield may cost by any moment of a
+            // run is its share of the time so far, so a short run keeps
+            // to its budget too (full, a quarter second's worth let a
+            // 0.5 s run cost 15% at 10%).
+            tokens: 0.0,
             cap: fraction * CAP_NS_PER_FRACTION,
             last_ms: now_ms,
             last_cost: 0,
@@ -1088,11 +1090,14 @@ mod tests {
     #[test]
     fn credit_fills_at_the_budget_rate_and_caps_at_a_quarter_second_of_it() {
         let mut c = Credit::new(0.10, 0);
-        // Full at start: 25 ms.
+        // Empty at start: nothing earned yet.
+        assert!(c.room(0.0).abs() < 1.0);
+        // 250 ms at 10%: 25 ms; spending 20 ms of it, then 100 ms more:
+        // 15 ms of credit.
+        c.refill(250, 0);
         assert!((c.room(0.0) - 25e6).abs() < 1.0);
-        // Spending 20 ms of it, then 100 ms at 10%: 15 ms of credit.
-        c.refill(0, 20_000_000);
-        c.refill(100, 20_000_000);
+        c.refill(250, 20_000_000);
+        c.refill(350, 20_000_000);
         assert!((c.room(0.0) - 15e6).abs() < 1.0);
         assert!((c.room(1e6) - 14e6).abs() < 1.0);
         // An idle hour banks only a quarter second's worth (25 ms).
