@@ -77,7 +77,7 @@ fn handoff_ns_at(cache: &Path, lock: &Path, measure: impl FnOnce() -> Option<u64
 /// for up to [`LOCK_WAIT`]; `None` when it cannot be had (the run then
 /// measures on its own).
 fn hold(path: &Path) -> Option<std::fs::File> {
-    use std::os::fd::AsRawFd as _;
+    use std::os::fd::AsFd as _;
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -92,8 +92,8 @@ fn hold(path: &Path) -> Option<std::fs::File> {
         .ok()?;
     let until = std::time::Instant::now() + LOCK_WAIT;
     loop {
-        // SAFETY: flock on a descriptor this function owns; no memory.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        // An error of flock other than "held" is waited out as before.
+        if matches!(memveil_sys::ipc::try_lock_exclusive(f.as_fd()), Ok(true)) {
             return Some(f);
         }
         if std::time::Instant::now() >= until {
