@@ -171,11 +171,38 @@ fn read_key_file(path: &Path, n: usize) -> Result<Zeroizing<Vec<u8>>, DiskError>
 /// Creates (or adopts) an image and its binding: makes or imports the key in
 /// the vault, or binds an existing one, and writes `IMAGE.memveil-disk`.
 ///
+/// All of it runs under the binding's lock (`IMAGE.memveil-disk.lock`,
+/// [`memveil_sys::ipc::PathLock`]), taken without waiting before the check
+/// for a binding: of two creates on one image at once, one binds it and the
+/// other is refused before it makes a key or touches the image. Without it
+/// both found no binding and the second renamed its binding over the first's.
+///
 /// # Errors
-/// An existing binding, a size that is not whole sectors, the vault's
-/// refusal, a key of the wrong kind.
+/// Another create binding the image now, an existing binding, a size that
+/// is not whole sectors, the vault's refusal, a key of the wrong kind.
 pub fn create(o: &CreateOpts) -> Result<Binding, DiskError> {
     let bpath = binding::path_for(&o.image);
+    let lock = memveil_sys::ipc::PathLock::try_take(&bpath)
+        .map_err(io_err(format!(
+            "{}.lock (the binding's lock)",
+            bpath.display()
+        )))?
+        .ok_or_else(|| {
+            DiskError::Usage(format!(
+                "{}.lock is held: another `memveil disk create` is binding {} now; let it \
+                 finish, then `memveil disk info {}` shows the binding it wrote",
+                bpath.display(),
+                o.image.display(),
+                o.image.display()
+            ))
+        })?;
+    let made = create_locked(o, &bpath);
+    lock.release();
+    made
+}
+
+/// [`create`] under the binding's lock.
+fn create_locked(o: &CreateOpts, bpath: &Path) -> Result<Binding, DiskError> {
     if bpath.exists() {
         return Err(DiskError::Usage(format!(
             "{} exists: the image is bound already (remove the binding only if you mean to \
@@ -257,12 +284,13 @@ pub fn create(o: &CreateOpts) -> Result<Binding, DiskError> {
         f.set_len(size)
             .map_err(io_err(format!("sizing {}", o.image.display())))?;
     }
-    write_binding(&bpath, &b)?;
+    write_binding(bpath, &b)?;
     Ok(b)
 }
 
 /// Writes the binding file: a temporary file, `fsync`, `rename`, `fsync` of
-/// the directory.
+/// the directory. Called under the binding's lock, after the check that no
+/// binding is there: the temporary file is the lock holder's alone.
 fn write_binding(path: &Path, b: &Binding) -> Result<(), DiskError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

@@ -713,12 +713,16 @@ pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
-/// The lock of a Unix socket's path: `PATH.lock` beside it (mode 0600),
-/// `flock`ed by the one process that may check for a live listener at PATH,
-/// replace a stale socket file there and bind it, for as long as it
-/// listens. Without it, two servers started at once on a stale socket file
-/// each found it stale, and the second removed the socket the first had
-/// just bound: both ran, the first where no client could reach it.
+/// The lock of a path: `PATH.lock` beside it (mode 0600), `flock`ed by the
+/// one process that may check what is at PATH and then replace or make it.
+///
+/// For a Unix socket, held from before the check for a
+/// live listener for as long as it listens. Without it, two servers started
+/// at once on a stale socket file each found it stale, and the second
+/// removed the socket the first had just bound: both ran, the first where
+/// no client could reach it. For a disk image's binding file, held by
+/// `memveil disk create` from its check that no binding is there until the
+/// binding is written.
 #[derive(Debug)]
 pub struct PathLock {
     file: std::fs::File,
@@ -726,15 +730,15 @@ pub struct PathLock {
 }
 
 impl PathLock {
-    /// Takes the lock of `socket`'s path without waiting; `Ok(None)` when
-    /// another process (or another open in this one) holds it.
+    /// Takes the lock of `path` without waiting; `Ok(None)` when another
+    /// process (or another open in this one) holds it.
     ///
     /// # Errors
     /// Opening or creating `PATH.lock`, or `flock(2)`.
-    pub fn try_take(socket: &std::path::Path) -> io::Result<Option<Self>> {
+    pub fn try_take(path: &std::path::Path) -> io::Result<Option<Self>> {
         use std::os::fd::AsFd as _;
         use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-        let mut path = socket.as_os_str().to_owned();
+        let mut path = path.as_os_str().to_owned();
         path.push(".lock");
         let path = std::path::PathBuf::from(path);
         loop {
