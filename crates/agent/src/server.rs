@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::io::{Read as _, Write as _};
-use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -134,33 +133,22 @@ impl Agent {
         drop(Client::connect(&cfg.vault)?);
         let pool = SecretPool::new(4 * MAX_ADD, cfg.policy)?;
         let path = cfg.socket.clone();
-        // Nothing made beside a path that is not a socket (the lock's file).
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_socket()) {
-            remove_stale(&path)?;
-        }
         // Held from before the check for a live agent while it listens:
         // two agents started at once on a stale socket both found it stale,
-        // and the second removed the socket the first had just bound.
-        let socket_lock = memveil_sys::ipc::PathLock::try_take(&path)
-            .map_err(|source| AgentStartError::Socket {
-                path: path.clone(),
-                source,
-            })?
-            .ok_or_else(|| AgentStartError::PathTaken {
-                path: path.clone(),
-                what: "another agent is starting on it or listens on it".into(),
+        // and the second removed the socket the first had just bound. Only a
+        // stale socket is replaced: `--socket ~/.ssh/id_ed25519` must not
+        // delete the key.
+        let (listener, socket_lock) =
+            memveil_sys::ipc::bind_socket(&path, 0o600).map_err(|e| match e {
+                memveil_sys::ipc::BindError::Io { what, source } => AgentStartError::Socket {
+                    path: path.clone(),
+                    source: std::io::Error::new(source.kind(), format!("{what}: {source}")),
+                },
+                what => AgentStartError::PathTaken {
+                    path: path.clone(),
+                    what: what.to_string(),
+                },
             })?;
-        remove_stale(&path)?;
-        let listener = UnixListener::bind(&path).map_err(|source| AgentStartError::Socket {
-            path: path.clone(),
-            source,
-        })?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
-            |source| AgentStartError::Socket {
-                path: path.clone(),
-                source,
-            },
-        )?;
         let cfg_kdf = cfg.lock_kdf;
         Ok(Agent {
             listener,
@@ -217,48 +205,6 @@ impl Agent {
                     drop(slot);
                 });
         }
-    }
-}
-
-/// Removes a stale socket at `path` (a socket nobody listens on); refuses
-/// anything else: a live socket, a regular file (`--socket
-/// ~/.ssh/id_ed25519` must not delete the key), a directory, a link.
-fn remove_stale(path: &Path) -> Result<(), AgentStartError> {
-    let taken = |what: String| AgentStartError::PathTaken {
-        path: path.to_owned(),
-        what,
-    };
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(AgentStartError::Socket {
-                path: path.to_owned(),
-                source,
-            })
-        }
-    };
-    let ft = meta.file_type();
-    if !ft.is_socket() {
-        let what = if ft.is_file() {
-            "a regular file is there"
-        } else if ft.is_dir() {
-            "a directory is there"
-        } else if ft.is_symlink() {
-            "a symbolic link is there"
-        } else {
-            "a file that is not a socket is there"
-        };
-        return Err(taken(what.into()));
-    }
-    match UnixStream::connect(path) {
-        Ok(_) => Err(taken("another agent (or program) listens on it".into())),
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => std::fs::remove_file(path)
-            .map_err(|source| AgentStartError::Socket {
-                path: path.to_owned(),
-                source,
-            }),
-        Err(e) => Err(taken(format!("a socket that cannot be probed ({e})"))),
     }
 }
 

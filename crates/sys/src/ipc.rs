@@ -716,7 +716,7 @@ pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// The lock of a path: `PATH.lock` beside it (mode 0600), `flock`ed by the
 /// one process that may check what is at PATH and then replace or make it.
 ///
-/// For a Unix socket, held from before the check for a
+/// For a Unix socket ([`bind_socket`]), held from before the check for a
 /// live listener for as long as it listens. Without it, two servers started
 /// at once on a stale socket file each found it stale, and the second
 /// removed the socket the first had just bound: both ran, the first where
@@ -776,6 +776,127 @@ impl PathLock {
     }
 }
 
+/// Why [`bind_socket`] bound nothing. Whatever was at the path is left as
+/// it was, and no lock file is left beside it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BindError {
+    /// Another process holds the path's lock: a server starting on it, or
+    /// listening on it.
+    #[error("another server is starting on it or listens on it")]
+    Held,
+    /// A program answers on the socket there (one that takes no lock).
+    #[error("another program listens on it")]
+    Listening,
+    /// Something other than a socket is there: never removed, for a
+    /// mistyped path must not delete a file someone keeps.
+    #[error("{0} is there")]
+    NotASocket(&'static str),
+    /// A socket there that cannot be probed for a listener (`connect`
+    /// failed other than with `ECONNREFUSED`): not known to be stale.
+    #[error("a socket that cannot be probed is there ({0})")]
+    Unprobed(io::Error),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// What sits at `path` when it is not a socket, in words; `None` for a
+/// socket or nothing.
+///
+/// # Errors
+/// `lstat(2)`'s error other than `ENOENT`.
+fn not_a_socket(path: &std::path::Path) -> Result<Option<&'static str>, BindError> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let ft = match std::fs::symlink_metadata(path) {
+        Ok(m) => m.file_type(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(BindError::Io {
+                what: "reading what is there",
+                source,
+            })
+        }
+    };
+    Ok(if ft.is_socket() {
+        None
+    } else if ft.is_file() {
+        Some("a regular file")
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else if ft.is_symlink() {
+        Some("a symbolic link")
+    } else {
+        Some("a file that is not a socket")
+    })
+}
+
+/// Binds a listening Unix socket at `path` with `mode`, under the path's
+/// lock ([`PathLock`], returned to be held for as long as it listens).
+///
+/// Replaces only a stale socket (one that refuses connections) and refuses
+/// anything else: a regular file, a directory, a link (`--socket
+/// ~/.ssh/id_ed25519` must not delete the key), a live socket, a socket it
+/// cannot probe, or a path another server holds the lock of. What is not a
+/// socket is refused before the lock's file is made beside it.
+///
+/// # Errors
+/// [`BindError`]: what is in the way, or the system call that failed.
+pub fn bind_socket(
+    path: &std::path::Path,
+    mode: u32,
+) -> Result<(std::os::unix::net::UnixListener, PathLock), BindError> {
+    if let Some(what) = not_a_socket(path)? {
+        return Err(BindError::NotASocket(what));
+    }
+    let held = PathLock::try_take(path)
+        .map_err(|source| BindError::Io {
+            what: "taking its lock (the file .lock beside it)",
+            source,
+        })?
+        .ok_or(BindError::Held)?;
+    match bind_held(path, mode) {
+        Ok(l) => Ok((l, held)),
+        Err(e) => {
+            held.release();
+            Err(e)
+        }
+    }
+}
+
+/// [`bind_socket`] under the path's lock: checks again what is there (it
+/// may have changed), removes a stale socket, binds, sets the mode.
+fn bind_held(
+    path: &std::path::Path,
+    mode: u32,
+) -> Result<std::os::unix::net::UnixListener, BindError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let failed = |what| move |source| BindError::Io { what, source };
+    if let Some(what) = not_a_socket(path)? {
+        return Err(BindError::NotASocket(what));
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => return Err(BindError::Listening),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path).map_err(failed("removing the stale socket"))?;
+        }
+        Err(e) => return Err(BindError::Unprobed(e)),
+    }
+    let l = std::os::unix::net::UnixListener::bind(path).map_err(failed("binding"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
+        // Bound with another mode: nobody is to connect to it.
+        let _ = std::fs::remove_file(path);
+        failed("setting the socket's mode")(source)
+    })?;
+    Ok(l)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -810,6 +931,67 @@ mod tests {
             "b's lock ignored"
         );
         drop(b);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Regression: the vault removed whatever was at its socket path. Only
+    /// a stale socket is replaced; anything else is refused, left as it
+    /// was, with no lock file made beside it.
+    #[test]
+    fn bind_socket_replaces_only_a_stale_socket() {
+        use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+        let d = std::env::temp_dir().join(format!("memveil-sys-bind-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        let no_lock_beside = |p: &std::path::Path| {
+            let mut l = p.as_os_str().to_owned();
+            l.push(".lock");
+            assert!(!std::path::Path::new(&l).exists(), "{l:?} left behind");
+        };
+        // A regular file, a directory, a link: refused by name, kept.
+        let file = d.join("key");
+        std::fs::write(&file, b"keep me").expect("write");
+        let dir = d.join("dir");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        for (p, what) in [
+            (&file, "a regular file"),
+            (&dir, "a directory"),
+            (&link, "a symbolic link"),
+        ] {
+            match bind_socket(p, 0o600) {
+                Err(BindError::NotASocket(w)) => assert_eq!(w, what),
+                other => panic!("{}: {other:?}", p.display()),
+            }
+            no_lock_beside(p);
+        }
+        assert_eq!(std::fs::read(&file).expect("kept"), b"keep me");
+        assert!(dir.is_dir());
+        assert!(std::fs::symlink_metadata(&link)
+            .expect("kept")
+            .file_type()
+            .is_symlink());
+        // A live socket (bound without the lock) is refused and still answers.
+        let live = d.join("live.sock");
+        let other = std::os::unix::net::UnixListener::bind(&live).expect("bind");
+        assert!(matches!(
+            bind_socket(&live, 0o600),
+            Err(BindError::Listening)
+        ));
+        no_lock_beside(&live);
+        UnixStream::connect(&live).expect("still answers");
+        drop(other);
+        // Positive control: a stale socket (nobody listens) is replaced,
+        // with the mode asked for; a second bind meets the lock.
+        let (l, held) = bind_socket(&live, 0o600).expect("stale socket replaced");
+        let m = std::fs::symlink_metadata(&live).expect("socket");
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        UnixStream::connect(&live).expect("answers");
+        assert!(matches!(bind_socket(&live, 0o600), Err(BindError::Held)));
+        drop(l);
+        held.release();
         let _ = std::fs::remove_dir_all(&d);
     }
 

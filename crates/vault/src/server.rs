@@ -96,6 +96,18 @@ pub enum VaultError {
         /// A fix.
         hint: &'static str,
     },
+    /// Something other than a stale socket is at the socket's path: left
+    /// as it is.
+    #[error(
+        "socket {path}: {what}; refusing to replace it (remove it yourself if nothing needs \
+             it, or choose another --vault)"
+    )]
+    PathTaken {
+        /// The path.
+        path: PathBuf,
+        /// What is there.
+        what: ipc::BindError,
+    },
     /// A configuration mistake.
     #[error("configuration: {0}")]
     Config(String),
@@ -495,9 +507,11 @@ pub fn make_runtime_dir(socket: &Path, runtime_dir: &Path) -> io::Result<()> {
     std::fs::set_permissions(runtime_dir, std::fs::Permissions::from_mode(0o755))
 }
 
-/// Binds the socket (a stale socket file replaced) under its path's lock,
-/// taken before the check for a live vault and held while it listens.
-fn bind(path: &Path, mode: u32) -> Result<(UnixListener, memveil_sys::ipc::PathLock), VaultError> {
+/// Binds the socket under its path's lock, taken before the check for a
+/// live vault and held while it listens ([`memveil_sys::ipc::bind_socket`]):
+/// a stale socket file is replaced, anything else at the path is refused.
+fn bind(path: &Path, mode: u32) -> Result<(UnixListener, ipc::PathLock), VaultError> {
+    use ipc::BindError;
     let err = |source, hint| VaultError::Socket {
         path: path.to_owned(),
         source,
@@ -509,39 +523,25 @@ fn bind(path: &Path, mode: u32) -> Result<(UnixListener, memveil_sys::ipc::PathL
             ": cannot make the vault's runtime directory /run/memveil",
         )
     })?;
-    let held = memveil_sys::ipc::PathLock::try_take(path)
-        .map_err(|e| {
-            err(
-                e,
-                ": its lock (the file .lock beside it): check that the directory exists and is \
-                 writable (or choose another --vault)",
-            )
-        })?
-        .ok_or_else(|| {
-            err(
-                io::Error::from(io::ErrorKind::AddrInUse),
-                ": another vault is listening there (or starting on it); stop it or choose another \
-                 --vault",
-            )
-        })?;
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Err(err(
-                io::Error::from(io::ErrorKind::AddrInUse),
-                ": another vault is listening there; stop it or choose another --vault",
-            ));
-        }
-        std::fs::remove_file(path).map_err(|e| err(e, ": cannot remove the stale socket file"))?;
-    }
-    let l = UnixListener::bind(path).map_err(|e| {
-        err(
-            e,
+    ipc::bind_socket(path, mode).map_err(|e| match e {
+        BindError::Held => err(
+            io::Error::from(io::ErrorKind::AddrInUse),
+            ": another vault is listening there (or starting on it); stop it or choose another \
+             --vault",
+        ),
+        BindError::Listening => err(
+            io::Error::from(io::ErrorKind::AddrInUse),
+            ": another vault (or program) is listening there; stop it or choose another --vault",
+        ),
+        BindError::Io { what, source } => err(
+            io::Error::new(source.kind(), format!("{what}: {source}")),
             ": check that the directory exists and is writable (or choose another --vault)",
-        )
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| err(e, ": cannot set the socket's mode"))?;
-    Ok((l, held))
+        ),
+        what => VaultError::PathTaken {
+            path: path.to_owned(),
+            what,
+        },
+    })
 }
 
 type Loaded = Result<(Keystore, KeyTable), VaultError>;

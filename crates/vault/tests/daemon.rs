@@ -139,6 +139,44 @@ fn bad_configuration_exits_non_zero_with_a_clear_message() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Regression: the vault removed whatever was at its socket path (a
+/// mistyped `--vault` deleted the file there) and served in its place. Now
+/// it refuses, naming the path, what is there and the fix, and the file is
+/// kept byte for byte, with no lock file made beside it; the ssh agent and
+/// `rng serve` refuse the same way (one piece of code,
+/// `memveil_sys::ipc::bind_socket`).
+#[test]
+fn a_file_at_the_socket_path_is_kept_and_the_vault_refuses() {
+    let dir = common::scratch_dir("notsock");
+    let sock = dir.join("vault.sock");
+    std::fs::write(&sock, b"someone's notes\n").expect("write");
+    let e = match Vault::start_with(Opts::default().dir(&dir)) {
+        Ok(v) => panic!("the vault started over a regular file: {}", v.ready),
+        Err(e) => e,
+    };
+    assert!(
+        e.contains(&sock.display().to_string())
+            && e.contains("a regular file is there")
+            && e.contains("refusing to replace it")
+            && e.contains("choose another --vault"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read(&sock).expect("the file survives"),
+        b"someone's notes\n"
+    );
+    assert!(
+        !dir.join("vault.sock.lock").exists(),
+        "a lock file made beside a path that is not a socket"
+    );
+    // Positive control: once the file is gone, the vault serves there.
+    std::fs::remove_file(&sock).expect("remove");
+    let v = Vault::start_with(Opts::default().dir(&dir)).expect("start");
+    v.client().status().expect("serves");
+    drop(v);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn memlock_exhausted_names_the_limit_and_the_fix() {
     if common::euid() != 0 {

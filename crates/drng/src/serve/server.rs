@@ -3,7 +3,6 @@
 
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use memveil_sys::ipc::PathLock;
+use memveil_sys::ipc::{BindError, PathLock};
 
 use super::consumer::{serve_conn, Conn, Consumer};
 use super::dispatch::{lock, Health, Shared};
@@ -34,40 +33,27 @@ enum Bound {
     Tcp(TcpListener, String),
 }
 
-/// Binds the Unix socket `path` (a stale socket file replaced), under its
-/// path's lock, held from before the check for a live listener for as long
-/// as it is bound.
+/// Binds the Unix socket `path` under its path's lock, held from before the
+/// check for a live listener for as long as it is bound
+/// ([`memveil_sys::ipc::bind_socket`]): a stale socket file is replaced,
+/// anything else at the path is refused.
 fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, PathLock), ServeError> {
-    let held = PathLock::try_take(path).map_err(|source| ServeError::Bind {
-        what: format!("unix:{} (its lock {}.lock)", path.display(), path.display()),
-        source,
-    })?;
-    // Another server is starting on it, or listens there.
-    let held = held.ok_or_else(|| ServeError::SocketInUse(path.to_path_buf()))?;
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(ServeError::SocketInUse(path.to_path_buf()));
-            }
-            std::fs::remove_file(path).map_err(|source| ServeError::Bind {
-                what: format!("unix:{} (removing the stale socket)", path.display()),
-                source,
-            })?;
-        }
-        Ok(_) => return Err(ServeError::NotASocket(path.to_path_buf())),
-        Err(_) => {}
-    }
-    let l = UnixListener::bind(path).map_err(|source| ServeError::Bind {
-        what: format!("unix:{}", path.display()),
-        source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
-        ServeError::Bind {
-            what: format!("unix:{} (chmod {mode:o})", path.display()),
+    memveil_sys::ipc::bind_socket(path, mode).map_err(|e| match e {
+        BindError::Held | BindError::Listening => ServeError::SocketInUse(path.to_path_buf()),
+        BindError::NotASocket(_) => ServeError::NotASocket(path.to_path_buf()),
+        BindError::Unprobed(source) => ServeError::Bind {
+            what: format!("unix:{} (probing the socket there)", path.display()),
             source,
-        }
-    })?;
-    Ok((l, held))
+        },
+        BindError::Io { what, source } => ServeError::Bind {
+            what: format!("unix:{} ({what})", path.display()),
+            source,
+        },
+        e => ServeError::Bind {
+            what: format!("unix:{}", path.display()),
+            source: std::io::Error::other(e.to_string()),
+        },
+    })
 }
 
 /// Removes the sockets bound, each before letting its path's lock go.
