@@ -509,14 +509,12 @@ impl Uffd {
     /// wait): a watchdog's view of a handler that has fallen behind.
     ///
     /// The kernel answers every `poll` of a blocking userfaultfd with
-    /// `POLLERR` ("poll() never guarantees that read won't block"), and the
-    /// shield's handler makes its descriptor blocking (it sleeps in
-    /// `read(2)`): there the count of unread messages is read from the
-    /// descriptor's `fdinfo` (`pending:`) instead, one `pread` of a file
-    /// kept open (held high, as the descriptor is). Before, this said "no"
-    /// whenever the handler slept in `read`: the sweep never stood aside for
-    /// a waiting fault, and the watchdog saw a starved handler only while
-    /// it held a batch.
+    /// `POLLERR` ("poll() never guarantees that read won't block"): there
+    /// the count of unread messages is read from the descriptor's `fdinfo`
+    /// (`pending:`) instead, one `pread` of a file kept open (held high, as
+    /// the descriptor is; 3.5-4.3 us here, against 0.6 us for the `poll`).
+    /// The shield's handler keeps its descriptor non-blocking (it sleeps in
+    /// `poll`), so this is a `poll` there.
     #[must_use]
     pub fn pending(&self) -> bool {
         let mut fd = libc::pollfd {
