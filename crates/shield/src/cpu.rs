@@ -242,14 +242,15 @@ impl Default for WaitSplit {
 }
 
 impl WaitSplit {
-    /// Whether [`WaitSplit::before_read`] needs to know if a fault waits.
-    pub(crate) fn wants_pending(&self) -> bool {
+    /// Whether [`WaitSplit::before_read`] looks at `pending` (after a wake).
+    #[cfg(test)]
+    fn wants_pending(&self) -> bool {
         self.woke.is_some()
     }
 
     /// The handler comes to read faults (and may sleep): `delay` its run
-    /// delay now, `pending` whether a fault waits already (only looked at
-    /// while [`WaitSplit::wants_pending`]).
+    /// delay now, `pending` whether a fault waited already (the read that
+    /// follows found one; looked at only after a wake).
     pub(crate) fn before_read(&mut self, delay: u64, pending: bool) {
         if let Some(w) = self.woke.take() {
             if pending {
