@@ -516,16 +516,19 @@ impl Shield {
     }
 
     /// Counts `calls` calls of a preloaded allocator on the program's
-    /// threads, `call_ns` each beyond what the C library's allocator takes
-    /// (measured by the caller in the process), as the shield's cost: the
-    /// program loses that time against a plain run, as it loses the time
-    /// of the shield's own work on its threads (issue 33, item 4).
-    pub fn count_allocator(&self, calls: u64, call_ns: u64) {
+    /// threads, `call_ps` picoseconds each beyond what the C library's
+    /// allocator takes (measured by the caller in the process), as the
+    /// shield's cost: the program loses that time against a plain run, as
+    /// it loses the time of the shield's own work on its threads (issue 33,
+    /// item 4). The figure is a fraction of a ns: whole ns floored 1.9 ns a
+    /// call to 1.
+    pub fn count_allocator(&self, calls: u64, call_ps: u64) {
         let c = self.inner.stats.counters();
         c.alloc_calls.fetch_add(calls, Ordering::Relaxed);
         c.alloc_ns
-            .fetch_add(calls.saturating_mul(call_ns), Ordering::Relaxed);
-        c.alloc_call_ns.store(call_ns, Ordering::Relaxed);
+            .fetch_add(calls.saturating_mul(call_ps) / 1000, Ordering::Relaxed);
+        c.alloc_call_ns
+            .store(call_ps.saturating_add(500) / 1000, Ordering::Relaxed);
     }
 
     /// Counts the time since `t0` as the shield's work on a thread of the

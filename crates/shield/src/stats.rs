@@ -206,7 +206,8 @@ pub struct Counters {
     /// What those calls took beyond the C library's allocator, ns: the
     /// calls times the measured difference per call (in `cost_ns`).
     pub alloc_ns: AtomicU64,
-    /// The measured difference per call, ns (0 until measured).
+    /// The measured difference per call, ns to the nearest (0 until
+    /// measured; the latest figure: it is refined over the run).
     pub alloc_call_ns: AtomicU64,
     /// Times the watchdog kept the handler normal, its back-off over,
     /// because the host's CPUs were contended (see `handler::guard`).
