@@ -13,7 +13,7 @@ mod guard;
 mod hold;
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -69,6 +69,10 @@ pub(crate) struct Inner {
     pub(crate) lazy: bool,
     /// The handler thread's id, for the watchdog.
     pub(crate) handler_tid: AtomicU32,
+    /// The CPU the handler follows the program's faulting thread to
+    /// ([`HandlerCpu::Follow`]; `usize::MAX`: none known): the watchdog
+    /// sweeps from it (see `guard::follow_handler`).
+    pub(crate) handler_on: AtomicUsize,
     /// The CPU time of the shield's threads (the budget counts it).
     pub(crate) cpu: crate::cpu::ShieldCpu,
     /// The program's wait for a CPU behind the watchdog and the filler.
@@ -321,6 +325,7 @@ pub(crate) fn start(cfg: &Config, stats: StatsFile) -> Result<(Arc<Inner>, Threa
         budget: cfg.budget,
         lazy: !bounded,
         handler_tid: AtomicU32::new(0),
+        handler_on: AtomicUsize::new(usize::MAX),
         cpu: crate::cpu::ShieldCpu::default(),
         contention: crate::loss::Contention::default(),
         progress: AtomicU64::new(0),
@@ -558,6 +563,8 @@ impl Inner {
                             on = self.follow_thread(faults[n - 1].tid, pid, &mut stat, on);
                         }
                     }
+                    self.handler_on
+                        .store(on.unwrap_or(usize::MAX), Ordering::Relaxed);
                 }
                 last = Instant::now();
                 continue;
