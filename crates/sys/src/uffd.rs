@@ -175,10 +175,6 @@ pub struct Uffd {
     /// descriptors by number (`crate::fdguard`).
     fd: crate::fdguard::Held,
     origin: Origin,
-    /// `/proc/self/fdinfo/FD`, opened (and held) the first time
-    /// [`Uffd::pending`] finds the descriptor blocking; `None` inside when
-    /// it would not open.
-    fdinfo: std::sync::OnceLock<Option<crate::fdguard::Held>>,
 }
 
 fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
@@ -282,7 +278,6 @@ impl Uffd {
         Self {
             fd: crate::fdguard::move_high(fd),
             origin,
-            fdinfo: std::sync::OnceLock::new(),
         }
     }
 
@@ -404,30 +399,10 @@ impl Uffd {
         ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut w)
     }
 
-    /// Makes [`Uffd::read_faults`] wait for a message (`blocking`) or
-    /// return at once when none is pending (the default).
-    ///
-    /// # Errors
-    /// The error of `fcntl(2)`.
-    pub fn set_blocking(&self, blocking: bool) -> io::Result<()> {
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: F_GETFL/F_SETFL on a descriptor this value owns.
-        let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) }.into())?;
-        let flags = i32::try_from(flags).unwrap_or(0);
-        let flags = if blocking {
-            flags & !libc::O_NONBLOCK
-        } else {
-            flags | libc::O_NONBLOCK
-        };
-        // SAFETY: as above.
-        cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }.into()).map(drop)
-    }
-
-    /// Reads pending fault messages into `out`; returns how many were read.
-    /// Without [`Uffd::set_blocking`] it returns 0 at once when none is
-    /// pending; blocking, it waits for one (and returns 0 when a signal
-    /// interrupts the wait). Events other than page faults are not
-    /// requested, so none are returned.
+    /// Reads pending fault messages into `out`; returns how many were read,
+    /// 0 at once when none is pending (the descriptor is non-blocking).
+    /// Events other than page faults are not requested, so none are
+    /// returned.
     ///
     /// # Errors
     /// The error of `read(2)` other than EAGAIN and EINTR.
@@ -445,8 +420,7 @@ impl Uffd {
         Ok(k)
     }
 
-    /// Reads pending raw messages into `msgs`; 0 when none is pending (or
-    /// a signal interrupted a blocking read).
+    /// Reads pending raw messages into `msgs`; 0 when none is pending.
     fn read_raw(&self, msgs: &mut [Msg]) -> io::Result<usize> {
         let bytes = std::mem::size_of_val(msgs);
         // SAFETY: `msgs` is a writable buffer of `bytes` bytes of
@@ -506,15 +480,11 @@ impl Uffd {
     }
 
     /// Whether a fault message is waiting to be read (`poll(2)` with no
-    /// wait): a watchdog's view of a handler that has fallen behind.
-    ///
-    /// The kernel answers every `poll` of a blocking userfaultfd with
-    /// `POLLERR` ("poll() never guarantees that read won't block"): there
-    /// the count of unread messages is read from the descriptor's `fdinfo`
-    /// (`pending:`) instead, one `pread` of a file kept open (held high, as
-    /// the descriptor is; 3.5-4.3 us here, against 0.6 us for the `poll`).
-    /// The shield's handler keeps its descriptor non-blocking (it sleeps in
-    /// `poll`), so this is a `poll` there.
+    /// wait): a watchdog's view of a handler that has fallen behind. The
+    /// descriptor is non-blocking, so `poll` answers it (the kernel answers
+    /// every `poll` of a blocking userfaultfd with `POLLERR`; the handler
+    /// once made its descriptor blocking and had to read the count from the
+    /// descriptor's `fdinfo` instead, 3.5-4.3 us a time here against 0.6).
     #[must_use]
     pub fn pending(&self) -> bool {
         let mut fd = libc::pollfd {
@@ -524,27 +494,7 @@ impl Uffd {
         };
         // SAFETY: `fd` is one valid pollfd struct.
         let r = unsafe { libc::poll(&mut fd, 1, 0) };
-        if r > 0 && fd.revents & libc::POLLERR != 0 {
-            return self.pending_by_fdinfo().unwrap_or(false);
-        }
         r > 0 && fd.revents & libc::POLLIN != 0
-    }
-
-    /// [`Uffd::pending`] for a blocking descriptor: its `fdinfo`'s
-    /// `pending:` count (`None`: no `/proc`, or a kernel without the line).
-    fn pending_by_fdinfo(&self) -> Option<bool> {
-        let held = self.fdinfo.get_or_init(|| {
-            let path = format!("/proc/self/fdinfo/{}", self.fd.as_raw_fd());
-            let file = std::fs::File::open(path).ok()?;
-            Some(crate::fdguard::move_high(file.into()))
-        });
-        let f = held.as_ref()?;
-        let mut buf = [0u8; 512];
-        // SAFETY: `buf` is writable for its length; the descriptor is ours
-        // (held: the program cannot close it).
-        let n = unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        let text = std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?;
-        fdinfo_pending(text).map(|n| n > 0)
     }
 
     /// Waits up to `timeout_ms` (-1: forever) until a message is pending or
@@ -755,32 +705,15 @@ pub fn map_stack_direct(len: usize) -> io::Result<*mut u8> {
     Ok(p)
 }
 
-/// The `pending:` count of a userfaultfd's `fdinfo` (messages not yet
-/// read).
-fn fdinfo_pending(text: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("pending:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A fault waiting on the descriptor shows (the watchdog's question;
+    /// it did not when the handler made the descriptor blocking: `poll`
+    /// says `POLLERR` on such a descriptor).
     #[test]
-    fn the_pending_count_is_read_from_fdinfo() {
-        let text =
-            "pos:\t0\nflags:\t02000000\nmnt_id:\t17\nino:\t2693836\npending:\t3\ntotal:\t5\n\
-                    API:\taa:80000101:80000000000001ff\n";
-        assert_eq!(fdinfo_pending(text), Some(3));
-        assert_eq!(fdinfo_pending("pos:\t0\n"), None);
-        assert_eq!(fdinfo_pending("pending:\tmany\n"), None);
-    }
-
-    /// The handler's descriptor is blocking: a fault waiting there must
-    /// still show (it did not: `poll` says `POLLERR` on such a descriptor).
-    #[test]
-    fn a_blocking_userfaultfd_says_when_a_fault_waits() {
+    fn a_userfaultfd_says_when_a_fault_waits() {
         let u = match Uffd::open() {
             Ok(u) => u,
             Err(e) => {
@@ -793,7 +726,6 @@ mod tests {
         let mem = map_anonymous_direct(page).expect("mmap");
         let at = mem as u64;
         u.register(at, page as u64, MODE_MISSING).expect("register");
-        u.set_blocking(true).expect("blocking");
         assert!(!u.pending(), "nothing faulted yet");
         let addr = mem as usize;
         // SAFETY: a read of the page just mapped; it blocks in its fault
@@ -816,7 +748,7 @@ mod tests {
         unsafe { libc::munmap(mem.cast(), page) };
         assert!(
             seen,
-            "a fault waited 10 s on a blocking userfaultfd and pending() never said so"
+            "a fault waited 10 s on the userfaultfd and pending() never said so"
         );
     }
 }
