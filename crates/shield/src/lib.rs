@@ -509,10 +509,10 @@ impl Shield {
     pub unsafe fn discard(&self, addr: usize, len: usize) {
         let t0 = std::time::Instant::now();
         let mut st = self.inner.lock();
-        let emptied = st.discard(addr, len, &self.inner.stats);
+        let (emptied, release) = st.discard(addr, len, &self.inner.stats);
         self.inner.unregister_empty(&mut st, &emptied);
         drop(st);
-        self.inner.program_time(t0);
+        self.inner.program_time_less(t0, release);
     }
 
     /// Counts `calls` calls of a preloaded allocator on the program's

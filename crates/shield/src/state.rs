@@ -1003,13 +1003,16 @@ impl State {
     /// the whole span), ciphertext is dropped. Pages of chunks not yet
     /// registered are found with `mincore` and wiped alike. Returns the
     /// lazily registered chunks left without data, as `(range, chunk)`: the
-    /// caller unregisters them before it lets go of the lock.
+    /// caller unregisters them before it lets go of the lock; and how long
+    /// the span's `MADV_DONTNEED` took (the frames' release, which a plain
+    /// run pays as well when it gives the same memory back).
     pub(crate) fn discard(
         &mut self,
         addr: usize,
         len: usize,
         stats: &StatsFile,
-    ) -> Vec<(usize, usize)> {
+    ) -> (Vec<(usize, usize)>, std::time::Duration) {
+        let mut release = std::time::Duration::ZERO;
         let end = addr.saturating_add(len);
         let (mut dropped_res, mut dropped_ev) = (0, 0);
         let mut emptied = Vec::new();
@@ -1043,9 +1046,11 @@ impl State {
                 }
                 i = stop;
             }
+            let t0 = std::time::Instant::now();
             // SAFETY: every page of the span that held plaintext and could be
             // written was wiped above; the caller owns the span's contents.
             let _ = unsafe { uffd::madvise_direct(lo as *mut u8, hi - lo, libc::MADV_DONTNEED) };
+            release += t0.elapsed();
         }
         self.resident -= dropped_res;
         self.evicted -= dropped_ev;
@@ -1070,7 +1075,7 @@ impl State {
                 }
             }
         }
-        emptied
+        (emptied, release)
     }
 }
 

@@ -172,7 +172,8 @@ pub struct Counters {
     /// filler), from their thread CPU clocks (ns).
     pub shield_cpu_ns: AtomicU64,
     /// Time the shield's calls took on the program's threads (discards,
-    /// which wipe freed pages; the allocator's notes of memory in use), ns.
+    /// which wipe freed pages; the allocator's notes of memory in use), ns,
+    /// less the frames' release (`release_ns`).
     pub program_ns: AtomicU64,
     /// 1 when the process draws on the host's budget (the ledger of
     /// `memveil run`), 0 when on its own budget only.
@@ -212,6 +213,11 @@ pub struct Counters {
     /// Times the watchdog kept the handler normal, its back-off over,
     /// because the host's CPUs were contended (see `handler::guard`).
     pub idle_held: AtomicU64,
+    /// Time the discards' `MADV_DONTNEED` of the span took on the program's
+    /// threads, ns: the kernel giving the frames back, which a plain run
+    /// pays in its own `munmap` or `free` of the same memory (not in
+    /// `program_ns` nor in any cost).
+    pub release_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -369,6 +375,9 @@ pub struct Snapshot {
     /// Times the handler was kept normal because the host's CPUs were
     /// contended.
     pub idle_held: u64,
+    /// The discards' release of frames on the program's threads (ns; a
+    /// plain run pays it too: in no cost).
+    pub release_ns: u64,
 }
 
 impl Snapshot {
@@ -509,6 +518,7 @@ impl Snapshot {
         self.alloc_ns += o.alloc_ns;
         self.alloc_call_ns = self.alloc_call_ns.max(o.alloc_call_ns);
         self.idle_held += o.idle_held;
+        self.release_ns += o.release_ns;
     }
 }
 
@@ -587,6 +597,7 @@ impl Counters {
             alloc_ns: g(&self.alloc_ns),
             alloc_call_ns: g(&self.alloc_call_ns),
             idle_held: g(&self.idle_held),
+            release_ns: g(&self.release_ns),
         }
     }
 }

@@ -156,6 +156,21 @@ impl Inner {
             .fetch_add(nanos(t0.elapsed()), Ordering::Relaxed);
     }
 
+    /// As [`Inner::program_time`], less `release`: the kernel's release of
+    /// the frames a discard gave back, which the program pays in a plain
+    /// run too (its `munmap` or `free` of the same memory), counted apart
+    /// ([`crate::Counters::release_ns`]) and in no cost. A 1 GiB block
+    /// with 24 MiB written, freed: 2.1-2.5 ms plain, 5.1-6.0 ms under the
+    /// shield, all of which was counted.
+    pub(crate) fn program_time_less(&self, t0: Instant, release: std::time::Duration) {
+        let c = self.stats.counters();
+        let took = t0.elapsed();
+        c.program_ns
+            .fetch_add(nanos(took.saturating_sub(release)), Ordering::Relaxed);
+        c.release_ns
+            .fetch_add(nanos(release.min(took)), Ordering::Relaxed);
+    }
+
     /// Adds the plaintext and data pages since the last call, times the
     /// milliseconds passed, to the statistics (the time-weighted plaintext
     /// fraction), counts those milliseconds as the process's time under the
