@@ -212,6 +212,12 @@ pub struct Counters {
     /// Times the watchdog kept the handler normal, its back-off over,
     /// because the host's CPUs were contended (see `handler::guard`).
     pub idle_held: AtomicU64,
+    /// Memory calls of the program the loader's agent served (seccomp
+    /// notifications it answered; see [`crate::Shield::count_served`]).
+    pub served_calls: AtomicU64,
+    /// CPU time of the loader's agent, from its thread clock (ns; in
+    /// `shield_cpu_ns` and `cost_ns`: the caller waits for every answer).
+    pub agent_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -369,6 +375,10 @@ pub struct Snapshot {
     /// Times the handler was kept normal because the host's CPUs were
     /// contended.
     pub idle_held: u64,
+    /// Memory calls the loader's agent served.
+    pub served_calls: u64,
+    /// CPU time of the loader's agent (ns; in `shield_cpu_ns` and `cost_ns`).
+    pub agent_ns: u64,
 }
 
 impl Snapshot {
@@ -509,6 +519,8 @@ impl Snapshot {
         self.alloc_ns += o.alloc_ns;
         self.alloc_call_ns = self.alloc_call_ns.max(o.alloc_call_ns);
         self.idle_held += o.idle_held;
+        self.served_calls += o.served_calls;
+        self.agent_ns += o.agent_ns;
     }
 }
 
@@ -587,6 +599,8 @@ impl Counters {
             alloc_ns: g(&self.alloc_ns),
             alloc_call_ns: g(&self.alloc_call_ns),
             idle_held: g(&self.idle_held),
+            served_calls: g(&self.served_calls),
+            agent_ns: g(&self.agent_ns),
         }
     }
 }
