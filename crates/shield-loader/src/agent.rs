@@ -177,6 +177,11 @@ fn undo(region: &Region, n: &libc::seccomp_notif, a: &Answer) {
 /// `keeper.rs`).
 pub fn serve(listener: &impl AsRawFd, region: &Region, program: &str, seen: &Seen) -> io::Error {
     let fd = listener.as_raw_fd();
+    // The agent's CPU is the shield's cost: every caller waits for it.
+    let shield = region.shield();
+    if let Some(s) = shield {
+        s.enter_agent();
+    }
     loop {
         // SAFETY: all-zero is a valid seccomp_notif (plain integers); the
         // kernel requires it zeroed before RECV.
@@ -191,6 +196,9 @@ pub fn serve(listener: &impl AsRawFd, region: &Region, program: &str, seen: &See
             }
         }
         seen.record(n.id);
+        if let Some(s) = shield {
+            s.count_served(1);
+        }
         let a = answer(region, program, &n);
         // SAFETY: all-zero is a valid seccomp_notif_resp.
         let mut r: libc::seccomp_notif_resp = unsafe { std::mem::zeroed() };

@@ -1,6 +1,8 @@
 //! What the shield's own threads cost: the CPU time of the fault handler,
-//! the watchdog (sweeps, scans, the budget's bookkeeping) and the filler of
-//! the zero pool, read from their thread CPU clocks. A timed section misses
+//! the watchdog (sweeps, scans, the budget's bookkeeping), the filler of
+//! the zero pool and, for a program the loader runs, the agent that serves
+//! its memory calls ([`crate::Shield::enter_agent`]), read from their
+//! thread CPU clocks. A timed section misses
 //! a thread's wake-ups, its reads of the userfaultfd, its `mincore` scans
 //! outside the lock; the thread's clock does not.
 
@@ -13,13 +15,27 @@ pub(crate) enum Worker {
     Handler = 0,
     Guard = 1,
     Zeros = 2,
+    /// The loader's agent (not started by the shield: it says so itself).
+    Agent = 3,
+}
+
+thread_local! {
+    /// Whether this thread is the agent: its thread clock counts its work,
+    /// so its time in the shield's calls is not counted again as work on
+    /// the program's threads ([`crate::Counters::program_ns`]).
+    static IS_AGENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is the agent ([`ShieldCpu::enter_agent`]).
+pub(crate) fn on_agent() -> bool {
+    IS_AGENT.with(std::cell::Cell::get)
 }
 
 /// Thread ids of the shield's threads and the CPU time last read of each.
 #[derive(Default)]
 pub(crate) struct ShieldCpu {
-    tids: [AtomicU32; 3],
-    seen: [AtomicU64; 3],
+    tids: [AtomicU32; 4],
+    seen: [AtomicU64; 4],
     /// The handler's run delay faults waited for ([`WaitSplit`]).
     handler_wait: AtomicU64,
     /// The faulting threads' wait for a CPU once woken ([`post_wake_wait`]).
@@ -41,6 +57,18 @@ impl ShieldCpu {
     /// Called by a shield thread as it starts: its clock counts from now on.
     pub(crate) fn enter(&self, w: Worker) {
         self.tids[w as usize].store(memveil_sys::process::gettid(), Ordering::Release);
+    }
+
+    /// Called by the agent as it starts: its clock counts from now on, and
+    /// its work in the shield's calls is not timed again.
+    pub(crate) fn enter_agent(&self) {
+        IS_AGENT.with(|a| a.set(true));
+        self.enter(Worker::Agent);
+    }
+
+    /// The agent's CPU time so far, in ns (0 without one).
+    pub(crate) fn agent_ns(&self) -> u64 {
+        self.read(Worker::Agent as usize)
     }
 
     /// CPU time of the shield's threads so far, in ns. A thread whose clock

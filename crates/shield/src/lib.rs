@@ -531,6 +531,29 @@ impl Shield {
             .store(call_ps.saturating_add(500) / 1000, Ordering::Relaxed);
     }
 
+    /// Called by the thread that serves a program's memory calls (the
+    /// loader's agent: seccomp notifications) as it starts. Its CPU clock
+    /// counts from then on as the shield's, in the host's CPU the budgets
+    /// draw and in what the program loses (each caller waits for its
+    /// answer, as a faulting thread waits for the handler), and its time
+    /// in the shield's own calls is not counted again
+    /// ([`crate::Counters::program_ns`]). The callers' side of each round
+    /// trip (their entry, the filter, the switch to the agent and back) is
+    /// on their own threads' clocks and is not counted.
+    pub fn enter_agent(&self) {
+        self.inner.cpu.enter_agent();
+    }
+
+    /// Counts `n` memory calls served by the agent
+    /// ([`crate::Counters::served_calls`]).
+    pub fn count_served(&self, n: u64) {
+        self.inner
+            .stats
+            .counters()
+            .served_calls
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Counts the time since `t0` as the shield's work on a thread of the
     /// program (a preloaded allocator measuring itself).
     pub fn count_program_time(&self, t0: std::time::Instant) {

@@ -370,7 +370,8 @@ impl Region {
         self.detach();
     }
 
-    fn shield(&self) -> Option<&'static Shield> {
+    /// The shield attached ([`Region::attach`]), if any.
+    pub fn shield(&self) -> Option<&'static Shield> {
         let p = self.shield.load(Ordering::Acquire);
         // SAFETY: set only from a `&'static Shield` (`attach`).
         (!p.is_null()).then(|| unsafe { &*p })

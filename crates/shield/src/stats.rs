@@ -218,6 +218,12 @@ pub struct Counters {
     /// pays in its own `munmap` or `free` of the same memory (not in
     /// `program_ns` nor in any cost).
     pub release_ns: AtomicU64,
+    /// Memory calls of the program the loader's agent served (seccomp
+    /// notifications it answered; see [`crate::Shield::count_served`]).
+    pub served_calls: AtomicU64,
+    /// CPU time of the loader's agent, from its thread clock (ns; in
+    /// `shield_cpu_ns` and `cost_ns`: the caller waits for every answer).
+    pub agent_ns: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -378,6 +384,10 @@ pub struct Snapshot {
     /// The discards' release of frames on the program's threads (ns; a
     /// plain run pays it too: in no cost).
     pub release_ns: u64,
+    /// Memory calls the loader's agent served.
+    pub served_calls: u64,
+    /// CPU time of the loader's agent (ns; in `shield_cpu_ns` and `cost_ns`).
+    pub agent_ns: u64,
 }
 
 impl Snapshot {
@@ -519,6 +529,8 @@ impl Snapshot {
         self.alloc_call_ns = self.alloc_call_ns.max(o.alloc_call_ns);
         self.idle_held += o.idle_held;
         self.release_ns += o.release_ns;
+        self.served_calls += o.served_calls;
+        self.agent_ns += o.agent_ns;
     }
 }
 
@@ -598,6 +610,8 @@ impl Counters {
             alloc_call_ns: g(&self.alloc_call_ns),
             idle_held: g(&self.idle_held),
             release_ns: g(&self.release_ns),
+            served_calls: g(&self.served_calls),
+            agent_ns: g(&self.agent_ns),
         }
     }
 }

@@ -76,7 +76,7 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
             "the shield cost {} of the processes' time, what they lost ({:.0} ms its threads' CPU, of which \
              the sweep's counted only as far as the program waited for a CPU ({:.0} ms); {} hand-offs{}, {:.0} ms \
              faults waited for the handler to get a CPU, {:.0} ms on the program's threads wiping what it freed, \
-             {:.0} ms in memveil's allocator beyond the C library's ({} calls at {} ns); \
+             {:.0} ms in memveil's allocator beyond the C library's ({} calls at {} ns){}; \
              {:.0} ms of the host's CPU in all, what the budgets draw)",
             pct(cost),
             ms(s.shield_cpu_ns),
@@ -92,6 +92,15 @@ pub(super) fn guarantee_line(g: &Guarantee, s: &Snapshot) -> String {
             ms(s.alloc_ns),
             s.alloc_calls,
             s.alloc_call_ns,
+            if s.served_calls > 0 {
+                format!(
+                    ", {:.0} ms of the loader's agent's CPU serving {} memory calls",
+                    ms(s.agent_ns),
+                    s.served_calls
+                )
+            } else {
+                String::new()
+            },
             ms(s.host_cost_ns)
         );
         parts.push(match g.budget {

@@ -116,8 +116,11 @@ impl Inner {
             .saturating_add(g(&c.program_ns))
             .saturating_add(g(&c.alloc_ns));
         let host = common.saturating_add(threads.max(timed));
+        // The agent runs only while a program's thread waits for its
+        // answer: all its CPU is the program's loss, as the handler's is.
         let loss = common
             .saturating_add(self.cpu.handler_ns())
+            .saturating_add(self.cpu.agent_ns())
             .saturating_add(g(&c.handler_lock_ns))
             .saturating_add(self.contention.ns());
         CostParts {
@@ -149,7 +152,11 @@ impl Inner {
 
     /// Counts the time since `t0` as the shield's work on a thread of the
     /// program ([`crate::Counters::program_ns`]).
+    /// Not on the agent: its thread clock counts its work already.
     pub(crate) fn program_time(&self, t0: Instant) {
+        if crate::cpu::on_agent() {
+            return;
+        }
         self.stats
             .counters()
             .program_ns
@@ -198,8 +205,13 @@ impl Inner {
         }
         // Every part only grows: the largest of each published belong to the
         // same (latest) reading.
-        // The watchdog's and the filler's CPU: all but the handler's.
-        let background = self.cpu.total_ns().saturating_sub(self.cpu.handler_ns());
+        // The watchdog's and the filler's CPU: all but the handler's and
+        // the agent's (both counted whole).
+        let background = self
+            .cpu
+            .total_ns()
+            .saturating_sub(self.cpu.handler_ns())
+            .saturating_sub(self.cpu.agent_ns());
         self.contention.look(background, last);
         let p = self.cost_parts();
         c.handler_wait_ns
@@ -209,6 +221,7 @@ impl Inner {
         c.cost_ns.fetch_max(p.loss, Ordering::Relaxed);
         c.host_cost_ns.fetch_max(p.host, Ordering::Relaxed);
         c.shield_cpu_ns.fetch_max(p.threads, Ordering::Relaxed);
+        c.agent_ns.fetch_max(self.cpu.agent_ns(), Ordering::Relaxed);
     }
 
     /// What sweeping a page is expected to cost, in ns: the share of swept

@@ -109,8 +109,8 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
         None
     };
     let mut next_scan = Instant::now();
-    // The CPU this thread is pinned to (see `follow_handler`).
-    let mut pinned: Option<usize> = None;
+    // Where this thread sweeps from (see `Side`).
+    let mut side = Side::new();
     loop {
         // When this thread wakes next, for the handler to poke it sooner
         // when a page comes in due before that (see `Inner::poke_guard`).
@@ -181,7 +181,7 @@ pub(crate) fn run(inner: &Inner, idle: bool) {
                 inner.scan_chunks(scratch);
                 next_scan = Instant::now() + SCAN_PERIOD;
             }
-            pinned = follow_handler(inner, pinned);
+            side.follow(inner, now);
             period = period.min(sweep(inner));
             if scratch.is_some() {
                 period = period.min(next_scan.saturating_duration_since(Instant::now()));
@@ -405,24 +405,161 @@ fn sweep(inner: &Inner) -> Duration {
     SWEEP_MIN
 }
 
-/// Pins this thread to the CPU the handler follows the program's faulting
-/// thread to (`Inner::handler_on`) when that is not `on`, the CPU it is
-/// pinned to; returns the CPU it is pinned to now. The sweep's moves then
-/// run where the program runs: a `UFFDIO_MOVE` from another CPU flushes
-/// the program's TLB by an IPI and waits for its answer, 17-28 µs a move
-/// on the AMD host whatever its length (1 to 64 pages), the largest part
-/// of a swept page's cost in the cold server's ramp; from the program's
-/// own CPU (the program preempted meanwhile) the flush is local. The
-/// budget counts the watchdog's CPU wherever it runs.
-fn follow_handler(inner: &Inner, on: Option<usize>) -> Option<usize> {
-    let cpu = inner.handler_on.load(Ordering::Relaxed);
-    if cpu == usize::MAX || on == Some(cpu) {
-        return on;
+/// How long the CPUs' idle time is measured over before the watchdog
+/// decides again where to sweep from ([`Side`]; `/proc/stat` counts in
+/// ticks of 10 ms).
+const SIDE_SPAN: Duration = Duration::from_millis(100);
+/// Below this share of idle time over [`SIDE_SPAN`] the CPU the handler
+/// follows the program to counts as busy ...
+const BUSY_IDLE: f64 = 0.25;
+/// ... and at or above this share another CPU counts as free.
+const FREE_IDLE: f64 = 0.5;
+
+/// Where the watchdog sweeps from. By default from the CPU the handler
+/// follows the program's faulting thread to (`Inner::handler_on`): the
+/// sweep's moves then flush the program's TLB locally, where a
+/// `UFFDIO_MOVE` from another CPU flushes it by an IPI and waits for its
+/// answer (17-28 µs a move on the AMD host whatever its length, 1 to 64
+/// pages, the largest part of a swept page's cost in the cold server's
+/// ramp). But on the program's CPU the watchdog's every wake preempts the
+/// program when it keeps that CPU busy: the whole sweep is then the
+/// program's time, while another CPU idles (busybox `sort`, one thread:
+/// the watchdog preempted it 78-165 times a 0.5 s run, and the run lost
+/// the budget's whole 10%). So when over the last [`SIDE_SPAN`] the
+/// program's CPU was busy (idle less than [`BUSY_IDLE`]) and another
+/// allowed CPU free (idle at least [`FREE_IDLE`]), the watchdog runs on
+/// the CPUs but the program's, and pays the IPIs; the budget counts its
+/// CPU wherever it runs.
+struct Side {
+    /// The CPUs this thread may use (its mask at start).
+    allowed: Option<libc::cpu_set_t>,
+    /// The idle ticks of each CPU at the last reading, and when.
+    last: Option<(Instant, Vec<Option<u64>>)>,
+    /// `/proc/stat`'s ticks a second.
+    hz: f64,
+    /// Sweep from the CPUs but the program's.
+    apart: bool,
+    /// The CPU the handler was on when this thread was last placed, and
+    /// whether it was placed apart from it.
+    placed: Option<(usize, bool)>,
+}
+
+impl Side {
+    fn new() -> Self {
+        // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+        let r =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        // SAFETY: sysconf only reads a configuration value.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Side {
+            allowed: (r == 0).then_some(set),
+            last: cpu_idle_ticks().map(|t| (Instant::now(), t)),
+            #[allow(clippy::cast_precision_loss)]
+            hz: if hz > 0 { hz as f64 } else { 100.0 },
+            apart: false,
+            placed: None,
+        }
     }
-    match memveil_sys::process::pin_to_cpu(cpu) {
-        Ok(()) => Some(cpu),
-        Err(_) => on,
+
+    /// Decides again when [`SIDE_SPAN`] has passed, and places this thread
+    /// beside the CPU the handler is on, or apart from it.
+    fn follow(&mut self, inner: &Inner, now: Instant) {
+        let cpu = inner.handler_on.load(Ordering::Relaxed);
+        if cpu == usize::MAX {
+            return;
+        }
+        if let Some((at, before)) = self.last.as_ref() {
+            let span = now.saturating_duration_since(*at);
+            if span >= SIDE_SPAN {
+                if let Some(after) = cpu_idle_ticks() {
+                    self.apart = apart(before, &after, cpu, span.as_secs_f64() * self.hz);
+                    self.last = Some((now, after));
+                }
+            }
+        }
+        let want = (cpu, self.apart);
+        if self.placed == Some(want) {
+            return;
+        }
+        let apart_ok = self.apart && self.allowed.as_ref().is_some_and(|a| avoid_cpu(a, cpu));
+        if apart_ok {
+            self.placed = Some(want);
+        } else if memveil_sys::process::pin_to_cpu(cpu).is_ok() {
+            self.placed = Some((cpu, false));
+        }
     }
+}
+
+/// Whether to sweep apart from CPU `own` (see [`Side`]), from two readings
+/// of each CPU's idle ticks `ticks` ticks apart.
+fn apart(before: &[Option<u64>], after: &[Option<u64>], own: usize, ticks: f64) -> bool {
+    if ticks <= 0.0 {
+        return false;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let share = |c: usize| match (before.get(c), after.get(c)) {
+        (Some(Some(b)), Some(Some(a))) => Some(a.saturating_sub(*b) as f64 / ticks),
+        _ => None,
+    };
+    let Some(mine) = share(own) else {
+        return false;
+    };
+    let other = (0..after.len())
+        .filter(|&c| c != own)
+        .filter_map(share)
+        .fold(0.0, f64::max);
+    mine < BUSY_IDLE && other >= FREE_IDLE
+}
+
+/// Lets this thread run on the CPUs of `allowed` but `cpu`; false when
+/// that leaves none or the kernel refuses (a cpuset changed since).
+fn avoid_cpu(allowed: &libc::cpu_set_t, cpu: usize) -> bool {
+    let mut set = *allowed;
+    if cpu < 1024 {
+        // SAFETY: cpu < 1024, the number of bits in a cpu_set_t.
+        unsafe { libc::CPU_CLR(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t.
+    if unsafe { libc::CPU_COUNT(&set) } == 0 {
+        return false;
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+/// Each CPU's idle and I/O wait ticks (`/proc/stat`), by CPU number.
+fn cpu_idle_ticks() -> Option<Vec<Option<u64>>> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    Some(parse_cpu_idle(&text))
+}
+
+/// The idle and I/O wait ticks of the `cpuN` lines of `/proc/stat` text,
+/// indexed by N (`None` for a number without a line: offline).
+fn parse_cpu_idle(text: &str) -> Vec<Option<u64>> {
+    let mut out: Vec<Option<u64>> = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let Some(n) = f
+            .next()
+            .and_then(|h| h.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let mut v = f.map(str::parse::<u64>);
+        let (Some(Ok(idle)), Some(Ok(iowait))) = (v.nth(3), v.next()) else {
+            continue;
+        };
+        if n < 4096 {
+            if out.len() <= n {
+                out.resize(n + 1, None);
+            }
+            out[n] = Some(idle.saturating_add(iowait));
+        }
+    }
+    out
 }
 
 /// Sleeps up to `d`; returns whether the shield is stopping.
@@ -630,5 +767,50 @@ mod tests {
         assert_eq!(parse_idle_ns("cpu0 1 2 3 4 5\n", 100), None);
         assert_eq!(parse_idle_ns("cpu  1 2 3 x 5\n", 100), None);
         assert!(host_idle_ns().is_some(), "/proc/stat is readable here");
+    }
+
+    #[test]
+    fn each_cpus_idle_time_is_read_by_its_number() {
+        let text = "cpu  117453 34736 40840 46557 902 0 841 6964 0 0\n\
+                    cpu0 1 2 3 40 5 6 7 8 0 0\n\
+                    cpu2 1 2 3 x 5\n\
+                    cpu3 1 2 3 7 1 6 7 8 0 0\n";
+        assert_eq!(
+            parse_cpu_idle(text),
+            vec![Some(45), None, None, Some(8)],
+            "the total line and a line that does not parse are left out"
+        );
+        assert!(cpu_idle_ticks().is_some_and(|v| v.iter().any(Option::is_some)));
+    }
+
+    #[test]
+    fn the_sweep_goes_apart_only_from_a_busy_cpu_to_a_free_one() {
+        let before = [Some(100), Some(100)];
+        // Over 10 ticks: CPU 0 idle 1 tick, CPU 1 idle 9.
+        let after = [Some(101), Some(109)];
+        assert!(apart(&before, &after, 0, 10.0), "busy beside free: apart");
+        assert!(
+            !apart(&before, &after, 1, 10.0),
+            "the program's CPU idles: beside it"
+        );
+        // Both busy (a program on both CPUs, or the host loaded): beside.
+        assert!(!apart(&before, &[Some(101), Some(102)], 0, 10.0));
+        // One CPU only, an unknown CPU, no time passed: beside.
+        assert!(!apart(&[Some(100)], &[Some(100)], 0, 10.0));
+        assert!(!apart(&before, &after, 5, 10.0));
+        assert!(!apart(&before, &after, 0, 0.0));
+        // The thresholds: idle just under a quarter against half a CPU.
+        assert!(
+            apart(&before, &[Some(102), Some(105)], 0, 10.0),
+            "idle 0.2 beside 0.5: apart"
+        );
+        assert!(
+            !apart(&before, &[Some(103), Some(105)], 0, 10.0),
+            "idle 0.3: not busy"
+        );
+        assert!(
+            !apart(&before, &[Some(102), Some(104)], 0, 10.0),
+            "other idle 0.4: not free"
+        );
     }
 }

@@ -71,7 +71,7 @@ pub(crate) struct Inner {
     pub(crate) handler_tid: AtomicU32,
     /// The CPU the handler follows the program's faulting thread to
     /// ([`HandlerCpu::Follow`]; `usize::MAX`: none known): the watchdog
-    /// sweeps from it (see `guard::follow_handler`).
+    /// sweeps from it, or from the other CPUs when the program keeps it busy (see `guard::Side`).
     pub(crate) handler_on: AtomicUsize,
     /// The CPU time of the shield's threads (the budget counts it).
     pub(crate) cpu: crate::cpu::ShieldCpu,
