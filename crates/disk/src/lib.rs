@@ -250,7 +250,9 @@ fn create_locked(o: &CreateOpts, bpath: &Path) -> Result<Binding, DiskError> {
             })?;
             let mut c = Client::connect(sock)?;
             let info = match &o.source {
-                KeySource::New => c.create_key(&o.key, o.key_kind, o.persistent)?,
+                KeySource::New => c
+                    .create_key(&o.key, o.key_kind, o.persistent)
+                    .map_err(|e| key_exists(e, o))?,
                 KeySource::Import(file) => {
                     let k = read_key_file(file, o.key_kind.key_len())?;
                     c.import_key(&o.key, o.key_kind, o.persistent, &k)?
@@ -286,6 +288,27 @@ fn create_locked(o: &CreateOpts, bpath: &Path) -> Result<Binding, DiskError> {
     }
     write_binding(bpath, &b)?;
     Ok(b)
+}
+
+/// A new key's name taken in the vault, while the image has no binding (the
+/// caller checked): what a `create` stopped between making the key and
+/// writing the binding leaves. Named with both ways on: bind the image to
+/// that key, or pick another name. Other errors pass as they are.
+fn key_exists(e: ClientError, o: &CreateOpts) -> DiskError {
+    match e {
+        ClientError::Refused {
+            code: memveil_vault::proto::ErrorCode::Exists,
+            ..
+        } => DiskError::Usage(format!(
+            "vault key {key:?} exists, but {img} has no binding: a `memveil disk create` stopped \
+             after it made the key and before it wrote the binding leaves it so (or the name is \
+             another key's). If it is this image's, `memveil disk create {img} --key {key} \
+             --existing-key` binds the image to it; otherwise choose another --key",
+            key = o.key,
+            img = o.image.display()
+        )),
+        e => e.into(),
+    }
 }
 
 /// Writes the binding file: a temporary file, `fsync`, `rename`, `fsync` of

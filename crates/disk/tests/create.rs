@@ -121,3 +121,41 @@ fn concurrent_creates_on_one_image_bind_it_once_and_refuse_the_rest() {
          the lock, the rest after the binding was written"
     );
 }
+
+#[test]
+fn a_key_left_without_a_binding_is_named_and_can_be_bound() {
+    // A create killed after it made the key in the vault and before it
+    // wrote the binding: the key is there, the binding is not. The retry
+    // was refused with the vault's words alone ("a key named ... exists").
+    let dir = common::scratch("orphan");
+    let _v = common::vault(&dir);
+    let sock = dir.join("vault.sock");
+    let image = dir.join("o.img");
+    let mut c = memveil_vault::Client::connect(&sock).expect("connect");
+    c.create_key("orphan", KeyKind::Xts128, false)
+        .expect("the key a killed create made");
+    let o = common::image_opts(&image, &sock, "orphan", 1 << 20);
+    let e = memveil_disk::create(&o).expect_err("the name is taken");
+    let m = e.to_string();
+    assert!(
+        m.contains("\"orphan\" exists")
+            && m.contains("has no binding")
+            && m.contains("--existing-key"),
+        "{m}"
+    );
+    assert!(
+        !memveil_disk::binding::path_for(&image).exists(),
+        "refused: no binding"
+    );
+    // The fix the message names binds the image to that key.
+    let b = memveil_disk::create(&CreateOpts {
+        source: KeySource::Existing,
+        ..o
+    })
+    .expect("bound to the existing key");
+    assert_eq!(b.key, "orphan");
+    assert_eq!(
+        memveil_disk::read_binding(&image).expect("binding").key,
+        "orphan"
+    );
+}

@@ -345,11 +345,13 @@ pub enum ServeError {
     /// A live daemon already serves on the socket path.
     #[error("{0} is in use by a running server (connect succeeded); stop it or pick another path")]
     SocketInUse(PathBuf),
-    /// The path exists and is not a socket.
+    /// Something other than a socket is at the path (what, in words): left
+    /// as it is.
     #[error(
-        "{0} exists and is not a socket; refusing to replace it (remove it or pick another path)"
+        "socket {0}: {1} is there, not a socket; refusing to replace it (remove it yourself if \
+         nothing needs it, or choose another --unix path)"
     )]
-    NotASocket(PathBuf),
+    NotASocket(PathBuf, &'static str),
     /// No source could be opened.
     #[error("no usable entropy source: {0}")]
     NoSource(String),

@@ -40,7 +40,7 @@ enum Bound {
 fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, PathLock), ServeError> {
     memveil_sys::ipc::bind_socket(path, mode).map_err(|e| match e {
         BindError::Held | BindError::Listening => ServeError::SocketInUse(path.to_path_buf()),
-        BindError::NotASocket(_) => ServeError::NotASocket(path.to_path_buf()),
+        BindError::NotASocket(what) => ServeError::NotASocket(path.to_path_buf(), what),
         BindError::Unprobed(source) => ServeError::Bind {
             what: format!("unix:{} (probing the socket there)", path.display()),
             source,

@@ -55,9 +55,37 @@ fn not_a_socket_is_not_replaced() {
         ..ServeConfig::default()
     };
     let e = Server::start(cfg).err().expect("refused");
-    assert!(matches!(e, ServeError::NotASocket(_)), "{e}");
+    assert!(matches!(e, ServeError::NotASocket(..)), "{e}");
+    // The message names the path, what is there and the fix.
+    let m = e.to_string();
+    assert!(m.contains(&p.display().to_string()), "{m}");
+    assert!(m.contains("a regular file is there"), "{m}");
+    assert!(
+        m.contains("remove it yourself") && m.contains("--unix"),
+        "{m}"
+    );
     assert_eq!(std::fs::read(&p).expect("still there"), b"keep me");
     std::fs::remove_file(&p).expect("cleanup");
+}
+
+#[test]
+fn a_directory_at_the_socket_path_is_named_and_kept() {
+    let p = sock("dir");
+    std::fs::create_dir_all(p.join("inside")).expect("mkdir");
+    let cfg = ServeConfig {
+        listen: vec![Listen::Unix(p.clone())],
+        sources: vec![pattern_spec()],
+        log: quiet(),
+        ..ServeConfig::default()
+    };
+    let e = Server::start(cfg).err().expect("refused");
+    let m = e.to_string();
+    assert!(
+        matches!(e, ServeError::NotASocket(..)) && m.contains("a directory is there"),
+        "{m}"
+    );
+    assert!(p.join("inside").is_dir(), "kept");
+    std::fs::remove_dir_all(&p).expect("cleanup");
 }
 
 #[test]
