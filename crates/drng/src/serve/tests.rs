@@ -44,17 +44,21 @@ fn remote_bind_refused_without_flag() {
     assert!(e.to_string().contains("--allow-remote"));
 }
 
+/// A server on one Unix socket at `p`, quiet, with the pattern source.
+fn unix_only(p: &std::path::Path) -> ServeConfig {
+    ServeConfig {
+        listen: vec![Listen::Unix(p.to_path_buf())],
+        sources: vec![pattern_spec()],
+        log: quiet(),
+        ..ServeConfig::default()
+    }
+}
+
 #[test]
 fn not_a_socket_is_not_replaced() {
     let p = sock("regular");
     std::fs::write(&p, b"keep me").expect("write");
-    let cfg = ServeConfig {
-        listen: vec![Listen::Unix(p.clone())],
-        sources: vec![pattern_spec()],
-        log: quiet(),
-        ..ServeConfig::default()
-    };
-    let e = Server::start(cfg).err().expect("refused");
+    let e = Server::start(unix_only(&p)).err().expect("refused");
     assert!(matches!(e, ServeError::NotASocket(..)), "{e}");
     // The message names the path, what is there and the fix.
     let m = e.to_string();
@@ -72,13 +76,7 @@ fn not_a_socket_is_not_replaced() {
 fn a_directory_at_the_socket_path_is_named_and_kept() {
     let p = sock("dir");
     std::fs::create_dir_all(p.join("inside")).expect("mkdir");
-    let cfg = ServeConfig {
-        listen: vec![Listen::Unix(p.clone())],
-        sources: vec![pattern_spec()],
-        log: quiet(),
-        ..ServeConfig::default()
-    };
-    let e = Server::start(cfg).err().expect("refused");
+    let e = Server::start(unix_only(&p)).err().expect("refused");
     let m = e.to_string();
     assert!(
         matches!(e, ServeError::NotASocket(..)) && m.contains("a directory is there"),
