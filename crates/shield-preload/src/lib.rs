@@ -54,7 +54,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::{null_mut, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use memveil_shield::region::{MapOpts, Region, SpinLock};
 pub(crate) use memveil_shield::start::{config, env_str, env_usize};
@@ -778,10 +778,12 @@ const CALL_UNMEASURED: u64 = u64::MAX;
 /// Set while a thread measures (one at a time).
 static MEASURING: AtomicBool = AtomicBool::new(false);
 
-/// The fastest round of `call_round` so far through this allocator and
-/// through glibc's, ns.
-static OURS_BEST: AtomicU64 = AtomicU64::new(u64::MAX);
-static GLIBC_BEST: AtomicU64 = AtomicU64::new(u64::MAX);
+/// What a round of `call_round` took through this allocator less what the
+/// round beside it took through glibc's, ns, for every pair measured so far
+/// (up to `MAX_PAIRS`; written by the measuring thread only).
+static PAIR_DIFFS: [AtomicI64; MAX_PAIRS] = [const { AtomicI64::new(0) }; MAX_PAIRS];
+static PAIRS: AtomicUsize = AtomicUsize::new(0);
+const MAX_PAIRS: usize = 64;
 
 /// Full batches so far, of all threads.
 static BATCHES: AtomicU64 = AtomicU64::new(0);
@@ -814,28 +816,56 @@ fn count_batch() {
 const CALL_ROUND: u64 = 4000;
 
 /// `pairs` rounds of `call_round` through this allocator's `malloc` and
-/// `free` and, in turn, through glibc's `__libc_malloc` and `__libc_free`;
-/// sets `CALL_PS` from the fastest round of each so far (a preempted or
-/// interrupted round is slower only). Both at the same moment and through
-/// the same entry points as the program calls them: on this host the same
-/// loop ran 5.5 ns a call for a while and 9.5-10 for another, through
-/// either allocator alike (the first milliseconds of a run mostly slow);
-/// glibc timed alone at start against this allocator on the first batch,
-/// its `free` inlined into the loop, counted 0-9 ns a call where the
-/// program's own rounds lost 2.8-7.1 (30 runs). glibc's single-threaded
-/// path was not the difference: the loop after a thread was made ran as
-/// fast (5.3-5.8 ns a call either way, 12 paired runs). The calls measured
-/// are not counted as the program's.
+/// `free` and, beside each, one through glibc's `__libc_malloc` and
+/// `__libc_free` (in turn which first); sets `CALL_PS` from the median of
+/// the pairs' differences so far. Both at the same moment and through the
+/// same entry points as the program calls them: on this host the same loop
+/// ran 5.5 ns a call for a while and 9.5-10 for another, through either
+/// allocator alike (the first milliseconds of a run mostly slow); glibc
+/// timed alone at start against this allocator on the first batch, its
+/// `free` inlined into the loop, counted 0-9 ns a call where the program's
+/// own rounds lost 2.8-7.1 (30 runs). glibc's single-threaded path was not
+/// the difference: the loop after a thread was made ran as fast (5.3-5.8 ns
+/// a call either way, 12 paired runs). The fastest round of each, taken
+/// apart (before, branch mo1), counted 0.53-1.82 ns a call in six quiet
+/// runs where the program's paired rounds lost 0.77-1.44: two extremes of
+/// rounds timed at different moments; a pair's difference is of one moment,
+/// and the median leaves out a pair preempted or interrupted (counted/lost
+/// 0.97-1.79 in 15 quiet runs, 0.70-1.96 in 15 beside two busy loops,
+/// 1.17-2.71 in 15 beside a build). The median of the latest five pairs
+/// only did worse (0.34-1.89 quiet, 1.02-6.21 beside busy loops, 12 runs
+/// each). The calls measured are not counted as the program's.
 fn measure_calls(pairs: u32) {
     let calls = with_thread(|t| std::mem::replace(&mut t.calls, 0));
     for _ in 0..pairs {
-        OURS_BEST.fetch_min(call_round(malloc, free), Ordering::Relaxed);
-        GLIBC_BEST.fetch_min(call_round(__libc_malloc, __libc_free), Ordering::Relaxed);
+        let k = PAIRS.load(Ordering::Relaxed);
+        if k == MAX_PAIRS {
+            break;
+        }
+        // In turn which goes first, so that neither gains by its place.
+        let (ours, glibc) = if k.is_multiple_of(2) {
+            let o = call_round(malloc, free);
+            (o, call_round(__libc_malloc, __libc_free))
+        } else {
+            let g = call_round(__libc_malloc, __libc_free);
+            (call_round(malloc, free), g)
+        };
+        let d = i64::try_from(ours)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(glibc).unwrap_or(i64::MAX));
+        PAIR_DIFFS[k].store(d, Ordering::Relaxed);
+        PAIRS.store(k + 1, Ordering::Relaxed);
     }
     with_thread(|t| t.calls = calls);
-    let ours = OURS_BEST.load(Ordering::Relaxed);
-    let glibc = GLIBC_BEST.load(Ordering::Relaxed);
-    let ps = ours.saturating_sub(glibc).saturating_mul(1000) / CALL_ROUND;
+    let n = PAIRS.load(Ordering::Relaxed);
+    let mut d = [0i64; MAX_PAIRS];
+    for (x, a) in d.iter_mut().zip(&PAIR_DIFFS[..n]) {
+        *x = a.load(Ordering::Relaxed);
+    }
+    let d = &mut d[..n];
+    d.sort_unstable();
+    let mid = d.get(n / 2).map_or(0, |&m| u64::try_from(m).unwrap_or(0));
+    let ps = mid.saturating_mul(1000) / CALL_ROUND;
     CALL_PS.store(ps, Ordering::Release);
 }
 
