@@ -359,21 +359,29 @@ fn busy(idle_ns: u64, span: Duration) -> bool {
 /// and I/O wait ticks of `/proc/stat`'s `cpu` line (`None` if unreadable).
 fn host_idle_ns() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_idle_ns(&text, clock_ticks()?)
+}
+
+/// `/proc/stat`'s ticks a second (`None` if the system does not say).
+fn clock_ticks() -> Option<u64> {
     // SAFETY: sysconf only reads a configuration value.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    parse_idle_ns(&text, u64::try_from(hz).ok().filter(|&h| h > 0)?)
+    u64::try_from(hz).ok().filter(|&h| h > 0)
+}
+
+/// The idle and I/O wait ticks of one `/proc/stat` CPU line, from the
+/// fields after its name (`user nice system idle iowait ...`).
+fn idle_ticks<'a>(fields: impl Iterator<Item = &'a str>) -> Option<u64> {
+    let mut f = fields.map(str::parse::<u64>);
+    let (idle, iowait) = (f.nth(3)?.ok()?, f.next()?.ok()?);
+    Some(idle.saturating_add(iowait))
 }
 
 /// The idle and I/O wait time of the `cpu` line of `/proc/stat` text, ns,
 /// at `hz` ticks a second.
 fn parse_idle_ns(text: &str, hz: u64) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let mut f = line.split_ascii_whitespace().skip(1).map(str::parse::<u64>);
-    let (idle, iowait) = (f.nth(3)?.ok()?, f.next()?.ok()?);
-    Some(
-        idle.saturating_add(iowait)
-            .saturating_mul(1_000_000_000 / hz),
-    )
+    Some(idle_ticks(line.split_ascii_whitespace().skip(1))?.saturating_mul(1_000_000_000 / hz))
 }
 
 /// Sweeps the pages that are due (never waiting for the lock: a starved
@@ -451,13 +459,11 @@ impl Side {
         // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
         let r =
             unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-        // SAFETY: sysconf only reads a configuration value.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         Side {
             allowed: (r == 0).then_some(set),
             last: cpu_idle_ticks().map(|t| (Instant::now(), t)),
             #[allow(clippy::cast_precision_loss)]
-            hz: if hz > 0 { hz as f64 } else { 100.0 },
+            hz: clock_ticks().unwrap_or(100) as f64,
             apart: false,
             placed: None,
         }
@@ -548,15 +554,14 @@ fn parse_cpu_idle(text: &str) -> Vec<Option<u64>> {
         else {
             continue;
         };
-        let mut v = f.map(str::parse::<u64>);
-        let (Some(Ok(idle)), Some(Ok(iowait))) = (v.nth(3), v.next()) else {
+        let Some(ticks) = idle_ticks(f) else {
             continue;
         };
         if n < 4096 {
             if out.len() <= n {
                 out.resize(n + 1, None);
             }
-            out[n] = Some(idle.saturating_add(iowait));
+            out[n] = Some(ticks);
         }
     }
     out
