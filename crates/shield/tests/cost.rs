@@ -356,17 +356,17 @@ struct RealTime;
 impl RealTime {
     /// `None`: not permitted (neither root nor `RLIMIT_RTPRIO` room).
     fn start() -> Option<Self> {
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: `param` is a valid sched_param; 0 is the calling thread.
-        (unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0).then_some(RealTime)
+        use memveil_sys::process::{set_sched_policy, SchedPolicy};
+        set_sched_policy(0, SchedPolicy::RealTime)
+            .ok()
+            .map(|()| RealTime)
     }
 }
 
 impl Drop for RealTime {
     fn drop(&mut self) {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: as in `start`.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+        use memveil_sys::process::{set_sched_policy, SchedPolicy};
+        let _ = set_sched_policy(0, SchedPolicy::Normal);
     }
 }
 

@@ -650,6 +650,9 @@ pub enum SchedPolicy {
     /// runs only such threads counts as idle when the scheduler places a
     /// woken thread, so a thread woken by one stays on that CPU.
     Idle,
+    /// `SCHED_FIFO` at priority 1: woken, it preempts a thread of the two
+    /// policies above on its CPU at once (needs root or `RLIMIT_RTPRIO`).
+    RealTime,
 }
 
 /// Sets the scheduling policy of thread `tid` of this process (0: the
@@ -661,10 +664,13 @@ pub enum SchedPolicy {
 pub fn set_sched_policy(tid: u32, policy: SchedPolicy) -> io::Result<()> {
     let tid = libc::pid_t::try_from(tid)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "thread id out of range"))?;
-    let param = libc::sched_param { sched_priority: 0 };
-    let p = match policy {
-        SchedPolicy::Normal => libc::SCHED_OTHER,
-        SchedPolicy::Idle => libc::SCHED_IDLE,
+    let (p, priority) = match policy {
+        SchedPolicy::Normal => (libc::SCHED_OTHER, 0),
+        SchedPolicy::Idle => (libc::SCHED_IDLE, 0),
+        SchedPolicy::RealTime => (libc::SCHED_FIFO, 1),
+    };
+    let param = libc::sched_param {
+        sched_priority: priority,
     };
     // SAFETY: `param` is a valid sched_param; the call reads it only.
     let r = unsafe { libc::sched_setscheduler(tid, p, &param) };
